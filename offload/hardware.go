@@ -1,0 +1,70 @@
+package offload
+
+import "fmt"
+
+// Hardware is the performance profile the planner predicts with. Rates are
+// per second. `spill doctor` measures one; H200 gives the defaults.
+type Hardware struct {
+	Name string `json:"name"`
+	// H2D and D2H are the copy bandwidths from pinned host memory, bytes/s;
+	// Duplex is their combined rate when both run at once.
+	H2D    float64 `json:"h2d_bytes_per_s"`
+	D2H    float64 `json:"d2h_bytes_per_s"`
+	Duplex float64 `json:"duplex_bytes_per_s"`
+	// FLOPS16 and FLOPS32 are dense matmul rates in 16-bit and 32-bit
+	// precision; Efficiency is the share of them a training step achieves
+	// on large micro-batches (model FLOPs utilisation).
+	FLOPS16    float64 `json:"flops_16"`
+	FLOPS32    float64 `json:"flops_32"`
+	Efficiency float64 `json:"efficiency"`
+	// HalfEfficiencyTokens is the micro-batch size, in tokens, at which
+	// the device reaches half of Efficiency (small batches underuse it).
+	HalfEfficiencyTokens float64 `json:"half_efficiency_tokens"`
+	// DeviceBandwidth is device memory bandwidth, bytes/s (device optimizer).
+	DeviceBandwidth float64 `json:"device_bytes_per_s"`
+	// HostAdam is the host optimizer's rate in parameters per second.
+	HostAdam float64 `json:"host_adam_params_per_s"`
+	// DiskRead and DiskWrite are the disk tier's bandwidths, bytes/s.
+	DiskRead  float64 `json:"disk_read_bytes_per_s"`
+	DiskWrite float64 `json:"disk_write_bytes_per_s"`
+	// DeviceReserve and HostReserve are bytes of each tier the planner
+	// leaves to others (CUDA context and library workspaces; the process,
+	// the data loader and the OS).
+	DeviceReserve int64 `json:"device_reserve_bytes"`
+	HostReserve   int64 `json:"host_reserve_bytes"`
+}
+
+// H200 is the profile of the lent H200 box (see /work/shared/gpu/README.md):
+// PCIe Gen5 x16 measured at 53 GB/s host-to-device, 55 GB/s back and about
+// 84 GB/s both at once; bf16 GEMM at 782 TFLOP/s. Host optimizer and disk
+// rates are assumptions until `spill doctor` measures them: 1e9 params/s
+// for AdamW on 16 cores, 3 GB/s read and 2 GB/s write for local NVMe.
+func H200() Hardware {
+	return Hardware{
+		Name: "nvidia-h200 (defaults)",
+		H2D:  53e9, D2H: 55e9, Duplex: 84e9,
+		FLOPS16: 782e12, FLOPS32: 60e12, Efficiency: 0.5, HalfEfficiencyTokens: 1024,
+		DeviceBandwidth: 4.8e12,
+		HostAdam:        1e9,
+		DiskRead:        3e9, DiskWrite: 2e9,
+		DeviceReserve: 1 << 30, HostReserve: 4 << 30,
+	}
+}
+
+// Validate reports a profile with a rate that is not positive.
+func (h Hardware) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"h2d", h.H2D}, {"d2h", h.D2H}, {"duplex", h.Duplex}, {"flops_16", h.FLOPS16}, {"flops_32", h.FLOPS32},
+		{"efficiency", h.Efficiency}, {"device bandwidth", h.DeviceBandwidth}, {"host adam", h.HostAdam},
+		{"disk read", h.DiskRead}, {"disk write", h.DiskWrite}} {
+		if !(f.v > 0) {
+			return fmt.Errorf("offload: hardware profile %q: %s rate %v must be positive", h.Name, f.name, f.v)
+		}
+	}
+	if h.HalfEfficiencyTokens < 0 || h.DeviceReserve < 0 || h.HostReserve < 0 {
+		return fmt.Errorf("offload: hardware profile %q: negative reserve or half-efficiency size", h.Name)
+	}
+	return nil
+}

@@ -1,0 +1,67 @@
+//go:build linux
+
+package offload
+
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// MmapPinner maps anonymous memory off the Go heap and, if Lock is set,
+// locks it into RAM (mlock), which counts against RLIMIT_MEMLOCK.
+type MmapPinner struct{ Lock bool }
+
+type mmapMem struct{ b []byte }
+
+func (m *mmapMem) Bytes() []byte { return m.b }
+
+func (m *mmapMem) Free() error {
+	if m.b == nil {
+		return fmt.Errorf("offload: host memory freed twice")
+	}
+	err := unix.Munmap(m.b)
+	m.b = nil
+	return err
+}
+
+// Pin maps n bytes.
+func (p MmapPinner) Pin(n int64) (HostMemory, error) {
+	b, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil, fmt.Errorf("mmap %d bytes: %w", n, err)
+	}
+	if p.Lock {
+		if err := unix.Mlock(b); err != nil {
+			unix.Munmap(b)
+			return nil, fmt.Errorf("mlock %d bytes: %w (see `ulimit -l`)", n, err)
+		}
+	}
+	return &mmapMem{b: b}, nil
+}
+
+// CountsAgainstMemlock is p.Lock.
+func (p MmapPinner) CountsAgainstMemlock() bool { return p.Lock }
+
+// ReadLimits reads RLIMIT_MEMLOCK and MemAvailable from /proc/meminfo.
+func ReadLimits() (Limits, error) {
+	lim := Limits{Memlock: -1, MemAvailable: -1}
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err != nil {
+		return lim, fmt.Errorf("getrlimit(RLIMIT_MEMLOCK): %w", err)
+	}
+	if rl.Cur != unix.RLIM_INFINITY {
+		lim.Memlock = int64(rl.Cur)
+	}
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return lim, err
+	}
+	avail, err := parseMemAvailable(data)
+	if err != nil {
+		return lim, err
+	}
+	lim.MemAvailable = avail
+	return lim, nil
+}

@@ -1,0 +1,95 @@
+package offload
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spill-ml/spill/kernels"
+)
+
+// WriteTable prints the placement for people: placement, predicted peak
+// memory per tier and class, time per step by resource with the
+// bottleneck, and the activation policy of every layer (runs of layers
+// with the same policy on one line).
+func (p *Placement) WriteTable(w io.Writer) error {
+	var b strings.Builder
+	params := fmt.Sprintf("%.1f M", float64(p.Params)/1e6)
+	if p.Params >= 1e9 {
+		params = fmt.Sprintf("%.2f B", float64(p.Params)/1e9)
+	}
+	fmt.Fprintf(&b, "model      %s, %s params, %s, seq %d\n", p.Model, params, p.Precision, p.SeqLen)
+	fmt.Fprintf(&b, "batch      %d sequences = micro-batch %d x %d accumulation steps\n", p.Batch, p.MicroBatch, p.Accum)
+	fmt.Fprintf(&b, "hardware   %s\n\n", p.Hardware.Name)
+
+	b.WriteString("placement\n")
+	wt := p.Weights.String()
+	if p.Weights != TierDevice {
+		wt += fmt.Sprintf(" (streamed, prefetch depth %d)", p.PrefetchDepth)
+	}
+	gt := p.Grads.String()
+	if p.Grads == TierHost {
+		gt += " (sent per layer as backward produces them"
+		if p.Accum > 1 {
+			gt += ", accumulated in fp32"
+		}
+		gt += ")"
+	}
+	ot := p.Optimizer.String()
+	if p.Optimizer == TierDevice {
+		ot += " (AdamW on device)"
+	} else {
+		ot += " (AdamW on host)"
+	}
+	fmt.Fprintf(&b, "  %-14s %s\n  %-14s %s\n  %-14s %s\n", "weights", wt, "grads", gt, "master+adam", ot)
+	fmt.Fprintf(&b, "  %-14s keep %d, offload %d, recompute %d\n\n", "activations", p.Keep, p.Offload, p.Recompute)
+
+	fmt.Fprintf(&b, "memory (predicted peak) %12s %12s %12s\n", "device", "host", "disk")
+	row := func(name string, f func(u TierUse) int64) {
+		fmt.Fprintf(&b, "  %-21s", name)
+		for _, u := range p.Memory {
+			v := f(u)
+			if v == 0 {
+				fmt.Fprintf(&b, " %12s", "-")
+			} else {
+				fmt.Fprintf(&b, " %12s", kernels.FormatBytes(v))
+			}
+		}
+		b.WriteString("\n")
+	}
+	for _, c := range Classes() {
+		row(c.String(), func(u TierUse) int64 { return u.ByClass[c] })
+	}
+	row("reserve+slack", func(u TierUse) int64 { return u.Reserve + u.Slack })
+	row("total", func(u TierUse) int64 { return u.Peak })
+	row("budget", func(u TierUse) int64 { return u.Budget })
+	b.WriteString("\n")
+
+	fmt.Fprintf(&b, "time per step (predicted)\n")
+	fmt.Fprintf(&b, "  %-21s %9.3f s  (%.0f tokens/s)\n", "step", p.StepTime, p.TokensPerSec)
+	for _, r := range []struct {
+		name string
+		v    float64
+	}{{"compute", p.Busy.Compute}, {"h2d", p.Busy.H2D}, {"d2h", p.Busy.D2H},
+		{"host optimizer", p.Busy.HostOptimizer}, {"disk", p.Busy.Disk}} {
+		fmt.Fprintf(&b, "  %-21s %9.3f s busy\n", r.name, r.v)
+	}
+	fmt.Fprintf(&b, "  %-21s %s\n\n", "bottleneck", p.Bottleneck)
+
+	b.WriteString("layers\n")
+	for i := 0; i < len(p.Layers); {
+		j := i
+		for j+1 < len(p.Layers) && p.Layers[j+1].Policy == p.Layers[i].Policy &&
+			strings.HasPrefix(p.Layers[j+1].Name, "block ") && strings.HasPrefix(p.Layers[i].Name, "block ") {
+			j++
+		}
+		name := p.Layers[i].Name
+		if j > i {
+			name += " - " + strings.TrimPrefix(p.Layers[j].Name, "block ")
+		}
+		fmt.Fprintf(&b, "  %-21s %s\n", name, p.Layers[i].Policy)
+		i = j + 1
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
