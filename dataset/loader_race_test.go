@@ -1,0 +1,5 @@
+//go:build race
+
+package dataset
+
+func init() { raceEnabled = true }
