@@ -1,0 +1,296 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/spill-ml/spill/engine"
+)
+
+func init() {
+	register(&command{name: "train", summary: "train a GPT or an MLP, streaming what does not fit on the device", run: runTrain})
+}
+
+const trainUsage = `Usage: spill train [--config FILE] [flags]
+
+Trains a model on a dataset written by 'spill convert'. With no --data it
+trains on a small built-in arithmetic corpus ("17+25=42"), so
+
+  spill train
+
+is a complete first run: a tiny GPT whose loss falls from about 5.5 to
+below 2 in 200 steps on a laptop CPU.
+
+Settings come from, in increasing priority: built-in defaults, the model
+preset (--model), the TOML file given with --config (keys as the flag names
+below with '_' for '-', e.g. seq_len = 128), and flags given on the command
+line. Print the resolved settings with --print-config; that output is a
+valid --config file.
+
+Checkpoints (--checkpoint-dir) are written every --checkpoint-every steps, at
+the end and on Ctrl-C (exit status 130). Continue an interrupted run with the
+same settings plus --resume; only --steps may change (raise it to extend a
+run).
+
+Examples:
+  spill train --steps 100 --metrics metrics.jsonl
+  spill convert --out data/corpus --seq-len 256 corpus.txt
+  spill train --data data/corpus --model gpt2-124m --batch 4 --accum 8 \
+      --device cuda --device-memory 8GiB --checkpoint-dir ckpt
+  spill train --config run.toml --resume
+  spill export --from ckpt --out model.safetensors --format hf`
+
+// configFlags binds one flag per Config field. Values land in src; after
+// parsing, apply copies into a config only the flags the user set, so
+// that flags override a --config file without clobbering it with defaults.
+type configFlags struct {
+	fs   *flag.FlagSet
+	src  engine.Config
+	copy map[string]func(dst *engine.Config)
+}
+
+// bind registers a flag for the field get selects, shown with default def.
+func bind[T any](f *configFlags, name string, get func(*engine.Config) *T, def T, usage string,
+	reg func(p *T, name string, value T, usage string)) {
+	reg(get(&f.src), name, def, usage)
+	f.copy[name] = func(dst *engine.Config) { *get(dst) = *get(&f.src) }
+}
+
+// bindValue registers a flag.Value for a field.
+func bindValue(f *configFlags, name string, v flag.Value, set func(dst *engine.Config), usage string) {
+	f.fs.Var(v, name, usage)
+	f.copy[name] = set
+}
+
+func newConfigFlags(fs *flag.FlagSet) *configFlags {
+	f := &configFlags{fs: fs, copy: map[string]func(*engine.Config){}}
+	d := engine.DefaultConfig()
+	str := func(name string, get func(*engine.Config) *string, def, usage string) {
+		bind(f, name, get, def, usage, fs.StringVar)
+	}
+	num := func(name string, get func(*engine.Config) *int, def int, usage string) {
+		bind(f, name, get, def, usage, fs.IntVar)
+	}
+	real := func(name string, get func(*engine.Config) *float64, def float64, usage string) {
+		bind(f, name, get, def, usage, fs.Float64Var)
+	}
+
+	// Data.
+	str("data", func(c *engine.Config) *string { return &c.Data }, "", "dataset directory written by 'spill convert' (default: the built-in arithmetic corpus)")
+	str("eval-data", func(c *engine.Config) *string { return &c.EvalData }, "", "held-out dataset for evaluation (default: hold out --eval-fraction of --data)")
+	real("eval-fraction", func(c *engine.Config) *float64 { return &c.EvalFraction }, d.EvalFraction, "share of --data held out for evaluation when --eval-data is not given")
+	// Model.
+	str("model", func(c *engine.Config) *string { return &c.Model }, d.Model, "model preset: "+strings.Join(engine.PresetNames(), ", "))
+	num("layers", func(c *engine.Config) *int { return &c.Layers }, 0, "GPT blocks (default: from the preset)")
+	num("heads", func(c *engine.Config) *int { return &c.Heads }, 0, "attention heads (default: from the preset)")
+	num("embd", func(c *engine.Config) *int { return &c.Embd }, 0, "embedding width; must divide by --heads (default: from the preset)")
+	num("vocab", func(c *engine.Config) *int { return &c.Vocab }, 0, "vocabulary size (default: the dataset's, else the preset's)")
+	num("max-seq", func(c *engine.Config) *int { return &c.MaxSeq }, 0, "longest sequence the model supports (default: from the preset)")
+	hidden := &intListFlag{}
+	bindValue(f, "hidden", hidden, func(c *engine.Config) { c.Hidden = append([]int(nil), hidden.v...) },
+		"MLP hidden layer sizes, comma-separated (default 256,256)")
+	str("task", func(c *engine.Config) *string { return &c.Task }, "", "MLP task: classification or regression (default: from the label type)")
+	num("classes", func(c *engine.Config) *int { return &c.Classes }, 0, "MLP classes (default: largest label + 1)")
+	// Batching and schedule.
+	num("batch", func(c *engine.Config) *int { return &c.Batch }, d.Batch, "micro-batch size (sequences or records)")
+	num("seq-len", func(c *engine.Config) *int { return &c.SeqLen }, 0, "training sequence length (default: the dataset's)")
+	num("accum", func(c *engine.Config) *int { return &c.Accum }, d.Accum, "micro-batches accumulated per optimizer step")
+	num("steps", func(c *engine.Config) *int { return &c.Steps }, 0, "optimizer steps (default 200 for tiny and mlp, 5000 for gpt2-*)")
+	real("lr", func(c *engine.Config) *float64 { return &c.LR }, 0, "peak learning rate (default 1e-3 for tiny and mlp, 6e-4 for gpt2-*)")
+	real("min-lr", func(c *engine.Config) *float64 { return &c.MinLR }, 0, "final learning rate of the cosine decay (default lr/10)")
+	num("warmup", func(c *engine.Config) *int { return &c.Warmup }, 0, "linear warmup steps (default steps/20)")
+	real("weight-decay", func(c *engine.Config) *float64 { return &c.WeightDecay }, d.WeightDecay, "AdamW weight decay (2-D weights only)")
+	real("beta1", func(c *engine.Config) *float64 { return &c.Beta1 }, d.Beta1, "AdamW beta1")
+	real("beta2", func(c *engine.Config) *float64 { return &c.Beta2 }, d.Beta2, "AdamW beta2")
+	real("eps", func(c *engine.Config) *float64 { return &c.Eps }, d.Eps, "AdamW epsilon")
+	real("grad-clip", func(c *engine.Config) *float64 { return &c.GradClip }, d.GradClip, "clip the global gradient norm to this (0 = off)")
+	str("precision", func(c *engine.Config) *string { return &c.Precision }, d.Precision, "compute precision: bf16, fp16 or fp32 (master weights are fp32)")
+	real("loss-scale", func(c *engine.Config) *float64 { return &c.LossScale }, d.LossScale, "initial fp16 loss scale")
+	num("scale-window", func(c *engine.Config) *int { return &c.ScaleWindow }, d.ScaleWindow, "fp16: double the loss scale after this many good steps")
+	bind(f, "seed", func(c *engine.Config) *uint64 { return &c.Seed }, d.Seed, "random seed (initialisation, shuffling)", fs.Uint64Var)
+	// Evaluation and checkpoints.
+	num("eval-every", func(c *engine.Config) *int { return &c.EvalEvery }, d.EvalEvery, "evaluate every N steps (0 = off)")
+	num("eval-batches", func(c *engine.Config) *int { return &c.EvalBatches }, d.EvalBatches, "micro-batches per evaluation")
+	str("checkpoint-dir", func(c *engine.Config) *string { return &c.CheckpointDir }, "", "write checkpoints here (default: none)")
+	num("checkpoint-every", func(c *engine.Config) *int { return &c.CheckpointEvery }, d.CheckpointEvery, "checkpoint every N steps")
+	num("keep-checkpoints", func(c *engine.Config) *int { return &c.KeepCheckpoints }, d.KeepCheckpoints, "keep the newest N checkpoints")
+	bind(f, "resume", func(c *engine.Config) *bool { return &c.Resume }, false, "continue from the latest checkpoint in --checkpoint-dir", fs.BoolVar)
+	// Device.
+	str("device", func(c *engine.Config) *string { return &c.Device }, d.Device, "compute backend: cpu or cuda")
+	mem := &byteSizeFlag{}
+	bindValue(f, "device-memory", mem, func(c *engine.Config) { c.DeviceMemory = mem.n },
+		"device memory budget, e.g. 512MiB or 8GiB (default: unlimited on cpu, the whole device on cuda)")
+	num("threads", func(c *engine.Config) *int { return &c.Threads }, 0, "CPU threads for kernels (default: all)")
+	str("metrics", func(c *engine.Config) *string { return &c.Metrics }, "", "write one JSON line of metrics per step to this file (appended to with --resume)")
+	return f
+}
+
+// apply copies the flags the user set into cfg.
+func (f *configFlags) apply(cfg *engine.Config) {
+	f.fs.Visit(func(fl *flag.Flag) {
+		if cp, ok := f.copy[fl.Name]; ok {
+			cp(cfg)
+		}
+	})
+}
+
+type byteSizeFlag struct{ n int64 }
+
+func (b *byteSizeFlag) String() string {
+	if b == nil || b.n == 0 {
+		return ""
+	}
+	return engine.FormatByteSize(b.n)
+}
+
+func (b *byteSizeFlag) Set(s string) error {
+	n, err := engine.ParseByteSize(s)
+	if err != nil {
+		return err
+	}
+	b.n = n
+	return nil
+}
+
+type intListFlag struct{ v []int }
+
+func (l *intListFlag) String() string {
+	if l == nil {
+		return ""
+	}
+	s := make([]string, len(l.v))
+	for i, x := range l.v {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+
+func (l *intListFlag) Set(s string) error {
+	l.v = l.v[:0]
+	for _, part := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(part))
+		if err != nil {
+			return fmt.Errorf("want comma-separated integers, got %q", s)
+		}
+		l.v = append(l.v, n)
+	}
+	return nil
+}
+
+// trainOptions are the flags of spill train that are not Config fields.
+type trainOptions struct {
+	configPath    string
+	printConfig   bool
+	quiet         bool
+	progressEvery int
+}
+
+// parseTrainArgs parses the arguments of spill train into a resolved and
+// validated Config.
+func parseTrainArgs(args []string, stderr io.Writer) (engine.Config, trainOptions, error) {
+	var opts trainOptions
+	fs := newFlagSet("train", trainUsage, stderr)
+	fs.StringVar(&opts.configPath, "config", "", "TOML file with settings (flags override it)")
+	fs.BoolVar(&opts.printConfig, "print-config", false, "print the resolved settings as TOML and exit")
+	fs.BoolVar(&opts.quiet, "quiet", false, "no progress output (the summary is still printed)")
+	fs.IntVar(&opts.progressEvery, "progress-every", 10, "when stderr is not a terminal, print a progress line every N steps")
+	cf := newConfigFlags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return engine.Config{}, opts, err
+	}
+	if fs.NArg() > 0 {
+		return engine.Config{}, opts, usagef("train takes no arguments, got %q (flags start with --)", fs.Arg(0))
+	}
+	cfg := engine.DefaultConfig()
+	if opts.configPath != "" {
+		var err error
+		if cfg, err = engine.LoadConfig(opts.configPath); err != nil {
+			return engine.Config{}, opts, usagef("%v", err)
+		}
+	}
+	cf.apply(&cfg)
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
+		return engine.Config{}, opts, usagef("invalid settings:\n  %s", strings.ReplaceAll(err.Error(), "\n", "\n  "))
+	}
+	return cfg, opts, nil
+}
+
+func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	cfg, opts, err := parseTrainArgs(args, stderr)
+	if err != nil {
+		return err
+	}
+	if opts.printConfig {
+		return cfg.WriteTOML(stdout)
+	}
+
+	var reporters []engine.Reporter
+	var log io.Writer = stderr
+	if cfg.Metrics != "" {
+		open := engine.NewJSONLReporter
+		if cfg.Resume {
+			open = engine.AppendJSONLReporter // a resumed run continues the file
+		}
+		jr, err := open(cfg.Metrics)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if cerr := jr.Close(); err == nil {
+				err = cerr
+			}
+		}()
+		reporters = append(reporters, jr)
+	}
+	var bar *engine.ProgressReporter
+	switch {
+	case opts.quiet:
+		log = io.Discard
+	case isTerminal(stderr):
+		bar = engine.NewProgressReporter(stderr, engine.ProgressOptions{Steps: cfg.Steps})
+		log = bar.LogWriter()
+		reporters = append(reporters, bar)
+	default:
+		reporters = append(reporters, engine.NewLineReporter(stderr, engine.ProgressOptions{Steps: cfg.Steps, Every: opts.progressEvery}))
+	}
+
+	sum, runErr := engine.Run(ctx, cfg, engine.RunOptions{Reporter: engine.MultiReporter(reporters...), Log: log})
+	if bar != nil {
+		bar.Finish()
+	}
+	if sum != nil {
+		printTrainSummary(stdout, sum, errors.Is(runErr, context.Canceled))
+	}
+	return runErr
+}
+
+func printTrainSummary(w io.Writer, s *engine.Summary, interrupted bool) {
+	state := "finished"
+	if interrupted {
+		state = "interrupted"
+	}
+	fmt.Fprintf(w, "%s at step %d after %s\n", state, s.Steps, formatDuration(s.Elapsed))
+	if s.FirstLoss != 0 || s.LastLoss != 0 {
+		fmt.Fprintf(w, "  loss          %.4f -> %.4f (first and last step of this run)\n", s.FirstLoss, s.LastLoss)
+	}
+	if s.EvalLoss != nil {
+		fmt.Fprintf(w, "  eval loss     %.4f\n", *s.EvalLoss)
+	}
+	fmt.Fprintf(w, "  throughput    %.0f tokens/s\n", s.TokensPerSec)
+	fmt.Fprintf(w, "  peak device   %s\n", formatBytes(s.PeakDeviceBytes))
+	if s.Skipped > 0 {
+		fmt.Fprintf(w, "  skipped steps %d (non-finite gradients)\n", s.Skipped)
+	}
+	if s.Checkpoint != "" {
+		fmt.Fprintf(w, "  checkpoint    %s\n", s.Checkpoint)
+		if interrupted {
+			fmt.Fprintln(w, "  continue with the same command plus --resume")
+		}
+	}
+}

@@ -1,0 +1,327 @@
+package engine
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/spill-ml/spill/dataset"
+)
+
+// A checkpoint is a directory CheckpointDir/step-00000123/ holding
+//
+//	model.safetensors      fp32 master weights, nanoGPT names
+//	optimizer.safetensors  "<name>.exp_avg" and "<name>.exp_avg_sq" per parameter
+//	state.json             TrainState, with the SHA-256 of both files
+//
+// SaveCheckpoint writes the three files into a temporary directory
+// (CheckpointDir/.tmp-step-00000123-*), fsyncs them and renames the
+// directory into place, so a checkpoint directory with its final name is
+// always complete; a crash leaves at most a temporary directory, which the
+// next SaveCheckpoint removes.
+
+// Checkpoint file names.
+const (
+	CheckpointModelFile = "model.safetensors"
+	CheckpointOptimFile = "optimizer.safetensors"
+	CheckpointStateFile = "state.json"
+)
+
+const (
+	checkpointPrefix    = "step-"
+	checkpointTmpPrefix = ".tmp-step-"
+	checkpointFormat    = 1
+)
+
+// TrainState is a checkpoint's state.json: everything besides the tensors
+// that a resumed run needs to continue bit for bit.
+type TrainState struct {
+	FormatVersion int `json:"format_version"`
+	// Step is the number of optimizer steps taken.
+	Step int `json:"step"`
+	// Tokens is the number of training tokens (samples for the MLP)
+	// consumed.
+	Tokens int64 `json:"tokens"`
+	// Cursor is the training loader's position.
+	Cursor dataset.Cursor `json:"cursor"`
+	// RNG is the state of the run's random generator (dropout etc.).
+	RNG uint64 `json:"rng"`
+	// LossScale and GoodSteps are the fp16 dynamic loss scaler's state.
+	LossScale float64 `json:"loss_scale"`
+	GoodSteps int     `json:"good_steps"`
+	// ConfigHash is Config.Hash() of the run's config.
+	ConfigHash string `json:"config_hash"`
+	Config     Config `json:"config"`
+	// Files maps the checkpoint's other files to their hex SHA-256.
+	// SaveCheckpoint fills it; LoadCheckpoint checks it.
+	Files map[string]string `json:"files"`
+}
+
+// Checkpoint is the content of one checkpoint directory.
+type Checkpoint struct {
+	State   TrainState
+	Weights []NamedTensor // fp32 master weights, nanoGPT names
+	Optim   []NamedTensor // "<name>.exp_avg", "<name>.exp_avg_sq"
+}
+
+// CheckpointPath is the directory of the checkpoint of step in dir.
+func CheckpointPath(dir string, step int) string {
+	return filepath.Join(dir, fmt.Sprintf("%s%08d", checkpointPrefix, step))
+}
+
+// SaveCheckpoint writes ck as dir/step-NNNNNNNN/ (see the file comment)
+// and then deletes all but the newest keep checkpoints in dir (keep <= 0
+// keeps all). It fills ck.State.Files and FormatVersion. If a checkpoint of
+// the same step exists it is replaced. It returns the checkpoint's path.
+func SaveCheckpoint(dir string, ck *Checkpoint, keep int) (path string, err error) {
+	if ck.State.Step < 0 {
+		return "", fmt.Errorf("checkpoint: negative step %d", ck.State.Step)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("checkpoint: %w", err)
+	}
+	removeStaleTemps(dir)
+	final := CheckpointPath(dir, ck.State.Step)
+	tmp, err := os.MkdirTemp(dir, checkpointTmpPrefix+fmt.Sprintf("%08d-", ck.State.Step))
+	if err != nil {
+		return "", fmt.Errorf("checkpoint: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(tmp)
+		}
+	}()
+
+	ck.State.FormatVersion = checkpointFormat
+	ck.State.Files = map[string]string{}
+	for _, f := range []struct {
+		name string
+		ts   []NamedTensor
+	}{{CheckpointModelFile, ck.Weights}, {CheckpointOptimFile, ck.Optim}} {
+		sum, err := writeSyncedFile(filepath.Join(tmp, f.name), func(w io.Writer) error {
+			return EncodeSafetensors(w, f.ts, map[string]string{"format": "pt", "step": strconv.Itoa(ck.State.Step)})
+		})
+		if err != nil {
+			return "", fmt.Errorf("checkpoint %s: %w", filepath.Join(final, f.name), err)
+		}
+		ck.State.Files[f.name] = sum
+	}
+	js, err := json.MarshalIndent(&ck.State, "", "  ")
+	if err != nil {
+		return "", fmt.Errorf("checkpoint state: %w", err)
+	}
+	js = append(js, '\n')
+	if _, err := writeSyncedFile(filepath.Join(tmp, CheckpointStateFile), func(w io.Writer) error {
+		_, err := w.Write(js)
+		return err
+	}); err != nil {
+		return "", fmt.Errorf("checkpoint %s: %w", filepath.Join(final, CheckpointStateFile), err)
+	}
+	if err := syncDir(tmp); err != nil {
+		return "", fmt.Errorf("checkpoint: %w", err)
+	}
+	if statErr := func() error { _, e := os.Stat(final); return e }(); statErr == nil {
+		// Same step again (e.g. an interrupt right after a periodic
+		// checkpoint): move the old one aside first.
+		if err := os.Rename(final, filepath.Join(dir, checkpointTmpPrefix+"old-"+filepath.Base(final))); err != nil {
+			return "", fmt.Errorf("checkpoint: replacing %s: %w", final, err)
+		}
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return "", fmt.Errorf("checkpoint: %w", err)
+	}
+	if err := syncDir(dir); err != nil {
+		return "", fmt.Errorf("checkpoint: %w", err)
+	}
+	removeStaleTemps(dir)
+	if keep > 0 {
+		steps, _ := listCheckpoints(dir)
+		for i := 0; i < len(steps)-keep; i++ {
+			if err := os.RemoveAll(CheckpointPath(dir, steps[i])); err != nil {
+				return final, fmt.Errorf("checkpoint: pruning old checkpoints: %w", err)
+			}
+		}
+	}
+	return final, nil
+}
+
+// writeSyncedFile creates path, writes it through write, fsyncs it and
+// returns its hex SHA-256.
+func writeSyncedFile(path string, write func(io.Writer) error) (string, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	err = write(io.MultiWriter(f, h))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// removeStaleTemps deletes temporary directories left by interrupted
+// saves. Only one trainer writes a checkpoint directory at a time.
+func removeStaleTemps(dir string) {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), checkpointTmpPrefix) {
+			os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// listCheckpoints returns the steps of the checkpoint directories in dir,
+// ascending.
+func listCheckpoints(dir string) ([]int, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var steps []int
+	for _, e := range ents {
+		name := e.Name()
+		if !e.IsDir() || !strings.HasPrefix(name, checkpointPrefix) {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimPrefix(name, checkpointPrefix))
+		if err != nil || n < 0 || name != filepath.Base(CheckpointPath("", n)) {
+			continue
+		}
+		steps = append(steps, n)
+	}
+	sort.Ints(steps)
+	return steps, nil
+}
+
+// LatestCheckpoint returns the newest complete checkpoint in dir: the
+// highest step whose state.json parses and whose listed files exist. It
+// returns "", nil when dir has none (or does not exist). It does not verify
+// checksums; LoadCheckpoint does.
+func LatestCheckpoint(dir string) (string, error) {
+	steps, err := listCheckpoints(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("checkpoint dir: %w", err)
+	}
+	for i := len(steps) - 1; i >= 0; i-- {
+		p := CheckpointPath(dir, steps[i])
+		if st, err := readState(p); err == nil && len(st.Files) > 0 {
+			complete := true
+			for f := range st.Files {
+				if _, err := os.Stat(filepath.Join(p, f)); err != nil {
+					complete = false
+				}
+			}
+			if complete {
+				return p, nil
+			}
+		}
+	}
+	return "", nil
+}
+
+func readState(path string) (*TrainState, error) {
+	name := filepath.Join(path, CheckpointStateFile)
+	data, err := os.ReadFile(name)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	var st TrainState
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&st); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: corrupt state (%v)", name, err)
+	}
+	if st.FormatVersion != checkpointFormat {
+		return nil, fmt.Errorf("checkpoint %s: format version %d, this spill reads %d", name, st.FormatVersion, checkpointFormat)
+	}
+	return &st, nil
+}
+
+// LoadCheckpoint reads the checkpoint directory path. It checks every
+// file against the SHA-256 recorded in state.json and that both tensor
+// files are present, and refuses a corrupted or truncated checkpoint with
+// an error naming the file.
+func LoadCheckpoint(path string) (*Checkpoint, error) {
+	st, err := readState(path)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range []string{CheckpointModelFile, CheckpointOptimFile} {
+		if _, ok := st.Files[f]; !ok {
+			return nil, fmt.Errorf("checkpoint %s: state.json lists no checksum for %s", path, f)
+		}
+	}
+	ck := &Checkpoint{State: *st}
+	names := make([]string, 0, len(st.Files))
+	for name := range st.Files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		want := st.Files[name]
+		file := filepath.Join(path, filepath.Base(name))
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: %w", err)
+		}
+		sum := sha256.Sum256(data)
+		if got := hex.EncodeToString(sum[:]); got != want {
+			return nil, fmt.Errorf("checkpoint %s: checksum mismatch (file is corrupted or truncated: %d bytes, sha256 %s, state.json expects %s); use an older checkpoint or start over",
+				file, len(data), got[:12], want[:min(12, len(want))])
+		}
+		ts, _, err := decodeSafetensorsBytes(data)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", file, err)
+		}
+		switch name {
+		case CheckpointModelFile:
+			ck.Weights = ts
+		case CheckpointOptimFile:
+			ck.Optim = ts
+		}
+	}
+	return ck, nil
+}
+
+// CheckResume reports whether a run configured as cur may resume from a
+// checkpoint with state saved: the math-defining fields (see Config.Hash)
+// must match, and Steps must not be below the checkpoint's step. Steps may
+// be raised to extend a run. The error lists every differing field.
+func CheckResume(saved *TrainState, cur *Config) error {
+	var problems []string
+	if saved.ConfigHash != cur.Hash() {
+		diffs := saved.Config.MathDiff(cur)
+		if len(diffs) == 0 {
+			diffs = []string{"(config hash differs: checkpoint written by a different spill version?)"}
+		}
+		problems = append(problems, "the config differs from the checkpoint's in fields that define the run:\n  "+
+			strings.Join(diffs, "\n  ")+
+			"\nresume with the checkpoint's values (only steps may be raised), or start a new run in another checkpoint_dir")
+	}
+	if cur.Steps < saved.Step {
+		problems = append(problems, fmt.Sprintf("steps = %d but the checkpoint is already at step %d", cur.Steps, saved.Step))
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("cannot resume: %s", strings.Join(problems, "; "))
+}

@@ -1,0 +1,528 @@
+package engine
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Config describes one training run. It is read from a TOML file
+// (LoadConfig), overridden by command-line flags, completed by EnsureDefaults
+// and checked by Validate, in that order:
+//
+//	cfg, err := LoadConfig(path) // or DefaultConfig()
+//	... apply the flags the user set ...
+//	cfg.EnsureDefaults()
+//	err = cfg.Validate()
+//
+// DefaultConfig holds the defaults that do not depend on the model preset;
+// EnsureDefaults fills the rest (shape, steps, learning rate, warmup, ...)
+// from the preset once the model is known. The zero Config is usable too:
+// EnsureDefaults fills its required fields, but fields whose zero value
+// means "off" (EvalEvery, GradClip, WeightDecay, Warmup, MinLR, Seed) stay
+// zero, so code that builds a Config by hand should start from
+// DefaultConfig.
+type Config struct {
+	// Data is a dataset directory written by `spill convert`; "" trains
+	// on the embedded default dataset (see DefaultDataset).
+	Data string `toml:"data" json:"data"`
+	// EvalData is an optional held-out dataset; "" holds out EvalFraction
+	// of Data instead.
+	EvalData string `toml:"eval_data" json:"eval_data"`
+	// EvalFraction is the share of Data held out for evaluation when
+	// EvalData is "". Default 0.05; 0 = no held-out split.
+	EvalFraction float64 `toml:"eval_fraction" json:"eval_fraction"`
+
+	// Model is a preset name: "tiny" (default), "gpt2-124m", "gpt2-350m",
+	// "gpt2-774m", "gpt2-1.3b", "gpt2-2.7b", "gpt2-6.7b" or "mlp".
+	Model string `toml:"model" json:"model"`
+	// Layers, Heads, Embd, Vocab and MaxSeq override the preset's GPT
+	// shape; 0 takes the preset's value (Vocab 0: the dataset schema's
+	// vocabulary, else the preset's).
+	Layers int `toml:"layers" json:"layers"`
+	Heads  int `toml:"heads" json:"heads"`
+	Embd   int `toml:"embd" json:"embd"`
+	Vocab  int `toml:"vocab" json:"vocab"`
+	MaxSeq int `toml:"max_seq" json:"max_seq"`
+	// Hidden lists the MLP's hidden layer sizes. Default [256, 256].
+	Hidden []int `toml:"hidden" json:"hidden"`
+	// Task is the MLP's task: "classification" (int32 label) or
+	// "regression" (float32 label); "" = from the dataset's label dtype.
+	Task string `toml:"task" json:"task"`
+	// Classes is the number of classes for MLP classification; 0 = the
+	// largest label in the data plus one.
+	Classes int `toml:"classes" json:"classes"`
+
+	// Batch is the micro-batch size (sequences or records). Default 8.
+	Batch int `toml:"batch" json:"batch"`
+	// SeqLen is the training sequence length; 0 = the dataset's seq_len.
+	SeqLen int `toml:"seq_len" json:"seq_len"`
+	// Accum is the number of micro-batches accumulated per optimizer
+	// step. Default 1.
+	Accum int `toml:"accum" json:"accum"`
+	// Steps is the number of optimizer steps. Default 200 for "tiny" and
+	// "mlp", 5000 for the GPT-2 presets.
+	Steps int `toml:"steps" json:"steps"`
+	// LR is the peak learning rate. Default 1e-3 ("tiny", "mlp"), 6e-4
+	// (GPT-2 presets).
+	LR float64 `toml:"lr" json:"lr"`
+	// MinLR is the learning rate at the end of the cosine decay. Default
+	// LR/10 (DefaultConfig sets -1, meaning "LR/10").
+	MinLR float64 `toml:"min_lr" json:"min_lr"`
+	// Warmup is the number of linear warmup steps. Default Steps/20
+	// (DefaultConfig sets -1, meaning "Steps/20").
+	Warmup int `toml:"warmup" json:"warmup"`
+	// WeightDecay is AdamW's decoupled weight decay, applied to 2-D
+	// weights (matmuls and embeddings) but not to norms and biases, as in
+	// nanoGPT. Default 0.1.
+	WeightDecay float64 `toml:"weight_decay" json:"weight_decay"`
+	// Beta1, Beta2 and Eps are AdamW's. Defaults 0.9, 0.95, 1e-8.
+	Beta1 float64 `toml:"beta1" json:"beta1"`
+	Beta2 float64 `toml:"beta2" json:"beta2"`
+	Eps   float64 `toml:"eps" json:"eps"`
+	// GradClip is the global gradient-norm clip. Default 1.0; 0 = off.
+	GradClip float64 `toml:"grad_clip" json:"grad_clip"`
+	// Precision is the compute precision: "bf16" (default), "fp16" (with
+	// dynamic loss scaling) or "fp32". Master weights are always fp32.
+	Precision string `toml:"precision" json:"precision"`
+	// LossScale is the initial fp16 loss scale. Default 65536.
+	LossScale float64 `toml:"loss_scale" json:"loss_scale"`
+	// ScaleWindow is the number of overflow-free fp16 steps after which
+	// the loss scale doubles. Default 1000.
+	ScaleWindow int `toml:"scale_window" json:"scale_window"`
+	// Seed seeds initialisation, shuffling and dropout. Default 1337.
+	Seed uint64 `toml:"seed" json:"seed"`
+
+	// EvalEvery is the number of steps between evaluations. Default 50;
+	// 0 = off.
+	EvalEvery int `toml:"eval_every" json:"eval_every"`
+	// EvalBatches is the number of micro-batches per evaluation.
+	// Default 8.
+	EvalBatches int `toml:"eval_batches" json:"eval_batches"`
+
+	// CheckpointDir is where checkpoints go; "" = no checkpoints.
+	CheckpointDir string `toml:"checkpoint_dir" json:"checkpoint_dir"`
+	// CheckpointEvery is the number of steps between checkpoints.
+	// Default 100. A checkpoint is also written at the end of the run and
+	// on interruption.
+	CheckpointEvery int `toml:"checkpoint_every" json:"checkpoint_every"`
+	// KeepCheckpoints is how many of the newest checkpoints are kept.
+	// Default 3.
+	KeepCheckpoints int `toml:"keep_checkpoints" json:"keep_checkpoints"`
+	// Resume continues from the latest checkpoint in CheckpointDir.
+	Resume bool `toml:"resume" json:"resume"`
+
+	// Device is the compute backend: "cpu" (default) or "cuda" (builds
+	// with -tags cuda).
+	Device string `toml:"device" json:"device"`
+	// DeviceMemory is the device memory budget in bytes; 0 = unlimited on
+	// the CPU backend, the whole device otherwise. In TOML it may also be
+	// a string with a unit: "512MiB", "8GiB", "1.5GB".
+	DeviceMemory int64 `toml:"device_memory" json:"device_memory"`
+	// Threads is the number of CPU threads for kernels; 0 = GOMAXPROCS.
+	Threads int `toml:"threads" json:"threads"`
+	// Metrics is a JSONL file that receives one line per step; "" = none.
+	Metrics string `toml:"metrics" json:"metrics"`
+}
+
+// Model preset names that are not GPT shapes.
+const ModelMLP = "mlp"
+
+// DefaultConfig returns the defaults that do not depend on the model
+// preset. Preset-dependent fields (shape, Steps, LR, MinLR, Warmup) are left
+// for EnsureDefaults.
+func DefaultConfig() Config {
+	return Config{
+		EvalFraction:    0.05,
+		Model:           "tiny",
+		Batch:           8,
+		Accum:           1,
+		MinLR:           -1,
+		Warmup:          -1,
+		WeightDecay:     0.1,
+		Beta1:           0.9,
+		Beta2:           0.95,
+		Eps:             1e-8,
+		GradClip:        1.0,
+		Precision:       "bf16",
+		LossScale:       65536,
+		ScaleWindow:     1000,
+		Seed:            1337,
+		EvalEvery:       50,
+		EvalBatches:     8,
+		CheckpointEvery: 100,
+		KeepCheckpoints: 3,
+		Device:          "cpu",
+	}
+}
+
+// fileConfig is what LoadConfig decodes: Config with DeviceMemory
+// accepting a unit string.
+type fileConfig struct {
+	Config
+	DeviceMemory byteSizeTOML `toml:"device_memory"`
+}
+
+type byteSizeTOML struct {
+	set bool
+	n   int64
+}
+
+func (b *byteSizeTOML) UnmarshalTOML(v any) error {
+	switch x := v.(type) {
+	case int64:
+		b.n, b.set = x, true
+		return nil
+	case string:
+		n, err := ParseByteSize(x)
+		if err != nil {
+			return err
+		}
+		b.n, b.set = n, true
+		return nil
+	}
+	return fmt.Errorf("device_memory: want an integer number of bytes or a string like \"512MiB\", got %T", v)
+}
+
+// LoadConfig reads a TOML config file on top of DefaultConfig. Keys the
+// file does not set keep their defaults; unknown keys are an error that
+// names them. It does not call EnsureDefaults or Validate.
+func LoadConfig(path string) (Config, error) {
+	fc := fileConfig{Config: DefaultConfig()}
+	md, err := toml.DecodeFile(path, &fc)
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = k.String()
+		}
+		return Config{}, fmt.Errorf("config %s: unknown key(s) %s (see `spill train --help` for the valid keys)",
+			path, strings.Join(keys, ", "))
+	}
+	cfg := fc.Config
+	if fc.DeviceMemory.set {
+		cfg.DeviceMemory = fc.DeviceMemory.n
+	}
+	return cfg, nil
+}
+
+// ParseByteSize parses a byte count: a plain integer, or a number with a
+// unit B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of
+// 1024), case-insensitive, optionally separated by a space ("512MiB",
+// "1.5 GB").
+func ParseByteSize(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	i := len(t)
+	for i > 0 && (t[i-1] < '0' || t[i-1] > '9') && t[i-1] != '.' {
+		i--
+	}
+	num, unit := strings.TrimSpace(t[:i]), strings.ToLower(strings.TrimSpace(t[i:]))
+	mult := map[string]float64{
+		"": 1, "b": 1,
+		"k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+		"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+	}[unit]
+	if mult == 0 || num == "" {
+		return 0, fmt.Errorf("bad byte size %q: want a number with an optional unit (B, KB, MB, GB, KiB, MiB, GiB, ...)", s)
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || f < 0 || math.IsInf(f, 0) || math.IsNaN(f) {
+		return 0, fmt.Errorf("bad byte size %q: want a non-negative number with an optional unit", s)
+	}
+	v := f * mult
+	if v >= math.MaxInt64 {
+		return 0, fmt.Errorf("bad byte size %q: too large", s)
+	}
+	return int64(v), nil
+}
+
+// FormatByteSize renders n with a binary unit ("512.0 MiB").
+func FormatByteSize(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
+}
+
+// IsGPT reports whether the config trains a GPT (any preset but "mlp").
+func (c *Config) IsGPT() bool { return c.Model != ModelMLP }
+
+// EnsureDefaults fills zero fields with their defaults, taking the model
+// shape, Steps and LR from the preset named by Model. It is idempotent.
+// Vocab and SeqLen stay 0 when they come from the dataset (the trainer
+// fills them once it has opened it); Task and Classes likewise.
+func (c *Config) EnsureDefaults() {
+	d := DefaultConfig()
+	if c.Model == "" {
+		c.Model = d.Model
+	}
+	if c.Batch == 0 {
+		c.Batch = d.Batch
+	}
+	if c.Accum == 0 {
+		c.Accum = d.Accum
+	}
+	if c.Beta1 == 0 {
+		c.Beta1 = d.Beta1
+	}
+	if c.Beta2 == 0 {
+		c.Beta2 = d.Beta2
+	}
+	if c.Eps == 0 {
+		c.Eps = d.Eps
+	}
+	if c.Precision == "" {
+		c.Precision = d.Precision
+	}
+	if c.LossScale == 0 {
+		c.LossScale = d.LossScale
+	}
+	if c.ScaleWindow == 0 {
+		c.ScaleWindow = d.ScaleWindow
+	}
+	if c.EvalBatches == 0 {
+		c.EvalBatches = d.EvalBatches
+	}
+	if c.CheckpointEvery == 0 {
+		c.CheckpointEvery = d.CheckpointEvery
+	}
+	if c.KeepCheckpoints == 0 {
+		c.KeepCheckpoints = d.KeepCheckpoints
+	}
+	if c.Device == "" {
+		c.Device = d.Device
+	}
+
+	defSteps, defLR := 200, 1e-3
+	if c.Model == ModelMLP {
+		if len(c.Hidden) == 0 {
+			c.Hidden = []int{256, 256}
+		}
+	} else if p, ok := LookupPreset(c.Model); ok {
+		if c.Layers == 0 {
+			c.Layers = p.Layers
+		}
+		if c.Heads == 0 {
+			c.Heads = p.Heads
+		}
+		if c.Embd == 0 {
+			c.Embd = p.Embd
+		}
+		if c.MaxSeq == 0 {
+			c.MaxSeq = p.MaxSeq
+		}
+		if c.Model != "tiny" {
+			defSteps, defLR = 5000, 6e-4
+		}
+	}
+	if c.Steps == 0 {
+		c.Steps = defSteps
+	}
+	if c.LR == 0 {
+		c.LR = defLR
+	}
+	if c.MinLR < 0 {
+		c.MinLR = c.LR / 10
+	}
+	if c.Warmup < 0 {
+		c.Warmup = c.Steps / 20
+	}
+}
+
+// Validate reports every problem with the config at once (errors.Join),
+// each naming its TOML key. Call it after EnsureDefaults.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	positive := func(key string, v int) {
+		if v <= 0 {
+			bad(key, "must be > 0, got %d", v)
+		}
+	}
+	nonNeg := func(key string, v int) {
+		if v < 0 {
+			bad(key, "must be >= 0, got %d", v)
+		}
+	}
+	finite := func(key string, v float64) bool {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			bad(key, "must be a finite number, got %v", v)
+			return false
+		}
+		return true
+	}
+
+	if c.Model != ModelMLP {
+		if _, ok := LookupPreset(c.Model); !ok {
+			bad("model", "unknown model %q (want one of %s)", c.Model, strings.Join(PresetNames(), ", "))
+		}
+	}
+	if finite("eval_fraction", c.EvalFraction) && (c.EvalFraction < 0 || c.EvalFraction >= 1) {
+		bad("eval_fraction", "must be in [0, 1), got %v", c.EvalFraction)
+	}
+	for _, f := range []struct {
+		key string
+		v   int
+	}{{"layers", c.Layers}, {"heads", c.Heads}, {"embd", c.Embd}, {"vocab", c.Vocab}, {"max_seq", c.MaxSeq},
+		{"classes", c.Classes}, {"seq_len", c.SeqLen}, {"threads", c.Threads}, {"eval_every", c.EvalEvery}, {"warmup", c.Warmup}} {
+		nonNeg(f.key, f.v)
+	}
+	if c.IsGPT() {
+		if c.Heads > 0 && c.Embd > 0 && c.Embd%c.Heads != 0 {
+			bad("embd", "%d is not divisible by heads (%d)", c.Embd, c.Heads)
+		}
+		if c.SeqLen > 0 && c.MaxSeq > 0 && c.SeqLen > c.MaxSeq {
+			bad("seq_len", "%d exceeds the model's max_seq %d", c.SeqLen, c.MaxSeq)
+		}
+		if len(c.Hidden) > 0 {
+			bad("hidden", "only applies to model \"mlp\"")
+		}
+	} else {
+		for i, h := range c.Hidden {
+			if h <= 0 {
+				bad("hidden", "size %d (index %d) must be > 0", h, i)
+			}
+		}
+		switch c.Task {
+		case "", "classification", "regression":
+		default:
+			bad("task", "unknown task %q (want \"classification\" or \"regression\")", c.Task)
+		}
+	}
+	positive("batch", c.Batch)
+	positive("accum", c.Accum)
+	positive("steps", c.Steps)
+	positive("scale_window", c.ScaleWindow)
+	positive("eval_batches", c.EvalBatches)
+	positive("checkpoint_every", c.CheckpointEvery)
+	positive("keep_checkpoints", c.KeepCheckpoints)
+	if finite("lr", c.LR) && c.LR <= 0 {
+		bad("lr", "must be > 0, got %v", c.LR)
+	}
+	if finite("min_lr", c.MinLR) && (c.MinLR < 0 || c.MinLR > c.LR) {
+		bad("min_lr", "must be in [0, lr=%v], got %v", c.LR, c.MinLR)
+	}
+	if c.Steps > 0 && c.Warmup > c.Steps {
+		bad("warmup", "%d exceeds steps (%d)", c.Warmup, c.Steps)
+	}
+	if finite("weight_decay", c.WeightDecay) && c.WeightDecay < 0 {
+		bad("weight_decay", "must be >= 0, got %v", c.WeightDecay)
+	}
+	if finite("beta1", c.Beta1) && (c.Beta1 < 0 || c.Beta1 >= 1) {
+		bad("beta1", "must be in [0, 1), got %v", c.Beta1)
+	}
+	if finite("beta2", c.Beta2) && (c.Beta2 < 0 || c.Beta2 >= 1) {
+		bad("beta2", "must be in [0, 1), got %v", c.Beta2)
+	}
+	if finite("eps", c.Eps) && c.Eps <= 0 {
+		bad("eps", "must be > 0, got %v", c.Eps)
+	}
+	if finite("grad_clip", c.GradClip) && c.GradClip < 0 {
+		bad("grad_clip", "must be >= 0 (0 = off), got %v", c.GradClip)
+	}
+	switch c.Precision {
+	case "bf16", "fp16", "fp32":
+	default:
+		bad("precision", "unknown precision %q (want bf16, fp16 or fp32)", c.Precision)
+	}
+	if finite("loss_scale", c.LossScale) && c.LossScale <= 0 {
+		bad("loss_scale", "must be > 0, got %v", c.LossScale)
+	}
+	switch c.Device {
+	case "cpu", "cuda":
+	default:
+		bad("device", "unknown device %q (want cpu or cuda)", c.Device)
+	}
+	if c.DeviceMemory < 0 {
+		bad("device_memory", "must be >= 0, got %d", c.DeviceMemory)
+	}
+	if c.Resume && c.CheckpointDir == "" {
+		bad("resume", "needs checkpoint_dir")
+	}
+	if c.EvalData != "" && c.EvalData == c.Data {
+		bad("eval_data", "is the same dataset as data (%s); leave it empty to hold out eval_fraction", c.Data)
+	}
+	return errors.Join(errs...)
+}
+
+// mathFields are the TOML keys of the fields that define the run's math:
+// the model, the data order and the optimizer trajectory. A run resumed
+// under a config that differs in any of these would not continue the
+// checkpointed run. Steps is deliberately absent (a run may be extended),
+// and so are paths, the device, its budget and the thread count.
+var mathFields = []string{
+	"eval_fraction", "model", "layers", "heads", "embd", "vocab", "max_seq", "hidden", "task", "classes",
+	"batch", "seq_len", "accum", "lr", "min_lr", "warmup", "weight_decay", "beta1", "beta2", "eps",
+	"grad_clip", "precision", "loss_scale", "scale_window", "seed",
+}
+
+// mathMap returns the math-defining fields by TOML key, as JSON values.
+func (c *Config) mathMap() map[string]json.RawMessage {
+	cc := *c
+	if len(cc.Hidden) == 0 {
+		cc.Hidden = nil // [] and absent mean the same
+	}
+	b, err := json.Marshal(&cc)
+	if err != nil {
+		panic(fmt.Sprintf("engine: marshal config: %v", err)) // only plain fields: cannot fail
+	}
+	var all map[string]json.RawMessage
+	if err := json.Unmarshal(b, &all); err != nil {
+		panic(fmt.Sprintf("engine: unmarshal config: %v", err))
+	}
+	m := make(map[string]json.RawMessage, len(mathFields))
+	for _, k := range mathFields {
+		m[k] = all[k]
+	}
+	return m
+}
+
+// Hash is the hex SHA-256 of the canonical JSON (sorted keys) of the fields
+// that define the run's math (see MathDiff). Call it after EnsureDefaults
+// and after the trainer has filled dataset-derived fields, so that two
+// configs that train the same way hash the same.
+func (c *Config) Hash() string {
+	b, err := json.Marshal(c.mathMap()) // map keys are sorted
+	if err != nil {
+		panic(fmt.Sprintf("engine: marshal config: %v", err))
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// MathDiff lists the math-defining fields in which c and other differ, as
+// "key: old -> new" with c's value first. Empty means they train the same
+// way.
+func (c *Config) MathDiff(other *Config) []string {
+	a, b := c.mathMap(), other.mathMap()
+	var diffs []string
+	for _, k := range mathFields {
+		if string(a[k]) != string(b[k]) {
+			diffs = append(diffs, fmt.Sprintf("%s: %s -> %s", k, a[k], b[k]))
+		}
+	}
+	return diffs
+}
+
+// WriteTOML writes c as TOML, in the form LoadConfig reads.
+func (c *Config) WriteTOML(w io.Writer) error {
+	return toml.NewEncoder(w).Encode(c)
+}

@@ -1,0 +1,318 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/spill-ml/spill/kernels"
+)
+
+// GPTShape is the shape of a GPT (nanoGPT's GPTConfig).
+type GPTShape struct {
+	Layers, Heads, Embd, Vocab, MaxSeq int
+}
+
+// Validate reports what is wrong with the shape.
+func (s GPTShape) Validate() error {
+	switch {
+	case s.Layers <= 0 || s.Heads <= 0 || s.Embd <= 0 || s.Vocab <= 0 || s.MaxSeq <= 0:
+		return fmt.Errorf("engine: GPT shape %+v: every dimension must be positive", s)
+	case s.Embd%s.Heads != 0:
+		return fmt.Errorf("engine: GPT shape: embd %d is not a multiple of heads %d", s.Embd, s.Heads)
+	}
+	return nil
+}
+
+// NewGPT builds the layer list of a GPT in compute dtype dt: layer 0 is the
+// embedding (wte, wpe), layers 1..L the transformer blocks, layer L+1 the
+// head (final layernorm and the LM head tied to wte, with the loss).
+func NewGPT(s GPTShape, dt kernels.DType) (*Model, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	m := &Model{Kind: "gpt", DType: dt, GPT: s}
+	emb := newEmbedding(s, dt)
+	m.Layers = append(m.Layers, emb)
+	for i := 0; i < s.Layers; i++ {
+		m.Layers = append(m.Layers, newBlock(s, dt, i))
+	}
+	m.Layers = append(m.Layers, newHead(s, dt, emb.wte))
+	return m, nil
+}
+
+// embedding is GPT layer 0: out(B,T,C) = wte[tokens] + wpe[t].
+type embedding struct {
+	s        GPTShape
+	dt       kernels.DType
+	specs    []ParamSpec
+	n        int
+	wte, wpe ParamSpec
+}
+
+func newEmbedding(s GPTShape, dt kernels.DType) *embedding {
+	var b specBuilder
+	e := &embedding{s: s, dt: dt}
+	e.wte = b.add("transformer.wte.weight", InitNormal, 0.02, s.Vocab, s.Embd)
+	e.wpe = b.add("transformer.wpe.weight", InitNormal, 0.02, s.MaxSeq, s.Embd)
+	e.specs, e.n = b.specs, b.n
+	return e
+}
+
+func (e *embedding) Name() string             { return "embedding" }
+func (e *embedding) Params() []ParamSpec      { return e.specs }
+func (e *embedding) NumParams() int           { return e.n }
+func (e *embedding) Tied() []int              { return nil }
+func (e *embedding) OutputElems(B, T int) int { return B * T * e.s.Embd }
+func (e *embedding) ActivationBytes(B, T int) int64 {
+	return align(int64(B*T*e.s.Embd) * int64(e.dt.Size()))
+}
+func (e *embedding) ScratchBytes(B, T int) int64 { return 0 }
+
+func (e *embedding) Forward(q kernels.Queue, p *Pass, i int) {
+	w := p.Table.Layers[i].Weights
+	p.Ops.EncoderForward(q, p.Out(i), p.Input, param(w, e.wte), param(w, e.wpe), p.B, p.T, e.s.Embd)
+}
+
+func (e *embedding) Backward(q kernels.Queue, p *Pass, i int) {
+	g := p.Table.Layers[i].Grads
+	p.Ops.EncoderBackward(q, param(g, e.wte), param(g, e.wpe), p.DOut, p.Input, p.B, p.T, e.s.Embd)
+}
+
+// block is one pre-LN transformer block:
+//
+//	x2  = x + attn(ln_1(x))
+//	out = x2 + mlp(ln_2(x2)),  mlp(h) = c_proj(gelu(c_fc(h)))
+type block struct {
+	s     GPTShape
+	dt    kernels.DType
+	name  string
+	specs []ParamSpec
+	n     int
+
+	ln1w, ln1b, attnW, attnB, projW, projB, ln2w, ln2b, fcW, fcB, fcProjW, fcProjB ParamSpec
+}
+
+func newBlock(s GPTShape, dt kernels.DType, idx int) *block {
+	C := s.Embd
+	pre := fmt.Sprintf("transformer.h.%d.", idx)
+	res := 0.02 / math.Sqrt(2*float64(s.Layers))
+	k := &block{s: s, dt: dt, name: fmt.Sprintf("h.%d", idx)}
+	var b specBuilder
+	k.ln1w = b.add(pre+"ln_1.weight", InitOnes, 0, C)
+	k.ln1b = b.add(pre+"ln_1.bias", InitZeros, 0, C)
+	k.attnW = b.add(pre+"attn.c_attn.weight", InitNormal, 0.02, 3*C, C)
+	k.attnB = b.add(pre+"attn.c_attn.bias", InitZeros, 0, 3*C)
+	k.projW = b.add(pre+"attn.c_proj.weight", InitNormal, res, C, C)
+	k.projB = b.add(pre+"attn.c_proj.bias", InitZeros, 0, C)
+	k.ln2w = b.add(pre+"ln_2.weight", InitOnes, 0, C)
+	k.ln2b = b.add(pre+"ln_2.bias", InitZeros, 0, C)
+	k.fcW = b.add(pre+"mlp.c_fc.weight", InitNormal, 0.02, 4*C, C)
+	k.fcB = b.add(pre+"mlp.c_fc.bias", InitZeros, 0, 4*C)
+	k.fcProjW = b.add(pre+"mlp.c_proj.weight", InitNormal, res, C, 4*C)
+	k.fcProjB = b.add(pre+"mlp.c_proj.bias", InitZeros, 0, C)
+	k.specs, k.n = b.specs, b.n
+	return k
+}
+
+// blockActs are a block's saved activations (llm.c's per-layer
+// activations, without the T×T attention matrix: attention saves lse).
+type blockActs struct {
+	out     kernels.Tensor // (BT,C) first: the block's output
+	ln1     kernels.Tensor // (BT,C)
+	ln1Mean kernels.Tensor // (BT) f32
+	ln1Rstd kernels.Tensor // (BT) f32
+	qkv     kernels.Tensor // (BT,3C)
+	atty    kernels.Tensor // (BT,C)
+	lse     kernels.Tensor // (B,NH,T) f32
+	res2    kernels.Tensor // (BT,C) residual after attention
+	ln2     kernels.Tensor // (BT,C)
+	ln2Mean kernels.Tensor // (BT) f32
+	ln2Rstd kernels.Tensor // (BT) f32
+	fch     kernels.Tensor // (BT,4C)
+	fchGelu kernels.Tensor // (BT,4C)
+	size    int64
+}
+
+func (k *block) acts(buf kernels.Buffer, B, T int) blockActs {
+	BT, C := B*T, k.s.Embd
+	a := scratchAlloc{buf: buf}
+	var r blockActs
+	r.out = a.take(k.dt, BT*C)
+	r.ln1 = a.take(k.dt, BT*C)
+	r.ln1Mean = a.take(kernels.F32, BT)
+	r.ln1Rstd = a.take(kernels.F32, BT)
+	r.qkv = a.take(k.dt, BT*3*C)
+	r.atty = a.take(k.dt, BT*C)
+	r.lse = a.take(kernels.F32, B*k.s.Heads*T)
+	r.res2 = a.take(k.dt, BT*C)
+	r.ln2 = a.take(k.dt, BT*C)
+	r.ln2Mean = a.take(kernels.F32, BT)
+	r.ln2Rstd = a.take(kernels.F32, BT)
+	r.fch = a.take(k.dt, BT*4*C)
+	r.fchGelu = a.take(k.dt, BT*4*C)
+	r.size = a.off
+	return r
+}
+
+// blockScratch: two (BT,4C) and two (BT,C) areas.
+func (k *block) scratch(buf kernels.Buffer, B, T int) (a4, b4, c1, c2 kernels.Tensor, size int64) {
+	BT, C := B*T, k.s.Embd
+	a := scratchAlloc{buf: buf}
+	a4 = a.take(k.dt, BT*4*C)
+	b4 = a.take(k.dt, BT*4*C)
+	c1 = a.take(k.dt, BT*C)
+	c2 = a.take(k.dt, BT*C)
+	return a4, b4, c1, c2, a.off
+}
+
+func (k *block) Name() string                   { return k.name }
+func (k *block) Params() []ParamSpec            { return k.specs }
+func (k *block) NumParams() int                 { return k.n }
+func (k *block) Tied() []int                    { return nil }
+func (k *block) OutputElems(B, T int) int       { return B * T * k.s.Embd }
+func (k *block) ActivationBytes(B, T int) int64 { return k.acts(nil, B, T).size }
+func (k *block) ScratchBytes(B, T int) int64 {
+	_, _, _, _, n := k.scratch(nil, B, T)
+	return n
+}
+
+func (k *block) Forward(q kernels.Queue, p *Pass, i int) {
+	o, w := p.Ops, p.Table.Layers[i].Weights
+	B, T, C, NH := p.B, p.T, k.s.Embd, k.s.Heads
+	BT := B * T
+	a := k.acts(p.Table.Layers[i].Acts, B, T)
+	_, _, tmp, _, _ := k.scratch(p.Scratch, B, T)
+	x := p.In(i)
+
+	o.LayerNormForward(q, a.ln1, a.ln1Mean, a.ln1Rstd, x, param(w, k.ln1w), param(w, k.ln1b), BT, C)
+	o.MatmulForward(q, a.qkv, a.ln1, param(w, k.attnW), param(w, k.attnB), BT, C, 3*C)
+	o.AttentionForward(q, a.atty, a.lse, a.qkv, B, T, C, NH)
+	o.MatmulForward(q, tmp, a.atty, param(w, k.projW), param(w, k.projB), BT, C, C)
+	o.CopyDevice(q, a.res2, x)
+	o.Add(q, a.res2, tmp)
+
+	o.LayerNormForward(q, a.ln2, a.ln2Mean, a.ln2Rstd, a.res2, param(w, k.ln2w), param(w, k.ln2b), BT, C)
+	o.MatmulForward(q, a.fch, a.ln2, param(w, k.fcW), param(w, k.fcB), BT, C, 4*C)
+	o.GeluForward(q, a.fchGelu, a.fch, BT*4*C)
+	o.MatmulForward(q, tmp, a.fchGelu, param(w, k.fcProjW), param(w, k.fcProjB), BT, 4*C, C)
+	o.CopyDevice(q, a.out, a.res2)
+	o.Add(q, a.out, tmp)
+}
+
+func (k *block) Backward(q kernels.Queue, p *Pass, i int) {
+	o := p.Ops
+	st := p.Table.Layers[i]
+	w, g := st.Weights, st.Grads
+	B, T, C, NH := p.B, p.T, k.s.Embd, k.s.Heads
+	BT := B * T
+	a := k.acts(st.Acts, B, T)
+	s4a, s4b, s1a, s1b, _ := k.scratch(p.Scratch, B, T)
+	x := p.In(i)
+	dx := p.DIn // accumulates d(res2), then d(x)
+
+	// MLP branch: out = res2 + c_proj(gelu(c_fc(ln_2(res2)))).
+	o.CopyDevice(q, dx, p.DOut)
+	dGelu := s4a.Slice(0, BT*4*C)
+	o.Zero(q, dGelu)
+	o.MatmulBackward(q, dGelu, param(g, k.fcProjW), param(g, k.fcProjB), p.DOut, a.fchGelu, param(w, k.fcProjW), BT, 4*C, C)
+	dfch := s4b.Slice(0, BT*4*C)
+	o.Zero(q, dfch)
+	o.GeluBackward(q, dfch, a.fch, dGelu, BT*4*C)
+	dln2 := s1a
+	o.Zero(q, dln2)
+	o.MatmulBackward(q, dln2, param(g, k.fcW), param(g, k.fcB), dfch, a.ln2, param(w, k.fcW), BT, C, 4*C)
+	o.LayerNormBackward(q, dx, param(g, k.ln2w), param(g, k.ln2b), dln2, a.res2, param(w, k.ln2w), a.ln2Mean, a.ln2Rstd, BT, C)
+
+	// Attention branch: res2 = x + c_proj(attn(c_attn(ln_1(x)))); dx now
+	// holds d(res2), which is also d(c_proj output).
+	datty := s1b
+	o.Zero(q, datty)
+	o.MatmulBackward(q, datty, param(g, k.projW), param(g, k.projB), dx, a.atty, param(w, k.projW), BT, C, C)
+	dqkv := s4a.Slice(0, BT*3*C)
+	o.Zero(q, dqkv)
+	o.AttentionBackward(q, dqkv, datty, a.qkv, a.atty, a.lse, B, T, C, NH)
+	dln1 := s1a
+	o.Zero(q, dln1)
+	o.MatmulBackward(q, dln1, param(g, k.attnW), param(g, k.attnB), dqkv, a.ln1, param(w, k.attnW), BT, C, 3*C)
+	o.LayerNormBackward(q, dx, param(g, k.ln1w), param(g, k.ln1b), dln1, x, param(w, k.ln1w), a.ln1Mean, a.ln1Rstd, BT, C)
+}
+
+// head is the last GPT layer: ln_f, logits = ln_f(x)·wteᵀ (tied to the
+// embedding's wte, layer 0) and the cross-entropy losses.
+type head struct {
+	s     GPTShape
+	dt    kernels.DType
+	specs []ParamSpec
+	n     int
+	lnw   ParamSpec
+	lnb   ParamSpec
+	wte   ParamSpec // in layer 0's block
+}
+
+func newHead(s GPTShape, dt kernels.DType, wte ParamSpec) *head {
+	var b specBuilder
+	h := &head{s: s, dt: dt, wte: wte}
+	h.lnw = b.add("transformer.ln_f.weight", InitOnes, 0, s.Embd)
+	h.lnb = b.add("transformer.ln_f.bias", InitZeros, 0, s.Embd)
+	h.specs, h.n = b.specs, b.n
+	return h
+}
+
+type headActs struct {
+	lnf, mean, rstd, logits kernels.Tensor
+	size                    int64
+}
+
+func (h *head) acts(buf kernels.Buffer, B, T int) headActs {
+	BT := B * T
+	a := scratchAlloc{buf: buf}
+	var r headActs
+	r.lnf = a.take(h.dt, BT*h.s.Embd)
+	r.mean = a.take(kernels.F32, BT)
+	r.rstd = a.take(kernels.F32, BT)
+	r.logits = a.take(h.dt, BT*h.s.Vocab)
+	r.size = a.off
+	return r
+}
+
+func (h *head) scratch(buf kernels.Buffer, B, T int) (dlogits, dlnf kernels.Tensor, size int64) {
+	a := scratchAlloc{buf: buf}
+	dlogits = a.take(h.dt, B*T*h.s.Vocab)
+	dlnf = a.take(h.dt, B*T*h.s.Embd)
+	return dlogits, dlnf, a.off
+}
+
+func (h *head) Name() string                   { return "head" }
+func (h *head) Params() []ParamSpec            { return h.specs }
+func (h *head) NumParams() int                 { return h.n }
+func (h *head) Tied() []int                    { return []int{0} }
+func (h *head) OutputElems(B, T int) int       { return 0 }
+func (h *head) ActivationBytes(B, T int) int64 { return h.acts(nil, B, T).size }
+func (h *head) ScratchBytes(B, T int) int64 {
+	_, _, n := h.scratch(nil, B, T)
+	return n
+}
+
+func (h *head) Forward(q kernels.Queue, p *Pass, i int) {
+	o, w := p.Ops, p.Table.Layers[i].Weights
+	BT, C, V := p.B*p.T, h.s.Embd, h.s.Vocab
+	a := h.acts(p.Table.Layers[i].Acts, p.B, p.T)
+	o.LayerNormForward(q, a.lnf, a.mean, a.rstd, p.In(i), param(w, h.lnw), param(w, h.lnb), BT, C)
+	o.MatmulForward(q, a.logits, a.lnf, param(p.Table.Layers[0].Weights, h.wte), kernels.Tensor{}, BT, C, V)
+	o.CrossEntropyForward(q, p.Losses, a.logits, p.Targets, BT, V)
+}
+
+func (h *head) Backward(q kernels.Queue, p *Pass, i int) {
+	o := p.Ops
+	st := p.Table.Layers[i]
+	BT, C, V := p.B*p.T, h.s.Embd, h.s.Vocab
+	a := h.acts(st.Acts, p.B, p.T)
+	dlogits, dlnf, _ := h.scratch(p.Scratch, p.B, p.T)
+	o.Zero(q, dlogits)
+	o.CrossEntropyBackward(q, dlogits, a.logits, p.Targets, BT, V, p.LossGrad)
+	o.Zero(q, dlnf)
+	emb := p.Table.Layers[0]
+	o.MatmulBackward(q, dlnf, param(emb.Grads, h.wte), kernels.Tensor{}, dlogits, a.lnf, param(emb.Weights, h.wte), BT, C, V)
+	o.Zero(q, p.DIn)
+	o.LayerNormBackward(q, p.DIn, param(st.Grads, h.lnw), param(st.Grads, h.lnb), dlnf, p.In(i), param(st.Weights, h.lnw), a.mean, a.rstd, BT, C)
+}

@@ -1,0 +1,471 @@
+package engine
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"time"
+
+	"github.com/spill-ml/spill/dataset"
+	"github.com/spill-ml/spill/kernels"
+	_ "github.com/spill-ml/spill/kernels/cpu" // the default backend
+)
+
+// Summary describes a finished (or interrupted) Run.
+type Summary struct {
+	Steps           int // optimizer steps completed, resumed ones included
+	FirstLoss       float64
+	LastLoss        float64
+	EvalLoss        *float64 // last evaluation, nil if none ran
+	TokensPerSec    float64  // targets (tokens or records) per second in this run
+	PeakDeviceBytes int64
+	Elapsed         time.Duration
+	Checkpoint      string // last checkpoint written, "" if none
+	Skipped         int    // steps skipped for non-finite gradients in this run
+
+	tokens int64 // targets trained on in this run
+}
+
+// RunOptions are the caller's hooks into Run.
+type RunOptions struct {
+	Reporter Reporter  // receives every step's metrics; may be nil
+	Log      io.Writer // line messages; may be nil
+}
+
+// Run trains the model cfg describes: it opens the dataset (the embedded
+// default when cfg.Data is ""), the backend and the model, resumes from the
+// latest checkpoint when cfg.Resume, trains cfg.Steps optimizer steps
+// reporting each to opts.Reporter, evaluates every EvalEvery steps and
+// checkpoints every CheckpointEvery steps and at the end.
+//
+// On ctx cancellation Run stops before the next step (a step in flight is
+// abandoned: its micro-batches are read again on resume), saves a
+// checkpoint of the last completed step when cfg.CheckpointDir is set and
+// returns an error wrapping ctx.Err() (context.Canceled for Ctrl-C).
+func Run(ctx context.Context, cfg Config, opts RunOptions) (*Summary, error) {
+	logf := func(format string, args ...any) {
+		if opts.Log != nil {
+			fmt.Fprintf(opts.Log, format+"\n", args...)
+		}
+	}
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	dataDir := cfg.Data
+	if dataDir == "" {
+		var err error
+		if dataDir, err = DefaultDataset(ctx, ""); err != nil {
+			return nil, fmt.Errorf("engine: default dataset: %w", err)
+		}
+	}
+	ds, err := dataset.Open(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	defer ds.Close()
+	trainSrc, evalSrc := dataset.Source(ds), dataset.Source(nil)
+	if cfg.EvalData != "" {
+		eds, err := dataset.Open(cfg.EvalData)
+		if err != nil {
+			return nil, err
+		}
+		defer eds.Close()
+		if eds.Schema().Kind != ds.Schema().Kind || eds.SampleSize() != ds.SampleSize() {
+			return nil, fmt.Errorf("engine: eval data %s (%s, %d-byte samples) does not match data %s (%s, %d-byte samples)",
+				cfg.EvalData, eds.Schema().Kind, eds.SampleSize(), dataDir, ds.Schema().Kind, ds.SampleSize())
+		}
+		evalSrc = eds
+	} else if cfg.EvalFraction > 0 {
+		n := ds.Len()
+		if ne := int64(math.Round(float64(n) * cfg.EvalFraction)); ne > 0 && ne < n {
+			trainSrc, evalSrc = &subSource{ds, 0, n - ne}, &subSource{ds, n - ne, ne}
+		}
+	}
+	if err := resolveData(&cfg, ds, dataDir); err != nil {
+		return nil, err
+	}
+	model, err := BuildModel(&cfg, ds.Schema())
+	if err != nil {
+		return nil, err
+	}
+	be, err := kernels.Open(cfg.Device, kernels.Config{MemoryLimit: cfg.DeviceMemory, Threads: cfg.Threads})
+	if err != nil {
+		return nil, err
+	}
+	defer be.Close()
+	B, T := cfg.Batch, cfg.SeqLen
+	if !cfg.IsGPT() {
+		T = 1
+	}
+	tr, err := NewTrainer(be, model, trainerOptions(&cfg, B, T))
+	if err != nil {
+		return nil, err
+	}
+	defer tr.Close()
+	logf("model %s: %d layers, %.2fM parameters, %s on %s", cfg.Model, len(model.Layers),
+		float64(model.NumParams())/1e6, cfg.Precision, be.DeviceName())
+
+	hash := cfg.Hash()
+	cursor := dataset.Cursor{Seed: cfg.Seed}
+	var tokens int64
+	resumed := false
+	if cfg.Resume {
+		path, err := LatestCheckpoint(cfg.CheckpointDir)
+		if err != nil {
+			return nil, err
+		}
+		if path != "" {
+			ck, err := LoadCheckpoint(path)
+			if err != nil {
+				return nil, err
+			}
+			if err := CheckResume(&ck.State, &cfg); err != nil {
+				return nil, fmt.Errorf("engine: checkpoint %s: %w", path, err)
+			}
+			if err := tr.LoadTensors(ctx, ck.Weights, ck.Optim); err != nil {
+				return nil, fmt.Errorf("engine: checkpoint %s: %w", path, err)
+			}
+			tr.Step = ck.State.Step
+			tr.Scaler.Scale, tr.Scaler.Good = ck.State.LossScale, ck.State.GoodSteps
+			tokens, cursor, resumed = ck.State.Tokens, ck.State.Cursor, true
+			logf("resumed from %s at step %d", path, tr.Step)
+		} else {
+			logf("no checkpoint in %s: starting from scratch", cfg.CheckpointDir)
+		}
+	}
+	if !resumed {
+		if err := tr.InitWeights(ctx, cfg.Seed); err != nil {
+			return nil, err
+		}
+	}
+
+	loader, err := dataset.NewLoader(ctx, trainSrc, dataset.LoaderOptions{
+		BatchSize: B, Shuffle: true, Seed: cfg.Seed, DropLast: true, Start: cursor,
+		Workers: min(2, runtime.GOMAXPROCS(0)),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("engine: data %s: %w", dataDir, err)
+	}
+	defer loader.Close()
+	dec := newDecoder(model, ds.Schema(), B, T, dataDir)
+	feed := &loaderFeed{l: loader, dec: dec}
+
+	sum := &Summary{}
+	saved := -1
+	if resumed {
+		saved = tr.Step // the checkpoint we resumed from
+	}
+	save := func() error {
+		if cfg.CheckpointDir == "" || saved == tr.Step {
+			return nil
+		}
+		w, o, err := tr.SaveTensors(context.Background())
+		if err != nil {
+			return err
+		}
+		ck := &Checkpoint{State: TrainState{
+			Step: tr.Step, Tokens: tokens, Cursor: cursor, RNG: cfg.Seed,
+			LossScale: tr.Scaler.Scale, GoodSteps: tr.Scaler.Good, ConfigHash: hash, Config: cfg,
+		}, Weights: w, Optim: o}
+		path, err := SaveCheckpoint(cfg.CheckpointDir, ck, cfg.KeepCheckpoints)
+		if err != nil {
+			return err
+		}
+		saved, sum.Checkpoint = tr.Step, path
+		logf("checkpoint %s", path)
+		return nil
+	}
+	start := time.Now()
+	finish := func() *Summary {
+		sum.Steps = tr.Step
+		sum.Elapsed = time.Since(start)
+		sum.PeakDeviceBytes = be.MemStats().Peak
+		if s := sum.Elapsed.Seconds(); s > 0 {
+			sum.TokensPerSec = float64(sum.tokens) / s
+		}
+		return sum
+	}
+	interrupted := func(cause error) (*Summary, error) {
+		if err := save(); err != nil {
+			return finish(), errors.Join(fmt.Errorf("engine: interrupted at step %d: %w", tr.Step, cause), err)
+		}
+		return finish(), fmt.Errorf("engine: interrupted at step %d: %w", tr.Step, cause)
+	}
+	first := true
+	for tr.Step < cfg.Steps {
+		if err := ctx.Err(); err != nil {
+			return interrupted(err)
+		}
+		t0 := time.Now()
+		r, err := tr.TrainStep(ctx, feed)
+		if err != nil {
+			if ctx.Err() != nil {
+				return interrupted(ctx.Err())
+			}
+			return finish(), err
+		}
+		dt := time.Since(t0).Seconds()
+		tokens += tr.TokensPerStep()
+		sum.tokens += tr.TokensPerStep()
+		cursor = feed.cursor
+		if first {
+			sum.FirstLoss, first = r.Loss, false
+		}
+		sum.LastLoss = r.Loss
+		if r.Skipped {
+			sum.Skipped++
+		}
+		m := StepMetrics{
+			Step: tr.Step, Loss: r.Loss, LR: r.LR, GradNorm: r.GradNorm, LossScale: r.LossScale, Skipped: r.Skipped,
+			PeakDeviceBytes: be.MemStats().Peak, Elapsed: time.Since(start),
+		}
+		if dt > 0 {
+			m.SamplesPerSec = float64(B*cfg.Accum) / dt
+			m.TokensPerSec = float64(tr.TokensPerStep()) / dt
+		}
+		if evalSrc != nil && cfg.EvalEvery > 0 && (tr.Step%cfg.EvalEvery == 0 || tr.Step == cfg.Steps) {
+			ev, err := tr.Evaluate(ctx, &seqFeed{src: evalSrc, dec: dec, buf: make([]byte, evalSrc.SampleSize())}, cfg.EvalBatches)
+			if err != nil {
+				if ctx.Err() != nil {
+					return interrupted(ctx.Err())
+				}
+				return finish(), err
+			}
+			m.EvalLoss, sum.EvalLoss = &ev, &ev
+		}
+		if opts.Reporter != nil {
+			opts.Reporter.Report(m)
+		}
+		if cfg.CheckpointEvery > 0 && tr.Step%cfg.CheckpointEvery == 0 {
+			if err := save(); err != nil {
+				return finish(), err
+			}
+		}
+	}
+	if err := save(); err != nil {
+		return finish(), err
+	}
+	return finish(), nil
+}
+
+// resolveData fills the dataset-derived fields of cfg (Vocab, SeqLen for a
+// GPT; Task, Classes for an MLP) and checks the data fits the model.
+func resolveData(cfg *Config, ds *dataset.Dataset, dir string) error {
+	s := ds.Schema()
+	if cfg.IsGPT() {
+		if s.Kind != dataset.KindTokens {
+			return fmt.Errorf("engine: model %s needs a tokens dataset, %s is %s (use model \"mlp\" for records)", cfg.Model, dir, s.Kind)
+		}
+		if cfg.Vocab == 0 {
+			p, _ := LookupPreset(cfg.Model)
+			switch {
+			case p.Vocab != 0:
+				cfg.Vocab = p.Vocab
+			case s.VocabSize != 0:
+				cfg.Vocab = s.VocabSize
+			default:
+				cfg.Vocab = TinyVocab
+			}
+		}
+		if s.VocabSize > cfg.Vocab {
+			return fmt.Errorf("engine: dataset %s has vocabulary %d, larger than the model's %d", dir, s.VocabSize, cfg.Vocab)
+		}
+		if cfg.SeqLen == 0 {
+			cfg.SeqLen = min(s.SeqLen, cfg.MaxSeq)
+		}
+		if cfg.SeqLen > s.SeqLen {
+			return fmt.Errorf("engine: seq_len %d is longer than the samples of %s (%d tokens)", cfg.SeqLen, dir, s.SeqLen)
+		}
+		if cfg.SeqLen > cfg.MaxSeq {
+			return fmt.Errorf("engine: seq_len %d exceeds max_seq %d", cfg.SeqLen, cfg.MaxSeq)
+		}
+		return nil
+	}
+	if s.Kind != dataset.KindRecords {
+		return fmt.Errorf("engine: model mlp needs a records dataset, %s is %s", dir, s.Kind)
+	}
+	if cfg.Task == "" {
+		cfg.Task = TaskClassification
+		if s.LabelDType == "float32" {
+			cfg.Task = TaskRegression
+		}
+	}
+	if cfg.Task == TaskClassification && s.LabelDType != "int32" {
+		return fmt.Errorf("engine: classification needs int32 labels, %s has %s", dir, s.LabelDType)
+	}
+	if cfg.Task == TaskClassification && cfg.Classes == 0 {
+		buf := make([]byte, ds.SampleSize())
+		var hi int32 = -1
+		for i := int64(0); i < ds.Len(); i++ {
+			rec, err := ds.Sample(i, buf)
+			if err != nil {
+				return err
+			}
+			hi = max(hi, int32(binary.LittleEndian.Uint32(rec[len(rec)-4:])))
+		}
+		cfg.Classes = int(hi) + 1
+	}
+	return nil
+}
+
+// BuildModel builds the model cfg describes over data of schema s, after
+// the dataset-derived fields of cfg have been filled (Run does that).
+func BuildModel(cfg *Config, s dataset.Schema) (*Model, error) {
+	dt, err := ComputeDType(cfg.Precision)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.IsGPT() {
+		return NewGPT(GPTShape{Layers: cfg.Layers, Heads: cfg.Heads, Embd: cfg.Embd, Vocab: cfg.Vocab, MaxSeq: cfg.MaxSeq}, dt)
+	}
+	out := 1
+	if cfg.Task == TaskClassification {
+		out = cfg.Classes
+	}
+	return NewMLP(MLPShape{In: s.Features, Hidden: cfg.Hidden, Out: out, Task: cfg.Task}, dt)
+}
+
+// subSource is the samples [off, off+n) of a source (the train and held-out
+// splits of one dataset).
+type subSource struct {
+	src    dataset.Source
+	off, n int64
+}
+
+func (s *subSource) Len() int64      { return s.n }
+func (s *subSource) SampleSize() int { return s.src.SampleSize() }
+func (s *subSource) Sample(i int64, dst []byte) ([]byte, error) {
+	if i < 0 || i >= s.n {
+		return nil, fmt.Errorf("engine: sample %d out of range [0, %d)", i, s.n)
+	}
+	return s.src.Sample(s.off+i, dst)
+}
+func (s *subSource) Advise(from, to int64) {
+	if a, ok := s.src.(dataset.Advisor); ok {
+		a.Advise(s.off+from, s.off+to)
+	}
+}
+
+// decoder turns dataset samples into rows of a HostBatch.
+type decoder struct {
+	gpt      bool
+	T        int
+	tokSize  int
+	vocab    int
+	features int
+	intFeat  bool
+	floatLab bool
+	classes  int
+	dir      string
+}
+
+func newDecoder(m *Model, s dataset.Schema, B, T int, dir string) *decoder {
+	d := &decoder{gpt: m.Kind == "gpt", T: T, dir: dir}
+	if d.gpt {
+		d.tokSize, d.vocab = s.TokenSize(), m.GPT.Vocab
+	} else {
+		d.features, d.intFeat, d.floatLab = s.Features, s.FeatureDType == "int32", s.LabelDType == "float32"
+		if m.MLP.Task == TaskClassification {
+			d.classes = m.MLP.Out
+		}
+	}
+	return d
+}
+
+// row decodes sample idx (bytes smp) into row k of hb.
+func (d *decoder) row(hb *HostBatch, k int, idx int64, smp []byte) error {
+	le := binary.LittleEndian
+	if d.gpt {
+		in, tg := hb.Input[4*k*d.T:], hb.Targets[4*k*d.T:]
+		for t := 0; t <= d.T; t++ {
+			var tok uint32
+			if d.tokSize == 2 {
+				tok = uint32(le.Uint16(smp[2*t:]))
+			} else {
+				tok = le.Uint32(smp[4*t:])
+			}
+			if tok >= uint32(d.vocab) {
+				return fmt.Errorf("engine: dataset %s: sample %d: token %d at position %d is outside the model's vocabulary (%d)", d.dir, idx, tok, t, d.vocab)
+			}
+			if t < d.T {
+				le.PutUint32(in[4*t:], tok)
+			}
+			if t > 0 {
+				le.PutUint32(tg[4*(t-1):], tok)
+			}
+		}
+		return nil
+	}
+	F := d.features
+	in := hb.Input[4*k*F:]
+	for f := 0; f < F; f++ {
+		v := le.Uint32(smp[4*f:])
+		if d.intFeat {
+			v = math.Float32bits(float32(int32(v)))
+		}
+		le.PutUint32(in[4*f:], v)
+	}
+	lab := le.Uint32(smp[4*F:])
+	if d.classes > 0 && (int32(lab) < 0 || int(int32(lab)) >= d.classes) {
+		return fmt.Errorf("engine: dataset %s: sample %d: label %d outside [0, %d)", d.dir, idx, int32(lab), d.classes)
+	}
+	le.PutUint32(hb.Targets[4*k:], lab)
+	return nil
+}
+
+// loaderFeed feeds a Trainer from a shuffled dataset.Loader and remembers
+// the cursor after the last batch it delivered.
+type loaderFeed struct {
+	l      *dataset.Loader
+	dec    *decoder
+	cursor dataset.Cursor
+}
+
+func (f *loaderFeed) Next(ctx context.Context, hb *HostBatch) error {
+	b, err := f.l.Next(ctx)
+	if err != nil {
+		return err
+	}
+	defer b.Release()
+	ss := len(b.Data) / b.Samples
+	for k := 0; k < b.Samples; k++ {
+		if err := f.dec.row(hb, k, b.Indices[k], b.Data[k*ss:(k+1)*ss]); err != nil {
+			return err
+		}
+	}
+	f.cursor = b.Cursor
+	return nil
+}
+
+// seqFeed reads a source in order from its start, wrapping around (the
+// fixed evaluation batches).
+type seqFeed struct {
+	src dataset.Source
+	dec *decoder
+	pos int64
+	buf []byte
+}
+
+func (f *seqFeed) Next(ctx context.Context, hb *HostBatch) error {
+	rows := len(hb.Targets) / 4
+	if f.dec.gpt {
+		rows /= f.dec.T
+	}
+	for k := 0; k < rows; k++ {
+		i := f.pos % f.src.Len()
+		f.pos++
+		smp, err := f.src.Sample(i, f.buf)
+		if err != nil {
+			return err
+		}
+		if err := f.dec.row(hb, k, i, smp); err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}

@@ -1,0 +1,485 @@
+package engine
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/spill-ml/spill/kernels"
+)
+
+// HostBatch is one micro-batch in host memory, in the layout the device
+// tensors take: Input is B*T little-endian int32 token ids (GPT) or B*F
+// float32 features (MLP); Targets is B*T int32 next tokens, B int32 class
+// labels or B float32 regression targets.
+type HostBatch struct {
+	Input   []byte
+	Targets []byte
+}
+
+// BatchSource produces micro-batches for a Trainer. Next fills hb (whose
+// slices have the sizes the Trainer allocated) with the next micro-batch.
+type BatchSource interface {
+	Next(ctx context.Context, hb *HostBatch) error
+}
+
+// TrainerOptions are the hyper-parameters of a Trainer (from Config).
+type TrainerOptions struct {
+	B, T        int // micro-batch rows, positions per row (1 for records)
+	Accum       int
+	Schedule    LRSchedule
+	WeightDecay float64
+	Beta1       float64
+	Beta2       float64
+	Eps         float64
+	GradClip    float64 // 0 = off
+	LossScale   float64 // initial fp16 scale
+	ScaleWindow int
+}
+
+func trainerOptions(cfg *Config, B, T int) TrainerOptions {
+	return TrainerOptions{
+		B: B, T: T, Accum: cfg.Accum,
+		Schedule:    LRSchedule{Peak: cfg.LR, Min: cfg.MinLR, Warmup: cfg.Warmup, Steps: cfg.Steps},
+		WeightDecay: cfg.WeightDecay, Beta1: cfg.Beta1, Beta2: cfg.Beta2, Eps: cfg.Eps,
+		GradClip: cfg.GradClip, LossScale: cfg.LossScale, ScaleWindow: cfg.ScaleWindow,
+	}
+}
+
+// StepResult is what one optimizer step measured.
+type StepResult struct {
+	Loss      float64 // mean loss over the step's micro-batches
+	LR        float64
+	GradNorm  float64 // global norm before clipping (unscaled); NaN/Inf on overflow
+	LossScale float64 // the scale the step ran with
+	Skipped   bool
+}
+
+// Trainer runs training steps of a Model on a backend. It owns the
+// model's StateTable and the pass buffers. Methods are for one goroutine.
+type Trainer struct {
+	be    kernels.Backend
+	q     kernels.Queue
+	model *Model
+	opts  TrainerOptions
+	st    *StateTable
+	pass  *Pass
+
+	// Step is the number of optimizer steps taken (skipped ones included).
+	Step   int
+	Scaler LossScaler
+
+	ioBufs   []kernels.Buffer
+	feat32   kernels.Tensor // F32 staging for features in non-fp32 MLP runs
+	stats    kernels.Tensor // F32 [sum of squares, non-finite flag]
+	hb       HostBatch
+	lossHost []byte
+	statHost []byte
+	nLoss    int     // losses per micro-batch
+	lossMul  float64 // reported loss = lossMul * mean(losses)
+
+	// gradHook, if set, runs after the gradients of a step are complete
+	// and before they are checked (tests inject overflows with it).
+	gradHook func(step int)
+}
+
+// NewTrainer allocates the model's training state and pass buffers on be.
+// The weights are zero until InitWeights or LoadCheckpoint.
+func NewTrainer(be kernels.Backend, m *Model, o TrainerOptions) (*Trainer, error) {
+	if o.B <= 0 || o.T <= 0 || o.Accum <= 0 {
+		return nil, fmt.Errorf("engine: trainer: batch %d, seq %d, accum %d must be positive", o.B, o.T, o.Accum)
+	}
+	st, pass, err := AllocState(be, m, StateOptions{Train: true, B: o.B, T: o.T})
+	if err != nil {
+		return nil, err
+	}
+	t := &Trainer{be: be, q: be.DefaultQueue(), model: m, opts: o, st: st, pass: pass, lossMul: 1}
+	t.Scaler = NewLossScaler(m.DType, o.LossScale, o.ScaleWindow)
+	tensor := func(n int, dt kernels.DType) kernels.Tensor {
+		if err != nil {
+			return kernels.Tensor{}
+		}
+		var b kernels.Buffer
+		b, err = be.Alloc(int64(n)*int64(dt.Size()), "io")
+		if err != nil {
+			return kernels.Tensor{}
+		}
+		t.ioBufs = append(t.ioBufs, b)
+		return kernels.View(b, 0, dt, n)
+	}
+	B, T := o.B, o.T
+	switch m.Kind {
+	case "gpt":
+		t.nLoss = B * T
+		pass.Input = tensor(B*T, kernels.I32)
+		pass.Targets = tensor(B*T, kernels.I32)
+	default:
+		t.nLoss = B
+		F := m.MLP.In
+		pass.Input = tensor(B*F, m.DType)
+		if m.DType != kernels.F32 {
+			t.feat32 = tensor(B*F, kernels.F32)
+		}
+		if m.MLP.Task == TaskRegression {
+			pass.Targets = tensor(B, kernels.F32)
+			t.lossMul = 2 // MSEForward gives (p-t)²/2; report the mean squared error
+		} else {
+			pass.Targets = tensor(B, kernels.I32)
+		}
+	}
+	pass.Losses = tensor(t.nLoss, kernels.F32)
+	t.stats = tensor(2, kernels.F32)
+	if err != nil {
+		t.Close()
+		return nil, fmt.Errorf("engine: allocating trainer buffers: %w", err)
+	}
+	inBytes := pass.Input.N * 4 // int32 tokens or float32 features
+	t.hb = HostBatch{Input: make([]byte, inBytes), Targets: make([]byte, pass.Targets.Bytes())}
+	t.lossHost = make([]byte, pass.Losses.Bytes())
+	t.statHost = make([]byte, 8)
+	return t, nil
+}
+
+// Close frees the trainer's device memory (after synchronizing).
+func (t *Trainer) Close() {
+	_ = t.q.Synchronize(context.Background())
+	FreeState(t.be, t.st, t.pass)
+	for _, b := range t.ioBufs {
+		t.be.Free(b)
+	}
+	t.ioBufs = nil
+}
+
+// Model is the trained model.
+func (t *Trainer) Model() *Model { return t.model }
+
+// State is the model's per-layer state table.
+func (t *Trainer) State() *StateTable { return t.st }
+
+// TokensPerStep is the number of targets one optimizer step trains on.
+func (t *Trainer) TokensPerStep() int64 { return int64(t.nLoss) * int64(t.opts.Accum) }
+
+// InitWeights initialises every layer deterministically from seed (GPT-2
+// init for GPTs) into the master weights and the compute copy.
+func (t *Trainer) InitWeights(ctx context.Context, seed uint64) error {
+	for i, l := range t.model.Layers {
+		vals := make([]float32, l.NumParams())
+		InitParams(vals, l.Params(), seed)
+		if err := t.setLayerMaster(ctx, i, f32Bytes(vals)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setLayerMaster uploads a whole layer's fp32 master weights and derives
+// the compute copy.
+func (t *Trainer) setLayerMaster(ctx context.Context, i int, data []byte) error {
+	s := t.st.Layers[i]
+	t.be.CopyToDevice(t.q, s.Master, data)
+	if s.Weights.Buf != s.Master.Buf {
+		t.be.Cast(t.q, s.Weights, s.Master)
+	}
+	return t.q.Synchronize(ctx) // data must outlive the copy
+}
+
+// upload copies a host micro-batch to the device.
+func (t *Trainer) upload(hb *HostBatch) {
+	p := t.pass
+	switch {
+	case t.model.Kind == "gpt" || t.model.DType == kernels.F32:
+		t.be.CopyToDevice(t.q, p.Input, hb.Input)
+	default:
+		t.be.CopyToDevice(t.q, t.feat32, hb.Input)
+		t.be.Cast(t.q, p.Input, t.feat32)
+	}
+	t.be.CopyToDevice(t.q, p.Targets, hb.Targets)
+}
+
+// forward runs the model on the uploaded micro-batch and returns the sum
+// of its losses (times lossMul).
+func (t *Trainer) forward(ctx context.Context) (float64, error) {
+	t.model.Forward(t.q, t.pass)
+	t.be.CopyToHost(t.q, t.lossHost, t.pass.Losses)
+	if err := t.q.Synchronize(ctx); err != nil {
+		return 0, err
+	}
+	var sum float64
+	for i := 0; i < t.nLoss; i++ {
+		sum += float64(math.Float32frombits(binary.LittleEndian.Uint32(t.lossHost[4*i:])))
+	}
+	return sum * t.lossMul, nil
+}
+
+// MicroLoss runs a forward pass on hb and returns its mean loss.
+func (t *Trainer) MicroLoss(ctx context.Context, hb *HostBatch) (float64, error) {
+	t.upload(hb)
+	s, err := t.forward(ctx)
+	return s / float64(t.nLoss), err
+}
+
+func (t *Trainer) zeroGrads() {
+	for _, s := range t.st.Layers {
+		t.be.Zero(t.q, s.Grads)
+	}
+}
+
+// accumulate runs forward and backward over Accum micro-batches from src,
+// leaving the (loss-scaled) gradients in the state table, and returns the
+// mean loss.
+func (t *Trainer) accumulate(ctx context.Context, src BatchSource) (float64, error) {
+	t.zeroGrads()
+	t.pass.LossGrad = float32(t.lossMul * t.Scaler.Scale / float64(t.TokensPerStep()))
+	var sum float64
+	for k := 0; k < t.opts.Accum; k++ {
+		if err := src.Next(ctx, &t.hb); err != nil {
+			return 0, err
+		}
+		t.upload(&t.hb)
+		s, err := t.forward(ctx)
+		if err != nil {
+			return 0, err
+		}
+		sum += s
+		t.model.Backward(t.q, t.pass)
+	}
+	return sum / float64(t.TokensPerStep()), nil
+}
+
+// gradStats returns the global sum of squares of the gradients and whether
+// any was not finite.
+func (t *Trainer) gradStats(ctx context.Context) (sumsq float64, nonFinite bool, err error) {
+	t.be.Zero(t.q, t.stats)
+	for _, s := range t.st.Layers {
+		t.be.SumSquares(t.q, t.stats.Slice(0, 1), s.Grads)
+		t.be.CheckFinite(t.q, t.stats.Slice(1, 1), s.Grads)
+	}
+	t.be.CopyToHost(t.q, t.statHost, t.stats)
+	if err := t.q.Synchronize(ctx); err != nil {
+		return 0, false, err
+	}
+	ss := float64(math.Float32frombits(binary.LittleEndian.Uint32(t.statHost)))
+	flag := math.Float32frombits(binary.LittleEndian.Uint32(t.statHost[4:]))
+	return ss, flag != 0 || math.IsNaN(ss) || math.IsInf(ss, 0), nil
+}
+
+// TrainStep runs one optimizer step: Accum micro-batches from src, loss
+// scaling, global-norm clipping and AdamW. On an error (ctx cancelled, bad
+// data) before the update, the weights and Step are unchanged; the update
+// itself is not interruptible.
+func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, error) {
+	o := t.opts
+	r := StepResult{LR: o.Schedule.At(t.Step), LossScale: t.Scaler.Scale}
+	loss, err := t.accumulate(ctx, src)
+	if err != nil {
+		return r, err
+	}
+	r.Loss = loss
+	if t.gradHook != nil {
+		t.gradHook(t.Step)
+	}
+	sumsq, overflow, err := t.gradStats(ctx)
+	if err != nil {
+		return r, err
+	}
+	r.GradNorm = math.Sqrt(sumsq) / t.Scaler.Scale
+	if overflow {
+		r.GradNorm = math.Inf(1)
+	}
+	if r.Skipped = t.Scaler.Update(overflow); r.Skipped {
+		t.Step++
+		return r, nil
+	}
+	coef := 1.0
+	if o.GradClip > 0 && r.GradNorm > o.GradClip {
+		coef = o.GradClip / r.GradNorm
+	}
+	t.Step++
+	for i, l := range t.model.Layers {
+		s := t.st.Layers[i]
+		for _, ps := range l.Params() {
+			p := kernels.AdamWParams{
+				LR: float32(r.LR), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2), Eps: float32(o.Eps),
+				Step: t.Step, GradScale: float32(coef / r.LossScale),
+			}
+			if ps.Decay {
+				p.WeightDecay = float32(o.WeightDecay)
+			}
+			out := kernels.Tensor{}
+			if s.Weights.Buf != s.Master.Buf {
+				out = param(s.Weights, ps)
+			}
+			t.be.AdamW(t.q, param(s.Master, ps), param(s.Grads, ps), param(s.M, ps), param(s.V, ps), out, p)
+		}
+	}
+	if err := t.q.Synchronize(context.Background()); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// Gradients computes the fp32 gradients of the mean loss over Accum
+// micro-batches from src without updating anything, for gradient checks:
+// one []float32 per layer, laid out as the layer's block.
+func (t *Trainer) Gradients(ctx context.Context, src BatchSource) (loss float64, grads [][]float32, err error) {
+	if loss, err = t.accumulate(ctx, src); err != nil {
+		return 0, nil, err
+	}
+	for _, s := range t.st.Layers {
+		b := make([]byte, s.Grads.N*4)
+		g := s.Grads
+		if g.DType != kernels.F32 {
+			return 0, nil, fmt.Errorf("engine: Gradients needs an fp32 model")
+		}
+		t.be.CopyToHost(t.q, b, g)
+		if err := t.q.Synchronize(ctx); err != nil {
+			return 0, nil, err
+		}
+		v := bytesF32(b)
+		for j := range v {
+			v[j] /= float32(t.Scaler.Scale)
+		}
+		grads = append(grads, v)
+	}
+	return loss, grads, nil
+}
+
+// layerHost copies tensor x of a layer (F32) to the host.
+func (t *Trainer) layerHost(ctx context.Context, x kernels.Tensor) ([]byte, error) {
+	b := make([]byte, x.Bytes())
+	t.be.CopyToHost(t.q, b, x)
+	return b, t.q.Synchronize(ctx)
+}
+
+// MasterWeights returns the fp32 master weights of every layer as host
+// floats (block layout).
+func (t *Trainer) MasterWeights(ctx context.Context) ([][]float32, error) {
+	var out [][]float32
+	for _, s := range t.st.Layers {
+		b, err := t.layerHost(ctx, s.Master)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, bytesF32(b))
+	}
+	return out, nil
+}
+
+func f32Bytes(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
+}
+
+func bytesF32(b []byte) []float32 {
+	v := make([]float32, len(b)/4)
+	for i := range v {
+		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return v
+}
+
+// Evaluate returns the mean loss over n micro-batches from src (forward
+// passes only; gradients and weights are untouched).
+func (t *Trainer) Evaluate(ctx context.Context, src BatchSource, n int) (float64, error) {
+	var sum float64
+	for k := 0; k < n; k++ {
+		if err := src.Next(ctx, &t.hb); err != nil {
+			return 0, err
+		}
+		l, err := t.MicroLoss(ctx, &t.hb)
+		if err != nil {
+			return 0, err
+		}
+		sum += l
+	}
+	return sum / float64(n), nil
+}
+
+// SaveTensors copies the fp32 master weights and the Adam moments to the
+// host as checkpoint tensors: weights under their nanoGPT names, moments
+// as "<name>.exp_avg" and "<name>.exp_avg_sq".
+func (t *Trainer) SaveTensors(ctx context.Context) (weights, optim []NamedTensor, err error) {
+	for i, l := range t.model.Layers {
+		s := t.st.Layers[i]
+		var host [3][]byte
+		for j, x := range []kernels.Tensor{s.Master, s.M, s.V} {
+			if host[j], err = t.layerHost(ctx, x); err != nil {
+				return nil, nil, err
+			}
+		}
+		for _, ps := range l.Params() {
+			lo, hi := 4*ps.Offset, 4*(ps.Offset+ps.Elems())
+			shape := append([]int(nil), ps.Shape...)
+			weights = append(weights, NamedTensor{Name: ps.Name, DType: "F32", Shape: shape, Data: host[0][lo:hi]})
+			optim = append(optim,
+				NamedTensor{Name: ps.Name + ".exp_avg", DType: "F32", Shape: shape, Data: host[1][lo:hi]},
+				NamedTensor{Name: ps.Name + ".exp_avg_sq", DType: "F32", Shape: shape, Data: host[2][lo:hi]})
+		}
+	}
+	return weights, optim, nil
+}
+
+// LoadTensors restores what SaveTensors saved: the master weights (and
+// from them the compute copy) and, if optim is not nil, the Adam moments.
+// Every parameter must be present with its exact shape.
+func (t *Trainer) LoadTensors(ctx context.Context, weights, optim []NamedTensor) error {
+	byName := make(map[string]*NamedTensor, len(weights)+len(optim))
+	for _, ts := range [][]NamedTensor{weights, optim} {
+		for i := range ts {
+			byName[ts[i].Name] = &ts[i]
+		}
+	}
+	get := func(ps ParamSpec, name string) ([]byte, error) {
+		nt := byName[name]
+		if nt == nil {
+			return nil, fmt.Errorf("tensor %q missing", name)
+		}
+		if nt.DType != "F32" || !sameShape(nt.Shape, ps.Shape) || len(nt.Data) != 4*ps.Elems() {
+			return nil, fmt.Errorf("tensor %q is %s %v, the model needs F32 %v", name, nt.DType, nt.Shape, ps.Shape)
+		}
+		return nt.Data, nil
+	}
+	for i, l := range t.model.Layers {
+		s := t.st.Layers[i]
+		var host [3][]byte
+		for j := range host {
+			host[j] = make([]byte, 4*l.NumParams())
+		}
+		for _, ps := range l.Params() {
+			for j, suffix := range []string{"", ".exp_avg", ".exp_avg_sq"} {
+				if j > 0 && optim == nil {
+					continue
+				}
+				d, err := get(ps, ps.Name+suffix)
+				if err != nil {
+					return err
+				}
+				copy(host[j][4*ps.Offset:], d)
+			}
+		}
+		if optim != nil {
+			t.be.CopyToDevice(t.q, s.M, host[1])
+			t.be.CopyToDevice(t.q, s.V, host[2])
+		}
+		if err := t.setLayerMaster(ctx, i, host[0]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sameShape(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
