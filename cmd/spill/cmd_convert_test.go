@@ -1,0 +1,179 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spill-ml/spill/dataset"
+)
+
+// run runs spill with args and returns the exit code, stdout and stderr.
+func run(t *testing.T, ctx context.Context, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := runMain(ctx, args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// writeTokens writes n little-endian uint16 tokens (i*31 mod 50000) to a .bin file.
+func writeTokens(t *testing.T, dir string, n int) string {
+	t.Helper()
+	b := make([]byte, 2*n)
+	for i := range n {
+		binary.LittleEndian.PutUint16(b[2*i:], uint16(i*31%50000))
+	}
+	p := filepath.Join(dir, "train.bin")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// assertEmpty fails if dir holds anything.
+func assertEmpty(t *testing.T, dir string) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		t.Errorf("left behind: %s", e.Name())
+	}
+}
+
+func TestConvertEndToEnd(t *testing.T) {
+	in := writeTokens(t, t.TempDir(), 100_001)
+	out := filepath.Join(t.TempDir(), "ds")
+	code, stdout, stderr := run(t, context.Background(), "convert", in, "--out", out, "--seq-len", "1000",
+		"--shard-size", "64KiB", "--chunk-size", "16KiB", "--compress", "zstd", "--level", "1", "--workers", "2", "--vocab", "50000")
+	if code != exitOK {
+		t.Fatalf("convert: exit %d, stderr %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "100001 tokens, 100 samples of 1000+1") {
+		t.Errorf("summary %q", stdout)
+	}
+	if stderr != "" {
+		t.Errorf("progress drawn on a non-terminal: %q", stderr)
+	}
+	d, err := dataset.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	m := d.Manifest()
+	if d.Len() != 100 || m.Compression != dataset.CompressionZstd || len(m.Shards) < 3 || m.Schema.VocabSize != 50000 {
+		t.Fatalf("Len %d, manifest %+v", d.Len(), m)
+	}
+	s, err := d.Sample(99, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := binary.LittleEndian.Uint16(s[2*1000:]), uint16(100_000*31%50000); got != want {
+		t.Fatalf("last token %d, want %d", got, want)
+	}
+
+	code, _, stderr = run(t, context.Background(), "convert", "--quiet", "--out", out, in)
+	if code != exitFailure || !strings.Contains(stderr, "not empty") {
+		t.Fatalf("convert onto an existing dataset: exit %d, stderr %q", code, stderr)
+	}
+}
+
+func TestConvertQuiet(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "a.txt")
+	os.WriteFile(in, []byte("some text to tokenize"), 0o644)
+	code, stdout, stderr := run(t, context.Background(), "convert", "--quiet", "--seq-len", "4", "--out", filepath.Join(dir, "o"), in)
+	if code != exitOK || stdout != "" || stderr != "" {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
+func TestConvertUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	in := writeTokens(t, dir, 100)
+	out := filepath.Join(dir, "o")
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{in}, "--out is required"},
+		{[]string{"--out", out}, "no input files"},
+		{[]string{"--out", out, "--compress", "lz4", in}, `--compress "lz4"`},
+		{[]string{"--out", out, "--shard-size", "lots", in}, `--shard-size "lots"`},
+		{[]string{"--out", out, "--chunk-size", "1GiB", in}, `--chunk-size "1GiB"`},
+		{[]string{"--out", out, "--format", "xml", in}, `unknown format "xml"`},
+		{[]string{"--out", out, "--level", "9", in}, "--level 9"},
+		{[]string{"--out", out, "--seq-len", "0", in}, "--seq-len 0"},
+		{[]string{"--out", out, "--label-type", "f64", in}, `--label-type "f64"`},
+		{[]string{"--out", out, "--header", "maybe", in}, `--header "maybe"`},
+	}
+	for _, c := range cases {
+		code, _, stderr := run(t, context.Background(), append([]string{"convert"}, c.args...)...)
+		if code != exitUsage || !strings.Contains(stderr, c.want) {
+			t.Errorf("convert %q: exit %d, stderr %q; want exit %d mentioning %q", c.args, code, stderr, exitUsage, c.want)
+		}
+	}
+	if code, _, _ := run(t, context.Background(), "convert", "--no-such-flag"); code != exitUsage {
+		t.Errorf("unknown flag: exit %d", code)
+	}
+	if code, _, stderr := run(t, context.Background(), "convert", "--help"); code != exitOK || !strings.Contains(stderr, "-shard-size") {
+		t.Errorf("--help: exit %d, stderr %q", code, stderr)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("usage errors created %s: %v", out, err)
+	}
+}
+
+func TestConvertFailuresLeaveNothing(t *testing.T) {
+	in := t.TempDir()
+	bad := filepath.Join(in, "bad.jsonl")
+	os.WriteFile(bad, []byte("{\"text\":\"ok\"}\n{\"text\": oops}\n"), 0o644)
+	csv := filepath.Join(in, "bad.csv")
+	os.WriteFile(csv, []byte("a,b,c\n1,2,3\n4,5\n"), 0o644)
+	for _, c := range []struct{ file, want string }{
+		{bad, "bad.jsonl:2: malformed JSON"},
+		{csv, "bad.csv:3:4: truncated row"},
+		{filepath.Join(in, "missing.bin"), "missing.bin"},
+	} {
+		parent := t.TempDir()
+		code, _, stderr := run(t, context.Background(), "convert", "--seq-len", "2", "--out", filepath.Join(parent, "o"), c.file)
+		if code != exitFailure || !strings.Contains(stderr, c.want) {
+			t.Errorf("convert %s: exit %d, stderr %q; want exit 1 mentioning %q", c.file, code, stderr, c.want)
+		}
+		assertEmpty(t, parent)
+	}
+}
+
+func TestConvertInterrupted(t *testing.T) {
+	in := writeTokens(t, t.TempDir(), 1<<20)
+	parent := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	code, _, stderr := run(t, ctx, "convert", "--out", filepath.Join(parent, "o"), in)
+	if code != exitInterrupted || !strings.Contains(stderr, "interrupted") {
+		t.Fatalf("exit %d, stderr %q; want %d", code, stderr, exitInterrupted)
+	}
+	assertEmpty(t, parent)
+}
+
+func TestParseSize(t *testing.T) {
+	good := map[string]int64{
+		"64MiB": 64 << 20, "1GiB": 1 << 30, "512": 512, "4KiB": 4096, "1.5GiB": 3 << 29,
+		"2M": 2 << 20, "10MB": 10_000_000, "7B": 7, " 8 KiB ": 8192,
+	}
+	for s, want := range good {
+		if got, err := parseSize(s); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"", "MiB", "12XB", "-1GiB", "1.5", "1e3", "99999999TiB"} {
+		if got, err := parseSize(s); err == nil {
+			t.Errorf("parseSize(%q) = %d, want an error", s, got)
+		}
+	}
+}
