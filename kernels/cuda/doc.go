@@ -1,0 +1,58 @@
+// Package cuda is the NVIDIA GPU implementation of kernels.Backend. It is
+// compiled only with the build tag cuda; without it the package is empty and
+// the rest of spill stays pure Go.
+//
+// Importing the package (in a cuda build) registers it as "cuda":
+//
+//	import _ "github.com/spill-ml/spill/kernels/cuda"
+//	be, err := kernels.Open("cuda", kernels.Config{MemoryLimit: 40 << 30})
+//
+// # Building
+//
+// The driver API comes through gorgonia.org/cu; pinned host memory and
+// cuBLAS (cublasGemmEx, float32 accumulation) through a little cgo of this
+// package. Build and test with tools/cuda/test.sh, or source
+// tools/cuda/env.sh and use the go command with -tags cuda: env.sh puts
+// compat/ first on the C include path (CGO_CFLAGS=-I...), whose cuda.h
+// restores the pre-13 prototypes gorgonia.org/cu needs on CUDA 13 and is
+// harmless on CUDA 12.
+//
+// The kernels are CUDA C++ in kernels/<op>.cu (extern "C" entry points named
+// <op>_forward and <op>_backward), compiled to PTX for compute_80 (Ampere and
+// later) by `go generate` on a machine with nvcc (tools/cuda/ptx.sh). The
+// PTX files in ptx/ are committed and embedded; the driver JIT-compiles
+// them for the GPU when the backend opens.
+//
+// # Threads
+//
+// A CUDA context is current per OS thread, so every CUDA call runs on a
+// goroutine locked to its OS thread (runtime.LockOSThread) on which the
+// device's primary context was made current:
+//
+//   - each Queue is such a goroutine owning one CUDA stream (non-blocking)
+//     and its own cuBLAS handle; the Backend methods that take a Queue
+//     validate their arguments on the caller's goroutine (panicking on
+//     misuse) and then hand the launch to the queue's goroutine through a
+//     channel, so they return at once and keep the caller's order;
+//   - everything else (Alloc, Free, event waits, pinned memory) runs on a
+//     small pool of such goroutines, grown when all are busy.
+//
+// Synchronize and Event.Synchronize wait on blocking-sync events from the
+// pool, so a waiting caller does not spin a CPU core.
+//
+// # Memory
+//
+// Alloc draws on a hard budget (Config.MemoryLimit; 0 means the device's
+// free memory at Open less a reserve for cuBLAS workspaces and the driver)
+// and returns zeroed memory. Each queue also keeps a grow-only scratch area
+// for reductions and for GEMMs whose operand dtypes cuBLAS cannot mix; it is
+// charged to the budget under the tag "scratch". cuBLAS's own workspaces and
+// the loaded modules are outside the budget.
+//
+// Copies accept any host memory. Pageable memory makes a copy synchronous
+// for the queue's goroutine (the driver stages it) but keeps the order;
+// memory from AllocPinned (page-locked, cuMemHostAlloc) makes copies truly
+// asynchronous, which is where the bandwidth comes from.
+package cuda
+
+//go:generate bash ../../tools/cuda/ptx.sh

@@ -1,0 +1,73 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"embed"
+	"fmt"
+	"io/fs"
+	"regexp"
+
+	"gorgonia.org/cu"
+)
+
+// The PTX of kernels/*.cu, made by `go generate` (tools/cuda/ptx.sh).
+//
+//go:embed ptx/*.ptx
+var ptxFS embed.FS
+
+var entryRE = regexp.MustCompile(`(?m)^\s*\.(?:visible\s+)?\.entry\s+([A-Za-z_][A-Za-z0-9_]*)`)
+
+// loadModules loads every embedded PTX module into the current context and
+// records its entry points. Called on a context goroutine.
+func (b *Backend) loadModules() error {
+	files, err := fs.Glob(ptxFS, "ptx/*.ptx")
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		src, err := ptxFS.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		m, err := cu.LoadData(string(src))
+		if err != nil {
+			return fmt.Errorf("loading %s: %w", f, err)
+		}
+		b.mods = append(b.mods, m)
+		for _, sub := range entryRE.FindAllStringSubmatch(string(src), -1) {
+			fn, err := m.Function(sub[1])
+			if err != nil {
+				return fmt.Errorf("%s: kernel %s: %w", f, sub[1], err)
+			}
+			b.fns[sub[1]] = fn
+		}
+	}
+	for _, name := range kernelNames {
+		if _, ok := b.fns[name]; !ok {
+			return fmt.Errorf("kernel %s missing from the embedded PTX (run go generate in kernels/cuda)", name)
+		}
+	}
+	return nil
+}
+
+// kernelNames are the entry points the ops launch.
+var kernelNames = []string{
+	"cast_forward", "add_forward", "scale_forward",
+	"gelu_forward", "gelu_backward", "mse_forward", "mse_backward",
+	"adamw_update", "sum_squares_partial", "sum_squares_final", "check_finite",
+	"encoder_forward", "encoder_backward", "encoder_backward_wpe",
+	"layernorm_forward", "layernorm_backward", "layernorm_backward_params",
+	"matmul_forward_bias", "matmul_backward_bias",
+	"crossentropy_forward", "crossentropy_backward",
+	"attention_forward", "attention_backward", "attention_backward_kv",
+	"attention_forward_tiled", "attention_backward_tiled", "attention_backward_kv_tiled",
+}
+
+func (b *Backend) fn(name string) cu.Function {
+	f, ok := b.fns[name]
+	if !ok {
+		panic("kernels/cuda: unknown kernel " + name)
+	}
+	return f
+}

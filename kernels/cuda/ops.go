@@ -1,0 +1,498 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/spill-ml/spill/kernels"
+	"gorgonia.org/cu"
+)
+
+// Argument checks (programming errors panic at enqueue time).
+
+func needFloat(op, name string, t kernels.Tensor) {
+	if !t.DType.IsFloat() {
+		panic(fmt.Sprintf("kernels/cuda: %s: %s has dtype %v, want f32, bf16 or f16", op, name, t.DType))
+	}
+}
+
+func needDType(op, name string, t kernels.Tensor, d kernels.DType) {
+	if t.DType != d {
+		panic(fmt.Sprintf("kernels/cuda: %s: %s has dtype %v, want %v", op, name, t.DType, d))
+	}
+}
+
+func needN(op, name string, t kernels.Tensor, n int) {
+	if t.N < n {
+		panic(fmt.Sprintf("kernels/cuda: %s: %s has %d elements, needs %d", op, name, t.N, n))
+	}
+}
+
+func needDims(op string, dims ...int) {
+	for _, d := range dims {
+		if d < 0 {
+			panic(fmt.Sprintf("kernels/cuda: %s: negative dimension in %v", op, dims))
+		}
+	}
+}
+
+// operand is a checked float tensor: device address and dtype (0 and 0 for
+// an absent optional operand).
+type operand struct {
+	p  cu.DevicePtr
+	dt kernels.DType
+}
+
+func (o operand) args() (uint64, uint64) { return aPtr(o.p), aDT(o.dt) }
+
+// float checks a required float tensor of at least n elements.
+func (b *Backend) float(op, name string, t kernels.Tensor, n int) operand {
+	if t.IsZero() {
+		panic(fmt.Sprintf("kernels/cuda: %s: %s is required", op, name))
+	}
+	needFloat(op, name, t)
+	needN(op, name, t, n)
+	return operand{b.devPtr(t, op, name), t.DType}
+}
+
+// optFloat is float for an optional operand.
+func (b *Backend) optFloat(op, name string, t kernels.Tensor, n int) operand {
+	if t.IsZero() {
+		return operand{}
+	}
+	return b.float(op, name, t, n)
+}
+
+func (b *Backend) typed(op, name string, t kernels.Tensor, d kernels.DType, n int) cu.DevicePtr {
+	if t.IsZero() {
+		panic(fmt.Sprintf("kernels/cuda: %s: %s is required", op, name))
+	}
+	needDType(op, name, t, d)
+	needN(op, name, t, n)
+	return b.devPtr(t, op, name)
+}
+
+const threads = 256
+
+// elems is the grid of a grid-stride elementwise kernel over n elements.
+func elems(n int) dim3 { return dim3{x: int(min((int64(n)+threads-1)/threads, 1<<16))} }
+
+var block = dim3{x: threads}
+
+// rows is the grid for one warp per row, 8 rows per block.
+func rows(n int) dim3 { return dim3{x: (n + 7) / 8} }
+
+// Zero sets t to 0.
+func (b *Backend) Zero(kq kernels.Queue, t kernels.Tensor) {
+	q := b.queue(kq)
+	p := b.devPtr(t, "Zero", "t")
+	if n := t.Bytes(); n > 0 {
+		q.enqueue(func(q *queue) error { return cu.MemsetD8Async(p, 0, n, q.stream) })
+	}
+}
+
+// Fill sets every element of t to v, rounded to t's dtype.
+func (b *Backend) Fill(kq kernels.Queue, t kernels.Tensor, v float32) {
+	q := b.queue(kq)
+	p := b.devPtr(t, "Fill", "t")
+	n := int64(t.N)
+	if n == 0 {
+		return
+	}
+	var f func(*queue) error
+	switch t.DType {
+	case kernels.F32:
+		f = func(q *queue) error { return cu.MemsetD32Async(p, uint(math.Float32bits(v)), n, q.stream) }
+	case kernels.BF16:
+		f = func(q *queue) error { return cu.MemsetD16Async(p, kernels.BF16FromF32(v), n, q.stream) }
+	case kernels.F16:
+		f = func(q *queue) error { return cu.MemsetD16Async(p, kernels.F16FromF32(v), n, q.stream) }
+	case kernels.I32:
+		f = func(q *queue) error { return cu.MemsetD32Async(p, uint(uint32(int32(v))), n, q.stream) }
+	case kernels.U32:
+		f = func(q *queue) error { return cu.MemsetD32Async(p, uint(uint32(v)), n, q.stream) }
+	case kernels.U16:
+		f = func(q *queue) error { return cu.MemsetD16Async(p, uint16(v), n, q.stream) }
+	case kernels.U8:
+		f = func(q *queue) error { return cu.MemsetD8Async(p, byte(v), n, q.stream) }
+	default:
+		panic(fmt.Sprintf("kernels/cuda: Fill: dtype %v", t.DType))
+	}
+	q.enqueue(f)
+}
+
+// Cast converts src into dst.
+func (b *Backend) Cast(kq kernels.Queue, dst, src kernels.Tensor) {
+	q := b.queue(kq)
+	if dst.N != src.N {
+		panic(fmt.Sprintf("kernels/cuda: Cast: %d elements into %d", src.N, dst.N))
+	}
+	d, s := b.float("Cast", "dst", dst, dst.N), b.float("Cast", "src", src, src.N)
+	n := dst.N
+	if n == 0 {
+		return
+	}
+	if d.dt == s.dt {
+		q.enqueue(func(q *queue) error { return cu.MemcpyDtoDAsync(d.p, s.p, dst.Bytes(), q.stream) })
+		return
+	}
+	q.enqueue(func(q *queue) error { return q.cast(d, s, n) })
+}
+
+// cast launches cast_forward on the queue's goroutine.
+func (q *queue) cast(d, s operand, n int) error {
+	return q.launch(q.b.fn("cast_forward"), elems(n), block, aPtr(d.p), aDT(d.dt), aPtr(s.p), aDT(s.dt), aI64(int64(n)))
+}
+
+// Add computes dst += src.
+func (b *Backend) Add(kq kernels.Queue, dst, src kernels.Tensor) {
+	q := b.queue(kq)
+	if dst.N != src.N {
+		panic(fmt.Sprintf("kernels/cuda: Add: %d elements into %d", src.N, dst.N))
+	}
+	d, s := b.float("Add", "dst", dst, dst.N), b.float("Add", "src", src, src.N)
+	n := dst.N
+	q.enqueue(func(q *queue) error {
+		return q.launch(b.fn("add_forward"), elems(n), block, aPtr(d.p), aDT(d.dt), aPtr(s.p), aDT(s.dt), aI64(int64(n)))
+	})
+}
+
+// Scale computes t *= s.
+func (b *Backend) Scale(kq kernels.Queue, t kernels.Tensor, s float32) {
+	q := b.queue(kq)
+	o := b.float("Scale", "t", t, t.N)
+	n := t.N
+	q.enqueue(func(q *queue) error {
+		return q.launch(b.fn("scale_forward"), elems(n), block, aPtr(o.p), aDT(o.dt), aF32(s), aI64(int64(n)))
+	})
+}
+
+// GeluForward computes out = gelu(inp).
+func (b *Backend) GeluForward(kq kernels.Queue, out, inp kernels.Tensor, N int) {
+	q := b.queue(kq)
+	needDims("GeluForward", N)
+	o, i := b.float("GeluForward", "out", out, N), b.float("GeluForward", "inp", inp, N)
+	q.enqueue(func(q *queue) error {
+		return q.launch(b.fn("gelu_forward"), elems(N), block, aPtr(o.p), aDT(o.dt), aPtr(i.p), aDT(i.dt), aI64(int64(N)))
+	})
+}
+
+// GeluBackward accumulates dinp += gelu'(inp)·dout.
+func (b *Backend) GeluBackward(kq kernels.Queue, dinp, inp, dout kernels.Tensor, N int) {
+	q := b.queue(kq)
+	needDims("GeluBackward", N)
+	d := b.float("GeluBackward", "dinp", dinp, N)
+	i := b.float("GeluBackward", "inp", inp, N)
+	g := b.float("GeluBackward", "dout", dout, N)
+	q.enqueue(func(q *queue) error {
+		return q.launch(b.fn("gelu_backward"), elems(N), block, aPtr(d.p), aDT(d.dt), aPtr(i.p), aDT(i.dt),
+			aPtr(g.p), aDT(g.dt), aI64(int64(N)))
+	})
+}
+
+// MSEForward computes losses = (pred-target)²/2.
+func (b *Backend) MSEForward(kq kernels.Queue, losses, pred, target kernels.Tensor, N int) {
+	q := b.queue(kq)
+	needDims("MSEForward", N)
+	l := b.typed("MSEForward", "losses", losses, kernels.F32, N)
+	p := b.float("MSEForward", "pred", pred, N)
+	t := b.typed("MSEForward", "target", target, kernels.F32, N)
+	q.enqueue(func(q *queue) error {
+		return q.launch(b.fn("mse_forward"), elems(N), block, aPtr(l), aPtr(p.p), aDT(p.dt), aPtr(t), aI64(int64(N)))
+	})
+}
+
+// MSEBackward accumulates dpred += scale·(pred-target).
+func (b *Backend) MSEBackward(kq kernels.Queue, dpred, pred, target kernels.Tensor, N int, scale float32) {
+	q := b.queue(kq)
+	needDims("MSEBackward", N)
+	d := b.float("MSEBackward", "dpred", dpred, N)
+	p := b.float("MSEBackward", "pred", pred, N)
+	t := b.typed("MSEBackward", "target", target, kernels.F32, N)
+	q.enqueue(func(q *queue) error {
+		return q.launch(b.fn("mse_backward"), elems(N), block, aPtr(d.p), aDT(d.dt), aPtr(p.p), aDT(p.dt), aPtr(t),
+			aI64(int64(N)), aF32(scale))
+	})
+}
+
+// AdamW runs one fused AdamW step.
+func (b *Backend) AdamW(kq kernels.Queue, param, grad, m, v, out kernels.Tensor, p kernels.AdamWParams) {
+	q := b.queue(kq)
+	N := param.N
+	pp := b.typed("AdamW", "param", param, kernels.F32, N)
+	g := b.float("AdamW", "grad", grad, N)
+	mp := b.typed("AdamW", "m", m, kernels.F32, N)
+	vp := b.typed("AdamW", "v", v, kernels.F32, N)
+	o := b.optFloat("AdamW", "out", out, N)
+	if p.Step < 1 {
+		panic(fmt.Sprintf("kernels/cuda: AdamW: step %d, want >= 1", p.Step))
+	}
+	bc1 := float32(1 - math.Pow(float64(p.Beta1), float64(p.Step)))
+	bc2 := float32(1 - math.Pow(float64(p.Beta2), float64(p.Step)))
+	gs := p.GradScale
+	if gs == 0 {
+		gs = 1
+	}
+	q.enqueue(func(q *queue) error {
+		return q.launch(b.fn("adamw_update"), elems(N), block, aPtr(pp), aPtr(g.p), aDT(g.dt), aPtr(mp), aPtr(vp),
+			aPtr(o.p), aDT(o.dt), aI64(int64(N)), aF32(p.LR), aF32(p.Beta1), aF32(p.Beta2), aF32(p.Eps),
+			aF32(p.WeightDecay), aF32(bc1), aF32(bc2), aF32(gs))
+	})
+}
+
+// SumSquares accumulates out[0] += Σ x².
+func (b *Backend) SumSquares(kq kernels.Queue, out, x kernels.Tensor) {
+	q := b.queue(kq)
+	o := b.typed("SumSquares", "out", out, kernels.F32, 1)
+	xs := b.float("SumSquares", "x", x, x.N)
+	n := x.N
+	if n == 0 {
+		return
+	}
+	g := int(min((int64(n)+4*threads-1)/(4*threads), 1024))
+	q.enqueue(func(q *queue) error {
+		part, err := q.ensureScratch(int64(g) * 4)
+		if err != nil {
+			return err
+		}
+		if err := q.launch(b.fn("sum_squares_partial"), dim3{x: g}, block, aPtr(part), aPtr(xs.p), aDT(xs.dt), aI64(int64(n))); err != nil {
+			return err
+		}
+		return q.launch(b.fn("sum_squares_final"), dim3{x: 1}, dim3{x: 1024}, aPtr(o), aPtr(part), aI32(g))
+	})
+}
+
+// CheckFinite sets flag[0] = 1 if x holds a NaN or Inf.
+func (b *Backend) CheckFinite(kq kernels.Queue, flag, x kernels.Tensor) {
+	q := b.queue(kq)
+	f := b.typed("CheckFinite", "flag", flag, kernels.F32, 1)
+	xs := b.float("CheckFinite", "x", x, x.N)
+	n := x.N
+	q.enqueue(func(q *queue) error {
+		return q.launch(b.fn("check_finite"), elems(n), block, aPtr(f), aPtr(xs.p), aDT(xs.dt), aI64(int64(n)))
+	})
+}
+
+// EncoderForward computes out = wte[tokens] + wpe[t].
+func (b *Backend) EncoderForward(kq kernels.Queue, out, tokens, wte, wpe kernels.Tensor, B, T, C int) {
+	q := b.queue(kq)
+	const op = "EncoderForward"
+	needDims(op, B, T, C)
+	if C == 0 || B*T == 0 {
+		return
+	}
+	o := b.float(op, "out", out, B*T*C)
+	tk := b.typed(op, "tokens", tokens, kernels.I32, B*T)
+	w := b.float(op, "wte", wte, C)
+	p := b.float(op, "wpe", wpe, T*C)
+	V := wte.N / C
+	q.enqueue(func(q *queue) error {
+		return q.launch(b.fn("encoder_forward"), elems(B*T*C), block, aPtr(o.p), aDT(o.dt), aPtr(tk), aPtr(w.p), aDT(w.dt),
+			aPtr(p.p), aDT(p.dt), aI32(B), aI32(T), aI32(C), aI32(V))
+	})
+}
+
+// EncoderBackward accumulates into dwte and dwpe.
+func (b *Backend) EncoderBackward(kq kernels.Queue, dwte, dwpe, dout, tokens kernels.Tensor, B, T, C int) {
+	q := b.queue(kq)
+	const op = "EncoderBackward"
+	needDims(op, B, T, C)
+	if C == 0 || B*T == 0 {
+		return
+	}
+	g := b.float(op, "dout", dout, B*T*C)
+	tk := b.typed(op, "tokens", tokens, kernels.I32, B*T)
+	dw := b.optFloat(op, "dwte", dwte, C)
+	dp := b.optFloat(op, "dwpe", dwpe, T*C)
+	V := dwte.N / C
+	nt := min(1024, (C+31)/32*32)
+	q.enqueue(func(q *queue) error {
+		if dw.p != 0 {
+			if err := q.launch(b.fn("encoder_backward"), dim3{x: B * T}, dim3{x: nt}, aPtr(dw.p), aDT(dw.dt), aPtr(g.p), aDT(g.dt),
+				aPtr(tk), aI32(B*T), aI32(C), aI32(V)); err != nil {
+				return err
+			}
+		}
+		if dp.p != 0 {
+			return q.launch(b.fn("encoder_backward_wpe"), elems(T*C), block, aPtr(dp.p), aDT(dp.dt), aPtr(g.p), aDT(g.dt),
+				aI32(B), aI32(T), aI32(C))
+		}
+		return nil
+	})
+}
+
+// LayerNormForward normalises the rows of inp(N,C).
+func (b *Backend) LayerNormForward(kq kernels.Queue, out, mean, rstd, inp, weight, bias kernels.Tensor, N, C int) {
+	q := b.queue(kq)
+	const op = "LayerNormForward"
+	needDims(op, N, C)
+	if N == 0 || C == 0 {
+		return
+	}
+	o := b.float(op, "out", out, N*C)
+	var mp, rp cu.DevicePtr
+	if !mean.IsZero() {
+		mp = b.typed(op, "mean", mean, kernels.F32, N)
+	}
+	if !rstd.IsZero() {
+		rp = b.typed(op, "rstd", rstd, kernels.F32, N)
+	}
+	i := b.float(op, "inp", inp, N*C)
+	w := b.float(op, "weight", weight, C)
+	bs := b.optFloat(op, "bias", bias, C)
+	q.enqueue(func(q *queue) error {
+		return q.launch(b.fn("layernorm_forward"), rows(N), block, aPtr(o.p), aDT(o.dt), aPtr(mp), aPtr(rp),
+			aPtr(i.p), aDT(i.dt), aPtr(w.p), aDT(w.dt), aPtr(bs.p), aDT(bs.dt), aI32(N), aI32(C))
+	})
+}
+
+// LayerNormBackward accumulates dinp, dweight and dbias.
+func (b *Backend) LayerNormBackward(kq kernels.Queue, dinp, dweight, dbias, dout, inp, weight, mean, rstd kernels.Tensor, N, C int) {
+	q := b.queue(kq)
+	const op = "LayerNormBackward"
+	needDims(op, N, C)
+	if N == 0 || C == 0 {
+		return
+	}
+	di := b.optFloat(op, "dinp", dinp, N*C)
+	dw := b.optFloat(op, "dweight", dweight, C)
+	db := b.optFloat(op, "dbias", dbias, C)
+	g := b.float(op, "dout", dout, N*C)
+	i := b.float(op, "inp", inp, N*C)
+	w := b.float(op, "weight", weight, C)
+	mp := b.typed(op, "mean", mean, kernels.F32, N)
+	rp := b.typed(op, "rstd", rstd, kernels.F32, N)
+	q.enqueue(func(q *queue) error {
+		if di.p != 0 {
+			if err := q.launch(b.fn("layernorm_backward"), rows(N), block, aPtr(di.p), aDT(di.dt), aPtr(g.p), aDT(g.dt),
+				aPtr(i.p), aDT(i.dt), aPtr(w.p), aDT(w.dt), aPtr(mp), aPtr(rp), aI32(N), aI32(C)); err != nil {
+				return err
+			}
+		}
+		if dw.p != 0 || db.p != 0 {
+			return q.launch(b.fn("layernorm_backward_params"), dim3{x: (C + 31) / 32}, dim3{x: 32, y: 32},
+				aPtr(dw.p), aDT(dw.dt), aPtr(db.p), aDT(db.dt), aPtr(g.p), aDT(g.dt), aPtr(i.p), aDT(i.dt),
+				aPtr(mp), aPtr(rp), aI32(N), aI32(C))
+		}
+		return nil
+	})
+}
+
+// CrossEntropyForward computes per-row softmax cross-entropy losses.
+func (b *Backend) CrossEntropyForward(kq kernels.Queue, losses, logits, targets kernels.Tensor, BT, V int) {
+	q := b.queue(kq)
+	const op = "CrossEntropyForward"
+	needDims(op, BT, V)
+	if BT == 0 {
+		return
+	}
+	l := b.typed(op, "losses", losses, kernels.F32, BT)
+	z := b.float(op, "logits", logits, BT*V)
+	t := b.typed(op, "targets", targets, kernels.I32, BT)
+	q.enqueue(func(q *queue) error {
+		return q.launch(b.fn("crossentropy_forward"), dim3{x: BT}, dim3{x: 512}, aPtr(l), aPtr(z.p), aDT(z.dt), aPtr(t),
+			aI32(BT), aI32(V))
+	})
+}
+
+// CrossEntropyBackward accumulates dlogits += scale·(softmax - onehot).
+func (b *Backend) CrossEntropyBackward(kq kernels.Queue, dlogits, logits, targets kernels.Tensor, BT, V int, scale float32) {
+	q := b.queue(kq)
+	const op = "CrossEntropyBackward"
+	needDims(op, BT, V)
+	if BT == 0 {
+		return
+	}
+	d := b.float(op, "dlogits", dlogits, BT*V)
+	z := b.float(op, "logits", logits, BT*V)
+	t := b.typed(op, "targets", targets, kernels.I32, BT)
+	q.enqueue(func(q *queue) error {
+		return q.launch(b.fn("crossentropy_backward"), dim3{x: BT}, dim3{x: 512}, aPtr(d.p), aDT(d.dt), aPtr(z.p), aDT(z.dt),
+			aPtr(t), aI32(BT), aI32(V), aF32(scale))
+	})
+}
+
+// maxHeadSize is the largest C/NH the attention kernels hold in registers;
+// up to tiledHeadSize the shared-memory tiled kernels run.
+const (
+	maxHeadSize   = 256
+	tiledHeadSize = 128
+)
+
+// attnTiled selects the tiled attention kernels where they apply; tests
+// turn it off to check the row-wise ones too.
+var attnTiled = true
+
+func useTiled(B, C, NH int) bool { return attnTiled && C/NH <= tiledHeadSize && B*NH <= 65535 }
+
+func attnCheck(op string, B, T, C, NH int) {
+	needDims(op, B, T, C, NH)
+	if NH <= 0 || C%NH != 0 {
+		panic(fmt.Sprintf("kernels/cuda: %s: C=%d is not a multiple of NH=%d", op, C, NH))
+	}
+	if C/NH > maxHeadSize {
+		panic(fmt.Sprintf("kernels/cuda: %s: head size %d above %d", op, C/NH, maxHeadSize))
+	}
+}
+
+// AttentionForward is causal multi-head self-attention (flash style).
+func (b *Backend) AttentionForward(kq kernels.Queue, out, lse, qkv kernels.Tensor, B, T, C, NH int) {
+	q := b.queue(kq)
+	const op = "AttentionForward"
+	attnCheck(op, B, T, C, NH)
+	if B*T*C == 0 {
+		return
+	}
+	o := b.float(op, "out", out, B*T*C)
+	l := b.typed(op, "lse", lse, kernels.F32, B*NH*T)
+	x := b.float(op, "qkv", qkv, B*T*3*C)
+	tiled := useTiled(B, C, NH)
+	q.enqueue(func(q *queue) error {
+		if tiled {
+			return q.launch(b.fn("attention_forward_tiled"), dim3{x: (T + 15) / 16, y: B * NH}, block, aPtr(o.p), aDT(o.dt),
+				aPtr(l), aPtr(x.p), aDT(x.dt), aI32(B), aI32(T), aI32(C), aI32(NH))
+		}
+		return q.launch(b.fn("attention_forward"), rows(B*NH*T), block, aPtr(o.p), aDT(o.dt), aPtr(l), aPtr(x.p), aDT(x.dt),
+			aI32(B), aI32(T), aI32(C), aI32(NH))
+	})
+}
+
+// AttentionBackward accumulates dqkv from dout.
+func (b *Backend) AttentionBackward(kq kernels.Queue, dqkv, dout, qkv, out, lse kernels.Tensor, B, T, C, NH int) {
+	q := b.queue(kq)
+	const op = "AttentionBackward"
+	attnCheck(op, B, T, C, NH)
+	if B*T*C == 0 {
+		return
+	}
+	d := b.float(op, "dqkv", dqkv, B*T*3*C)
+	g := b.float(op, "dout", dout, B*T*C)
+	x := b.float(op, "qkv", qkv, B*T*3*C)
+	o := b.float(op, "out", out, B*T*C)
+	l := b.typed(op, "lse", lse, kernels.F32, B*NH*T)
+	nrows := B * NH * T
+	tiled := useTiled(B, C, NH)
+	q.enqueue(func(q *queue) error {
+		D, err := q.ensureScratch(int64(nrows) * 4)
+		if err != nil {
+			return err
+		}
+		if tiled {
+			grid := dim3{x: (T + 7) / 8, y: B * NH}
+			if err := q.launch(b.fn("attention_backward_tiled"), grid, block, aPtr(d.p), aDT(d.dt), aPtr(D), aPtr(g.p), aDT(g.dt),
+				aPtr(x.p), aDT(x.dt), aPtr(o.p), aDT(o.dt), aPtr(l), aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {
+				return err
+			}
+			return q.launch(b.fn("attention_backward_kv_tiled"), grid, block, aPtr(d.p), aDT(d.dt), aPtr(D), aPtr(g.p), aDT(g.dt),
+				aPtr(x.p), aDT(x.dt), aPtr(l), aI32(B), aI32(T), aI32(C), aI32(NH))
+		}
+		if err := q.launch(b.fn("attention_backward"), rows(nrows), block, aPtr(d.p), aDT(d.dt), aPtr(D), aPtr(g.p), aDT(g.dt),
+			aPtr(x.p), aDT(x.dt), aPtr(o.p), aDT(o.dt), aPtr(l), aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {
+			return err
+		}
+		return q.launch(b.fn("attention_backward_kv"), rows(nrows), block, aPtr(d.p), aDT(d.dt), aPtr(D), aPtr(g.p), aDT(g.dt),
+			aPtr(x.p), aDT(x.dt), aPtr(l), aI32(B), aI32(T), aI32(C), aI32(NH))
+	})
+}

@@ -1,0 +1,323 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/spill-ml/spill/kernels"
+)
+
+var sizes = []int{1, 7, 1000, 65537}
+
+func TestElementwise(t *testing.T) {
+	p := openPair(t)
+	for _, n := range sizes {
+		for _, dt := range floatTypes {
+			name := fmt.Sprintf("n=%d/%v", n, dt)
+			x := p.random(dt, n, 3)
+			g := p.random(dt, n, 1)
+
+			out := p.poison(dt, n)
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) { b.GeluForward(q, s(out), s(x), n) })
+			p.check(name+"/GeluForward", out, 1)
+
+			dx := p.random(dt, n, 1)
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+				b.GeluBackward(q, s(dx), s(x), s(g), n)
+			})
+			p.check(name+"/GeluBackward", dx, 1)
+
+			acc := p.random(dt, n, 1)
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+				b.Add(q, s(acc), s(x))
+				b.Scale(q, s(acc), -0.75)
+			})
+			p.check(name+"/AddScale", acc, 1)
+
+			tgt := p.random(kernels.F32, n, 2)
+			loss := p.poison(kernels.F32, n)
+			dp := p.random(dt, n, 1)
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+				b.MSEForward(q, s(loss), s(x), s(tgt), n)
+				b.MSEBackward(q, s(dp), s(x), s(tgt), n, 0.5)
+			})
+			p.check(name+"/MSEForward", loss, 1)
+			p.check(name+"/MSEBackward", dp, 1)
+
+			for _, to := range floatTypes {
+				c := p.poison(to, n)
+				p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) { b.Cast(q, s(c), s(x)) })
+				p.check(fmt.Sprintf("%s/Cast->%v", name, to), c, 0) // exact
+			}
+
+			f := p.poison(dt, n)
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) { b.Fill(q, s(f), 1.0/3) })
+			p.check(name+"/Fill", f, 0)
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) { b.Zero(q, s(f).Slice(0, n/2)) })
+			p.check(name+"/Zero", f, 0)
+		}
+	}
+}
+
+// TestCastSpecials checks NaN, ±Inf, overflow and subnormals against the
+// CPU conversions.
+func TestCastSpecials(t *testing.T) {
+	p := openPair(t)
+	p.nanOK = true
+	inf := float32(math.Inf(1))
+	vals := []float32{0, float32(math.Copysign(0, -1)), inf, -inf, float32(math.NaN()), 65504, 65520, 1e6, -1e6,
+		1e-8, -3e-7, 6e-8, 1e-40, -1e-39, 3.4e38, 1 + 1.0/256, 1 + 3.0/256}
+	for _, from := range floatTypes {
+		x := p.upload(from, vals)
+		for _, to := range floatTypes {
+			c := p.poison(to, len(vals))
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) { b.Cast(q, s(c), s(x)) })
+			p.check(fmt.Sprintf("%v->%v", from, to), c, 0)
+		}
+	}
+}
+
+func TestMatmul(t *testing.T) {
+	p := openPair(t)
+	shapes := [][3]int{{1, 1, 1}, {7, 13, 5}, {64, 96, 80}, {33, 257, 129}}
+	for _, sh := range shapes {
+		BT, C, OC := sh[0], sh[1], sh[2]
+		for _, dt := range floatTypes {
+			for _, bias := range []bool{false, true} {
+				name := fmt.Sprintf("%dx%dx%d/%v/bias=%v", BT, C, OC, dt, bias)
+				x := p.random(dt, BT*C, 1)
+				w := p.random(dt, OC*C, 1)
+				var bs tp
+				if bias {
+					bs = p.random(dt, OC, 1)
+				}
+				out := p.poison(dt, BT*OC)
+				g := p.random(dt, BT*OC, 1)
+				dx := p.random(dt, BT*C, 1)
+				dw := p.random(dt, OC*C, 1)
+				db := p.random(dt, OC, 1)
+				slack := math.Sqrt(float64(max(C, BT, OC))) // long float32 sums in different orders
+				p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+					b.MatmulForward(q, s(out), s(x), s(w), s(bs), BT, C, OC)
+					if bias {
+						b.MatmulBackward(q, s(dx), s(dw), s(db), s(g), s(x), s(w), BT, C, OC)
+					} else {
+						b.MatmulBackward(q, kernels.Tensor{}, s(dw), kernels.Tensor{}, s(g), s(x), s(w), BT, C, OC)
+					}
+				})
+				p.check(name+"/forward", out, slack)
+				p.check(name+"/dweight", dw, slack)
+				if bias {
+					p.check(name+"/dinp", dx, slack)
+					p.check(name+"/dbias", db, slack)
+				}
+			}
+		}
+	}
+}
+
+// TestMatmulMixed covers dtype mixes that cuBLAS cannot take directly.
+func TestMatmulMixed(t *testing.T) {
+	p := openPair(t)
+	BT, C, OC := 19, 40, 23
+	x := p.random(kernels.F32, BT*C, 1)
+	w := p.random(kernels.BF16, OC*C, 1)
+	bs := p.random(kernels.F16, OC, 1)
+	out := p.poison(kernels.BF16, BT*OC)
+	dx := p.random(kernels.F16, BT*C, 1)
+	dw := p.random(kernels.F32, OC*C, 1)
+	g := p.random(kernels.BF16, BT*OC, 1)
+	p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+		b.MatmulForward(q, s(out), s(x), s(w), s(bs), BT, C, OC)
+		b.MatmulBackward(q, s(dx), s(dw), kernels.Tensor{}, s(g), s(x), s(w), BT, C, OC)
+	})
+	p.check("forward", out, 2)
+	p.check("dinp", dx, 4)
+	p.check("dweight", dw, 8)
+}
+
+func TestEncoder(t *testing.T) {
+	p := openPair(t)
+	for _, sh := range [][4]int{{1, 1, 1, 3}, {2, 5, 7, 11}, {4, 64, 96, 50}, {3, 33, 1100, 7}} {
+		B, T, C, V := sh[0], sh[1], sh[2], sh[3]
+		for _, dt := range floatTypes {
+			name := fmt.Sprintf("B%d,T%d,C%d,V%d/%v", B, T, C, V, dt)
+			toks := make([]int32, B*T)
+			for i := range toks {
+				toks[i] = int32(p.rng.IntN(V))
+			}
+			tk := p.ints(toks)
+			wte := p.random(dt, V*C, 1)
+			wpe := p.random(dt, T*C, 1)
+			out := p.poison(dt, B*T*C)
+			g := p.random(dt, B*T*C, 1)
+			dwte := p.random(dt, V*C, 1)
+			dwpe := p.random(dt, T*C, 1)
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+				b.EncoderForward(q, s(out), s(tk), s(wte), s(wpe), B, T, C)
+				b.EncoderBackward(q, s(dwte), s(dwpe), s(g), s(tk), B, T, C)
+			})
+			p.check(name+"/forward", out, 1)
+			p.check(name+"/dwte", dwte, 2)
+			p.check(name+"/dwpe", dwpe, 2)
+		}
+	}
+}
+
+func TestLayerNorm(t *testing.T) {
+	p := openPair(t)
+	for _, sh := range [][2]int{{1, 1}, {5, 7}, {64, 768}, {3, 1025}} {
+		N, C := sh[0], sh[1]
+		for _, dt := range floatTypes {
+			name := fmt.Sprintf("N%d,C%d/%v", N, C, dt)
+			x := p.random(dt, N*C, 2)
+			w := p.random(dt, C, 1)
+			bs := p.random(dt, C, 1)
+			out := p.poison(dt, N*C)
+			mean, rstd := p.poison(kernels.F32, N), p.poison(kernels.F32, N)
+			g := p.random(dt, N*C, 1)
+			dx := p.random(dt, N*C, 1)
+			dw := p.random(dt, C, 1)
+			db := p.random(dt, C, 1)
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+				b.LayerNormForward(q, s(out), s(mean), s(rstd), s(x), s(w), s(bs), N, C)
+				b.LayerNormBackward(q, s(dx), s(dw), s(db), s(g), s(x), s(w), s(mean), s(rstd), N, C)
+			})
+			p.check(name+"/forward", out, 1)
+			p.check(name+"/mean", mean, 1)
+			p.check(name+"/rstd", rstd, 4)
+			p.check(name+"/dinp", dx, 4)
+			p.check(name+"/dweight", dw, math.Sqrt(float64(N)))
+			p.check(name+"/dbias", db, math.Sqrt(float64(N)))
+		}
+	}
+}
+
+func TestAttention(t *testing.T) {
+	for _, tiled := range []bool{true, false} {
+		t.Run(fmt.Sprintf("tiled=%v", tiled), func(t *testing.T) {
+			defer func(old bool) { attnTiled = old }(attnTiled)
+			attnTiled = tiled
+			testAttention(t)
+		})
+	}
+}
+
+func testAttention(t *testing.T) {
+	p := openPair(t)
+	shapes := [][4]int{{1, 1, 4, 1}, {2, 7, 12, 3}, {2, 64, 128, 4}, {1, 33, 256, 2}, {1, 17, 40, 1},
+		{3, 100, 192, 3}, {1, 9, 320, 2}}
+	for _, sh := range shapes {
+		B, T, C, NH := sh[0], sh[1], sh[2], sh[3]
+		for _, dt := range floatTypes {
+			name := fmt.Sprintf("B%d,T%d,C%d,NH%d/%v", B, T, C, NH, dt)
+			qkv := p.random(dt, B*T*3*C, 1)
+			out := p.poison(dt, B*T*C)
+			lse := p.poison(kernels.F32, B*NH*T)
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+				b.AttentionForward(q, s(out), s(lse), s(qkv), B, T, C, NH)
+			})
+			p.check(name+"/out", out, 1)
+			p.check(name+"/lse", lse, 2)
+			// The backward pass gets the same out and lse on both sides (the CPU's).
+			_, wantOut := p.download(out)
+			same := p.upload(dt, wantOut)
+			_, wantLse := p.download(lse)
+			sameLse := p.upload(kernels.F32, wantLse)
+			g := p.random(dt, B*T*C, 1)
+			dqkv := p.random(dt, B*T*3*C, 1)
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+				b.AttentionBackward(q, s(dqkv), s(g), s(qkv), s(same), s(sameLse), B, T, C, NH)
+			})
+			p.check(name+"/dqkv", dqkv, 2*math.Sqrt(float64(T)))
+		}
+	}
+}
+
+func TestCrossEntropy(t *testing.T) {
+	p := openPair(t)
+	for _, sh := range [][2]int{{1, 1}, {5, 7}, {8, 5000}, {3, 50257}} {
+		BT, V := sh[0], sh[1]
+		for _, dt := range floatTypes {
+			name := fmt.Sprintf("BT%d,V%d/%v", BT, V, dt)
+			logits := p.random(dt, BT*V, 4)
+			tg := make([]int32, BT)
+			for i := range tg {
+				tg[i] = int32(p.rng.IntN(V))
+				if i%3 == 2 {
+					tg[i] = -1
+				}
+			}
+			targets := p.ints(tg)
+			losses := p.poison(kernels.F32, BT)
+			dl := p.random(dt, BT*V, 1)
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+				b.CrossEntropyForward(q, s(losses), s(logits), s(targets), BT, V)
+				b.CrossEntropyBackward(q, s(dl), s(logits), s(targets), BT, V, 0.25)
+			})
+			p.check(name+"/losses", losses, 2)
+			p.check(name+"/dlogits", dl, 1)
+		}
+	}
+}
+
+func TestAdamW(t *testing.T) {
+	p := openPair(t)
+	for _, n := range sizes {
+		for _, dt := range floatTypes {
+			name := fmt.Sprintf("n=%d/%v", n, dt)
+			param := p.random(kernels.F32, n, 1)
+			grad := p.random(dt, n, 1)
+			m := p.random(kernels.F32, n, 0.1)
+			v := p.upload(kernels.F32, make([]float32, n))
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) { b.Scale(q, s(v), 0) })
+			out := p.poison(dt, n)
+			prm := kernels.AdamWParams{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 3, GradScale: 0.5}
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+				b.AdamW(q, s(param), s(grad), s(m), s(v), s(out), prm)
+				prm.Step = 4
+				b.AdamW(q, s(param), s(grad), s(m), s(v), kernels.Tensor{}, prm)
+				prm.Step = 3
+			})
+			p.check(name+"/param", param, 1)
+			p.check(name+"/m", m, 1)
+			p.check(name+"/v", v, 1)
+			p.check(name+"/out", out, 1)
+		}
+	}
+}
+
+func TestSumSquaresCheckFinite(t *testing.T) {
+	p := openPair(t)
+	for _, n := range append(sizes, 3<<20) {
+		for _, dt := range floatTypes {
+			name := fmt.Sprintf("n=%d/%v", n, dt)
+			x := p.random(dt, n, 1)
+			out := p.upload(kernels.F32, []float32{0.5})
+			flag := p.upload(kernels.F32, []float32{0})
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+				b.SumSquares(q, s(out), s(x))
+				b.SumSquares(q, s(out), s(x))
+				b.CheckFinite(q, s(flag), s(x))
+			})
+			p.check(name+"/SumSquares", out, math.Sqrt(float64(n)))
+			p.check(name+"/CheckFinite(finite)", flag, 0)
+			if got, _ := p.download(flag); got[0] != 0 {
+				t.Errorf("%s: CheckFinite set the flag on finite data", name)
+			}
+			for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(-1))} {
+				p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+					b.Fill(q, s(x).Slice(n-1, 1), bad)
+					b.CheckFinite(q, s(flag), s(x))
+				})
+				if got, _ := p.download(flag); got[0] != 1 {
+					t.Errorf("%s: CheckFinite missed %v", name, bad)
+				}
+				p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) { b.Zero(q, s(flag)) })
+			}
+		}
+	}
+}

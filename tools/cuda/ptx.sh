@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# ptx.sh: compile every kernels/cuda/kernels/<op>.cu to kernels/cuda/ptx/<op>.ptx
+# with nvcc for virtual architecture compute_80 (Ampere and later; the driver
+# JIT-compiles it for the GPU at load). Run through `go generate` in
+# kernels/cuda on a machine with the CUDA toolkit, then commit the PTX.
+# NVCC and NVCC_FLAGS override the compiler and add flags.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+src=$root/kernels/cuda/kernels
+dst=$root/kernels/cuda/ptx
+nvcc=${NVCC:-nvcc}
+command -v "$nvcc" >/dev/null || { echo "ptx.sh: $nvcc not found (needs the CUDA toolkit)" >&2; exit 1; }
+mkdir -p "$dst"
+for f in "$src"/*.cu; do
+  op=$(basename "$f" .cu)
+  tmp=$(mktemp "$dst/.$op.XXXXXX")
+  "$nvcc" -ptx -arch=compute_80 -O3 -std=c++17 ${NVCC_FLAGS:-} -o "$tmp" "$f"
+  chmod 644 "$tmp"
+  mv "$tmp" "$dst/$op.ptx"
+  echo "ptx.sh: $op.ptx ($(wc -c <"$dst/$op.ptx") bytes)"
+done
