@@ -79,6 +79,10 @@ type Trainer struct {
 	nLoss    int     // losses per micro-batch
 	lossMul  float64 // reported loss = lossMul * mean(losses)
 
+	// off is the out-of-core machinery (NewOffloadTrainer), nil when the
+	// whole state is resident on the device.
+	off *offloadState
+
 	// gradHook, if set, runs after the gradients of a step are complete
 	// and before they are checked (tests inject overflows with it).
 	gradHook func(step int)
@@ -143,12 +147,21 @@ func NewTrainer(be kernels.Backend, m *Model, o TrainerOptions) (*Trainer, error
 
 // Close frees the trainer's device memory (after synchronizing).
 func (t *Trainer) Close() {
+	if t.off != nil {
+		t.off.close(t.be)
+		t.off = nil
+		return
+	}
+	if t.st == nil {
+		return
+	}
 	_ = t.q.Synchronize(context.Background())
 	FreeState(t.be, t.st, t.pass)
 	for _, b := range t.ioBufs {
 		t.be.Free(b)
 	}
 	t.ioBufs = nil
+	t.st = nil
 }
 
 // Model is the trained model.
@@ -176,6 +189,9 @@ func (t *Trainer) InitWeights(ctx context.Context, seed uint64) error {
 // setLayerMaster uploads a whole layer's fp32 master weights and derives
 // the compute copy.
 func (t *Trainer) setLayerMaster(ctx context.Context, i int, data []byte) error {
+	if t.off != nil {
+		return t.setHostMaster(i, data)
+	}
 	s := t.st.Layers[i]
 	t.be.CopyToDevice(t.q, s.Master, data)
 	if s.Weights.Buf != s.Master.Buf {
@@ -214,6 +230,9 @@ func (t *Trainer) forward(ctx context.Context) (float64, error) {
 
 // MicroLoss runs a forward pass on hb and returns its mean loss.
 func (t *Trainer) MicroLoss(ctx context.Context, hb *HostBatch) (float64, error) {
+	if t.off != nil {
+		return t.offloadMicroLoss(ctx, hb)
+	}
 	t.upload(hb)
 	s, err := t.forward(ctx)
 	return s / float64(t.nLoss), err
@@ -269,6 +288,9 @@ func (t *Trainer) gradStats(ctx context.Context) (sumsq float64, nonFinite bool,
 // data) before the update, the weights and Step are unchanged; the update
 // itself is not interruptible.
 func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, error) {
+	if t.off != nil {
+		return t.offloadStep(ctx, src)
+	}
 	o := t.opts
 	r := StepResult{LR: o.Schedule.At(t.Step), LossScale: t.Scaler.Scale}
 	loss, err := t.accumulate(ctx, src)
@@ -323,6 +345,9 @@ func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, e
 // micro-batches from src without updating anything, for gradient checks:
 // one []float32 per layer, laid out as the layer's block.
 func (t *Trainer) Gradients(ctx context.Context, src BatchSource) (loss float64, grads [][]float32, err error) {
+	if t.off != nil {
+		return 0, nil, fmt.Errorf("engine: Gradients needs a resident trainer")
+	}
 	if loss, err = t.accumulate(ctx, src); err != nil {
 		return 0, nil, err
 	}
@@ -356,6 +381,16 @@ func (t *Trainer) layerHost(ctx context.Context, x kernels.Tensor) ([]byte, erro
 // floats (block layout).
 func (t *Trainer) MasterWeights(ctx context.Context) ([][]float32, error) {
 	var out [][]float32
+	if t.off != nil {
+		for i := range t.model.Layers {
+			b, _, _, err := t.hostOptim(ctx, i)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, bytesF32(b))
+		}
+		return out, nil
+	}
 	for _, s := range t.st.Layers {
 		b, err := t.layerHost(ctx, s.Master)
 		if err != nil {
@@ -406,9 +441,15 @@ func (t *Trainer) SaveTensors(ctx context.Context) (weights, optim []NamedTensor
 	for i, l := range t.model.Layers {
 		s := t.st.Layers[i]
 		var host [3][]byte
-		for j, x := range []kernels.Tensor{s.Master, s.M, s.V} {
-			if host[j], err = t.layerHost(ctx, x); err != nil {
+		if t.off != nil {
+			if host[0], host[1], host[2], err = t.hostOptim(ctx, i); err != nil {
 				return nil, nil, err
+			}
+		} else {
+			for j, x := range []kernels.Tensor{s.Master, s.M, s.V} {
+				if host[j], err = t.layerHost(ctx, x); err != nil {
+					return nil, nil, err
+				}
 			}
 		}
 		for _, ps := range l.Params() {
@@ -461,7 +502,11 @@ func (t *Trainer) LoadTensors(ctx context.Context, weights, optim []NamedTensor)
 				copy(host[j][4*ps.Offset:], d)
 			}
 		}
-		if optim != nil {
+		if optim != nil && t.off != nil {
+			if err := t.setHostOptim(ctx, i, host[1], host[2]); err != nil {
+				return err
+			}
+		} else if optim != nil {
 			t.be.CopyToDevice(t.q, s.M, host[1])
 			t.be.CopyToDevice(t.q, s.V, host[2])
 		}

@@ -42,6 +42,14 @@ type CacheConfig struct {
 	// put in the BudgetError ("a plan that fits: ..."). It must not call
 	// back into the Cache.
 	Hint func(requested int64, class Class) string
+	// Whole makes every block a whole segment of its own: requests are
+	// rounded up to 512 bytes, never split or pooled, and a freed block is
+	// reused only by a request of the same rounded size (Block.Buffer then
+	// returns the backend buffer itself). Reserved memory is then exactly
+	// what a schedule of allocations predicts, which suits small budgets
+	// (a CPU backend simulating a device of a few MiB) and callers that
+	// need whole backend buffers. Default false: size classes as above.
+	Whole bool
 }
 
 // Cache is a caching allocator of device memory. It takes large segments
@@ -105,6 +113,15 @@ func (b *Block) Tensor(dt kernels.DType, n int) kernels.Tensor {
 		panic(fmt.Sprintf("offload: tensor of %d %s does not fit in a block of %d bytes", n, dt, b.req))
 	}
 	return kernels.View(b.seg.buf, b.off, dt, n)
+}
+
+// Buffer returns the backend buffer when the block is a whole segment (as
+// every block of a Whole cache is); it panics otherwise.
+func (b *Block) Buffer() kernels.Buffer {
+	if b.off != 0 || b.size != b.seg.size {
+		panic("offload: Buffer of a block that is not a whole segment (use CacheConfig.Whole)")
+	}
+	return b.seg.buf
 }
 
 // Slice returns a view of n elements of dtype dt at byte offset off within
@@ -181,7 +198,7 @@ func (c *Cache) Alloc(n int64, cl Class) (*Block, error) {
 		return nil, fmt.Errorf("offload: alloc for unknown %s", cl)
 	}
 	size := roundUp(n, blockAlign)
-	small := size <= smallMax
+	small := size <= smallMax && !c.cfg.Whole
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -190,7 +207,12 @@ func (c *Cache) Alloc(n int64, cl Class) (*Block, error) {
 	if small {
 		fl = &c.st.small
 	}
-	b := fl.takeBestFit(size)
+	var b *Block
+	if c.cfg.Whole {
+		b = fl.takeExact(size)
+	} else {
+		b = fl.takeBestFit(size)
+	}
 	if b != nil {
 		c.st.stats.CacheHits++
 	} else {
@@ -201,7 +223,9 @@ func (c *Cache) Alloc(n int64, cl Class) (*Block, error) {
 		}
 		b = seg.first
 	}
-	c.splitLocked(b, size, fl)
+	if !c.cfg.Whole {
+		c.splitLocked(b, size, fl)
+	}
 	b.free = false
 	b.req = n
 	b.class = cl
@@ -240,6 +264,7 @@ func (c *Cache) splitLocked(b *Block, size int64, fl *freeList) {
 func (c *Cache) newSegmentLocked(size int64, small bool, cl Class) (*segment, error) {
 	segSize := size
 	switch {
+	case c.cfg.Whole:
 	case small:
 		segSize = smallSegment
 	case size <= midMax:
@@ -477,6 +502,17 @@ func (f *freeList) remove(b *Block) {
 		panic("offload: free list corrupted")
 	}
 	f.blocks = append(f.blocks[:i], f.blocks[i+1:]...)
+}
+
+// takeExact removes and returns a free block of exactly size bytes.
+func (f *freeList) takeExact(size int64) *Block {
+	i := sort.Search(len(f.blocks), func(i int) bool { return f.blocks[i].size >= size })
+	if i == len(f.blocks) || f.blocks[i].size != size {
+		return nil
+	}
+	b := f.blocks[i]
+	f.blocks = append(f.blocks[:i], f.blocks[i+1:]...)
+	return b
 }
 
 // takeBestFit removes and returns the smallest free block of at least size.

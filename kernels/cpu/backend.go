@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/spill-ml/spill/kernels"
@@ -33,6 +34,7 @@ type Backend struct {
 	pool    *pool
 	alloc   *allocator
 	defq    *queue
+	delay   atomic.Pointer[copyDelay] // simulated link (SetCopyLatency)
 
 	mu struct {
 		sync.Mutex
@@ -144,7 +146,11 @@ func (b *Backend) CopyToDevice(q kernels.Queue, dst kernels.Tensor, src []byte) 
 	if int64(len(src)) != dst.Bytes() {
 		panic(fmt.Sprintf("kernels/cpu: CopyToDevice of %d bytes into a tensor of %d", len(src), dst.Bytes()))
 	}
-	b.queue(q).enqueue("CopyToDevice", func() error { b.copyPar(d, src); return nil })
+	dur := b.copyTime(len(src))
+	b.queue(q).enqueue("CopyToDevice", func() error {
+		simulateLink(dur, func() { b.copyPar(d, src) })
+		return nil
+	})
 }
 
 // CopyToHost implements kernels.Backend.
@@ -153,7 +159,11 @@ func (b *Backend) CopyToHost(q kernels.Queue, dst []byte, src kernels.Tensor) {
 	if int64(len(dst)) != src.Bytes() {
 		panic(fmt.Sprintf("kernels/cpu: CopyToHost of a tensor of %d bytes into %d", src.Bytes(), len(dst)))
 	}
-	b.queue(q).enqueue("CopyToHost", func() error { b.copyPar(dst, s); return nil })
+	dur := b.copyTime(len(dst))
+	b.queue(q).enqueue("CopyToHost", func() error {
+		simulateLink(dur, func() { b.copyPar(dst, s) })
+		return nil
+	})
 }
 
 // CopyDevice implements kernels.Backend.

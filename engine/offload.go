@@ -1,0 +1,1020 @@
+package engine
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/spill-ml/spill/kernels"
+	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/stream"
+)
+
+// OffloadOptions say where a Trainer keeps each class of layer state when
+// it trains out of core (NewOffloadTrainer). The engine's layer-streaming
+// scheduler follows them exactly; offload.Plan chooses them (PlanOffload).
+type OffloadOptions struct {
+	// Weights is the home of the compute-dtype weights: TierDevice keeps
+	// them resident, TierHost streams them layer by layer, Prefetch
+	// accesses ahead of the compute.
+	Weights offload.Tier
+	// Grads is the home of the gradients: TierDevice keeps them resident
+	// for the whole step; TierHost sends each layer's to the host as soon
+	// as its backward is done (and back for the next micro-batch).
+	Grads offload.Tier
+	// Optimizer is where the fp32 master weights and the Adam moments live
+	// and where AdamW runs: TierHost (in RAM) or TierDisk (the moments in
+	// files under DiskDir, the master in RAM). The host optimizer is
+	// offload.HostAdamW, bitwise identical to the CPU backend's kernel.
+	Optimizer offload.Tier
+	// Prefetch is how many layer accesses ahead streamed tensors are
+	// fetched (>= 1 when Weights or Grads stream). Default 1.
+	Prefetch int
+	// Activations is each layer's activation policy; nil keeps all.
+	// Recompute keeps only the layer's output (the next layer's input)
+	// and reruns its forward before its backward; it is ignored for the
+	// first and last layer. OffloadTo is treated as Recompute.
+	Activations []offload.ActPolicy
+	// DeviceBudget is the hard limit of the device cache in bytes; 0 means
+	// only the backend's own limit applies.
+	DeviceBudget int64
+	// DiskDir and DiskBudget configure the disk tier (Optimizer TierDisk).
+	DiskDir    string
+	DiskBudget int64
+	// Recorder, if not nil, traces every op of the three streams and the
+	// host optimizer.
+	Recorder *stream.Recorder
+}
+
+func (o *OffloadOptions) validate(m *Model) error {
+	var errs []error
+	if o.Weights != offload.TierDevice && o.Weights != offload.TierHost {
+		errs = append(errs, fmt.Errorf("weights on %s: want device or host", o.Weights))
+	}
+	if o.Grads != offload.TierDevice && o.Grads != offload.TierHost {
+		errs = append(errs, fmt.Errorf("grads on %s: want device or host", o.Grads))
+	}
+	if o.Optimizer != offload.TierHost && o.Optimizer != offload.TierDisk {
+		errs = append(errs, fmt.Errorf("optimizer on %s: want host or disk", o.Optimizer))
+	}
+	if o.Optimizer == offload.TierDisk && (o.DiskDir == "" || o.DiskBudget <= 0) {
+		errs = append(errs, fmt.Errorf("optimizer on disk needs a disk directory and budget"))
+	}
+	if o.Activations != nil && len(o.Activations) != len(m.Layers) {
+		errs = append(errs, fmt.Errorf("%d activation policies for %d layers", len(o.Activations), len(m.Layers)))
+	}
+	if o.Prefetch < 0 {
+		errs = append(errs, fmt.Errorf("prefetch %d must be >= 0", o.Prefetch))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("engine: offload options: %w", err)
+	}
+	return nil
+}
+
+// Tensor classes of the schedule.
+const (
+	tcWeights = iota
+	tcGrads
+	tcActs // a layer's full activations
+	tcCkpt // a recomputed layer's output only
+)
+
+type accKind uint8
+
+const (
+	accFwd accKind = iota
+	accRec         // recompute forward before backward
+	accBwd
+)
+
+// access is one compute call of the schedule.
+type access struct {
+	kind  accKind
+	layer int
+	mb    int
+}
+
+// interval is one stretch of device residency of one tensor: a block is
+// allocated at iteration allocAt (after the compute of that access is
+// enqueued; -1 for the prologue), fetched or zeroed, used by the accesses
+// start..end and freed at iteration end+1 (persistent ones never).
+type interval struct {
+	layer, class int
+	start, end   int
+	allocAt      int
+	bytes        int64
+	fetch        bool // copy the host copy in (weights, accumulated grads)
+	zero         bool // zero it before its first use (grads of micro-batch 0)
+	evict        bool // copy it to the host after its last use (grads)
+	final        bool // its gradients are final at end: record norm statistics
+	ckptOf       bool // ckpt: copied from the layer's acts after access start
+	persistent   bool
+
+	block   *offload.Block
+	fetchEv kernels.Event
+}
+
+// schedule is the static program of one training step (or of one forward
+// pass for evaluation) and the intervals of every device tensor.
+type schedule struct {
+	acc  []access
+	ivs  []*interval
+	uses [][]*interval // per access: the intervals it reads or writes
+	// by iteration (index+1, so the prologue is 0)
+	allocs [][]*interval
+	ends   [][]*interval
+}
+
+func (o *OffloadOptions) recompute(m *Model, l int) bool {
+	if o.Activations == nil || l == 0 || l == len(m.Layers)-1 {
+		return false
+	}
+	return o.Activations[l] != offload.Keep
+}
+
+// buildSchedule lays out the accesses of accum micro-batches (forward and
+// backward when train, else forward only) and the residency intervals.
+func buildSchedule(m *Model, o *OffloadOptions, B, T, accum int, train bool) *schedule {
+	n := len(m.Layers)
+	s := &schedule{}
+	for k := 0; k < accum; k++ {
+		for l := 0; l < n; l++ {
+			s.acc = append(s.acc, access{accFwd, l, k})
+		}
+		if !train {
+			continue
+		}
+		for l := n - 1; l >= 0; l-- {
+			if o.recompute(m, l) {
+				s.acc = append(s.acc, access{accRec, l, k})
+			}
+			s.acc = append(s.acc, access{accBwd, l, k})
+		}
+	}
+	s.uses = make([][]*interval, len(s.acc))
+	depth := max(o.Prefetch, 1)
+	wbytes := func(l int) int64 { return int64(m.Layers[l].NumParams()) * int64(m.DType.Size()) }
+	add := func(iv *interval, lookahead int) {
+		iv.allocAt = iv.start - lookahead - 1
+		if iv.persistent {
+			iv.allocAt = -1
+		}
+		s.ivs = append(s.ivs, iv)
+	}
+	// Weights and grads: the accesses that need each layer's, merged into
+	// one interval where they are adjacent.
+	for l := 0; l < n; l++ {
+		var wUses, gUses []int
+		for j, a := range s.acc {
+			needs := a.layer == l
+			for _, t := range m.Layers[a.layer].Tied() {
+				needs = needs || t == l
+			}
+			if !needs {
+				continue
+			}
+			wUses = append(wUses, j)
+			if a.kind == accBwd {
+				gUses = append(gUses, j)
+			}
+		}
+		for _, r := range runs(wUses, o.Weights == offload.TierDevice) {
+			add(&interval{layer: l, class: tcWeights, start: r[0], end: r[1], bytes: wbytes(l), fetch: true,
+				persistent: o.Weights == offload.TierDevice}, depth)
+		}
+		rs := runs(gUses, o.Grads == offload.TierDevice)
+		for i, r := range rs {
+			iv := &interval{layer: l, class: tcGrads, start: r[0], end: r[1], bytes: wbytes(l),
+				zero: i == 0, fetch: i > 0, evict: true, final: i == len(rs)-1, persistent: o.Grads == offload.TierDevice}
+			la := depth
+			if iv.zero {
+				la = 0
+			}
+			add(iv, la)
+		}
+	}
+	// Activations.
+	find := func(kind accKind, l, k int) int {
+		for j, a := range s.acc {
+			if a.kind == kind && a.layer == l && a.mb == k {
+				return j
+			}
+		}
+		return -1
+	}
+	for k := 0; k < accum; k++ {
+		for l := 0; l < n; l++ {
+			ab := m.Layers[l].ActivationBytes(B, T)
+			f := find(accFwd, l, k)
+			if !train {
+				end := f
+				if l+1 < n {
+					end = find(accFwd, l+1, k)
+				}
+				add(&interval{layer: l, class: tcActs, start: f, end: end, bytes: ab}, 0)
+				continue
+			}
+			if !o.recompute(m, l) {
+				add(&interval{layer: l, class: tcActs, start: f, end: find(accBwd, l, k), bytes: ab}, 0)
+				continue
+			}
+			f1, b1 := find(accFwd, l+1, k), find(accBwd, l+1, k)
+			add(&interval{layer: l, class: tcActs, start: f, end: f1, bytes: ab}, 0)
+			ob := int64(m.Layers[l].OutputElems(B, T)) * int64(m.DType.Size())
+			add(&interval{layer: l, class: tcCkpt, start: f1, end: b1, bytes: ob, ckptOf: true}, 0)
+			add(&interval{layer: l, class: tcActs, start: find(accRec, l, k), end: find(accBwd, l, k), bytes: ab}, 0)
+		}
+	}
+	s.allocs = make([][]*interval, len(s.acc)+1)
+	s.ends = make([][]*interval, len(s.acc)+1)
+	for _, iv := range s.ivs {
+		at := max(iv.allocAt, -1) + 1
+		s.allocs[at] = append(s.allocs[at], iv)
+		s.ends[iv.end+1] = append(s.ends[iv.end+1], iv)
+		for j := iv.start; j <= iv.end; j++ {
+			s.uses[j] = append(s.uses[j], iv)
+		}
+	}
+	return s
+}
+
+// runs splits sorted access indexes into runs of adjacent ones ([first,
+// last] each), or one run over all when whole.
+func runs(idx []int, whole bool) [][2]int {
+	if len(idx) == 0 {
+		return nil
+	}
+	if whole {
+		return [][2]int{{idx[0], idx[len(idx)-1]}}
+	}
+	var out [][2]int
+	cur := [2]int{idx[0], idx[0]}
+	for _, j := range idx[1:] {
+		if j == cur[1]+1 {
+			cur[1] = j
+			continue
+		}
+		out = append(out, cur)
+		cur = [2]int{j, j}
+	}
+	return append(out, cur)
+}
+
+// roundBlock is the device cache's rounding in Whole mode.
+func roundBlock(n int64) int64 { return (max(n, 1) + 511) &^ 511 }
+
+// peak is the device bytes the schedule holds at most, besides the fixed
+// buffers: exactly what the executor allocates, in the same order.
+func (s *schedule) peak() int64 {
+	var live, peak int64
+	for it := 0; it <= len(s.acc); it++ {
+		if it > 0 {
+			for _, iv := range s.ends[it-1] {
+				if !iv.persistent && it-1 > 0 {
+					live -= roundBlock(iv.bytes)
+				}
+			}
+		}
+		for _, iv := range s.allocs[it] {
+			live += roundBlock(iv.bytes)
+		}
+		peak = max(peak, live)
+	}
+	return peak
+}
+
+// hostLayer is a layer's state in host memory.
+type hostLayer struct {
+	master  []byte        // fp32
+	weights []byte        // compute dtype; the same memory as master in fp32 runs
+	grads   []byte        // compute dtype landing buffer
+	m, v    []byte        // fp32 moments (nil when on disk)
+	gradEv  kernels.Event // the last copy of the grads to the host
+	done    chan struct{}
+	err     error // the update's error, valid after done
+}
+
+// offloadState is a Trainer's out-of-core machinery.
+type offloadState struct {
+	opts    OffloadOptions
+	cache   *offload.Cache
+	table   *offload.Table
+	streams *stream.Set
+	disk    *offload.Disk
+	host    []hostLayer
+	fixed   []*offload.Block
+	train   *schedule
+	eval    *schedule
+	hbs     []HostBatch
+	losses  [][]byte
+	statBuf []byte
+	// predicted device peak (schedule plus fixed buffers)
+	fixedBytes int64
+	hostBytes  int64
+	cur        int // which of the pass's two gradient buffers is DIn
+}
+
+// NewOffloadTrainer returns a Trainer that keeps the model's state where o
+// says and streams it through the device: the same steps, bitwise, as
+// NewTrainer's on the CPU backend, within a device budget that need not
+// hold the weights, gradients and optimizer state.
+func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o OffloadOptions) (t *Trainer, err error) {
+	if to.B <= 0 || to.T <= 0 || to.Accum <= 0 {
+		return nil, fmt.Errorf("engine: trainer: batch %d, seq %d, accum %d must be positive", to.B, to.T, to.Accum)
+	}
+	if err := o.validate(m); err != nil {
+		return nil, err
+	}
+	o.Prefetch = max(o.Prefetch, 1)
+	st := &offloadState{opts: o, table: offload.NewTable()}
+	st.cache = offload.NewCache(be, offload.CacheConfig{Limit: o.DeviceBudget, Whole: true})
+	t = &Trainer{be: be, model: m, opts: to, lossMul: 1, off: st}
+	t.Scaler = NewLossScaler(m.DType, to.LossScale, to.ScaleWindow)
+	defer func() {
+		if err != nil {
+			t.Close()
+			t = nil
+		}
+	}()
+	if st.streams, err = stream.NewSet(be, o.Recorder); err != nil {
+		return t, err
+	}
+	t.q = st.streams.Compute.Queue()
+	if o.Optimizer == offload.TierDisk {
+		if st.disk, err = offload.OpenDisk(offload.DiskConfig{Dir: o.DiskDir, Budget: o.DiskBudget}); err != nil {
+			return t, err
+		}
+	}
+	n := len(m.Layers)
+	t.st = &StateTable{Layers: make([]LayerState, n)}
+	fixed := func(nb int64, cl offload.Class) kernels.Buffer {
+		if err != nil {
+			return nil
+		}
+		var b *offload.Block
+		if b, err = st.cache.Alloc(max(nb, 1), cl); err != nil {
+			return nil
+		}
+		st.fixed = append(st.fixed, b)
+		st.fixedBytes += roundBlock(nb)
+		return b.Buffer()
+	}
+	tensor := func(nel int, dt kernels.DType) kernels.Tensor {
+		b := fixed(int64(nel)*int64(dt.Size()), offload.Workspace)
+		if b == nil {
+			return kernels.Tensor{}
+		}
+		return kernels.View(b, 0, dt, nel)
+	}
+	B, T := to.B, to.T
+	p := &Pass{Ops: be, Model: m, Table: t.st, B: B, T: T}
+	t.pass = p
+	var scratch, grad int64
+	for _, l := range m.Layers {
+		scratch = max(scratch, l.ScratchBytes(B, T))
+		grad = max(grad, int64(l.OutputElems(B, T))*int64(m.DType.Size()))
+	}
+	p.Scratch = fixed(scratch, offload.Workspace)
+	p.grad[0] = fixed(grad, offload.Workspace)
+	p.grad[1] = fixed(grad, offload.Workspace)
+	switch m.Kind {
+	case "gpt":
+		t.nLoss = B * T
+		p.Input = tensor(B*T, kernels.I32)
+		p.Targets = tensor(B*T, kernels.I32)
+	default:
+		t.nLoss = B
+		F := m.MLP.In
+		p.Input = tensor(B*F, m.DType)
+		if m.DType != kernels.F32 {
+			t.feat32 = tensor(B*F, kernels.F32)
+		}
+		if m.MLP.Task == TaskRegression {
+			p.Targets = tensor(B, kernels.F32)
+			t.lossMul = 2
+		} else {
+			p.Targets = tensor(B, kernels.I32)
+		}
+	}
+	p.Losses = tensor(t.nLoss, kernels.F32)
+	t.stats = tensor(2*n, kernels.F32)
+	if err != nil {
+		return t, fmt.Errorf("engine: allocating trainer buffers: %w", err)
+	}
+	// Host state.
+	st.host = make([]hostLayer, n)
+	for i, l := range m.Layers {
+		h := &st.host[i]
+		np := int64(l.NumParams())
+		h.master = offload.NewF32Bytes(4 * np)
+		h.weights = h.master
+		if m.DType != kernels.F32 {
+			h.weights = offload.NewF32Bytes(np * int64(m.DType.Size()))
+		}
+		h.grads = offload.NewF32Bytes(np * int64(m.DType.Size()))
+		st.hostBytes += int64(len(h.master)+len(h.grads)) + int64(len(h.weights))*b2i(m.DType != kernels.F32)
+		if st.disk != nil {
+			for _, cl := range []offload.Class{offload.AdamM, offload.AdamV} {
+				if err = st.disk.Create(offload.Key{Layer: i, Class: cl}, 4*np); err != nil {
+					return t, err
+				}
+			}
+		} else {
+			h.m, h.v = offload.NewF32Bytes(4*np), offload.NewF32Bytes(4*np)
+			st.hostBytes += 8 * np
+		}
+		h.done = make(chan struct{})
+		close(h.done)
+		if err = st.table.Add(offload.Key{Layer: i, Class: offload.Weights}, int64(len(h.weights)), offload.TierHost); err != nil {
+			return t, err
+		}
+	}
+	inBytes := p.Input.N * 4
+	st.hbs = make([]HostBatch, to.Accum)
+	st.losses = make([][]byte, to.Accum)
+	for k := range st.hbs {
+		st.hbs[k] = HostBatch{Input: make([]byte, inBytes), Targets: make([]byte, p.Targets.Bytes())}
+		st.losses[k] = make([]byte, p.Losses.Bytes())
+	}
+	t.hb = HostBatch{Input: make([]byte, inBytes), Targets: make([]byte, p.Targets.Bytes())}
+	t.lossHost = make([]byte, p.Losses.Bytes())
+	st.statBuf = make([]byte, 8*n)
+	st.train = buildSchedule(m, &st.opts, B, T, to.Accum, true)
+	st.eval = buildSchedule(m, &st.opts, B, T, 1, false)
+	// Persistent tensors are allocated now, for good, and shared by the
+	// training and evaluation schedules.
+	resident := map[[2]int]*offload.Block{}
+	for _, iv := range st.train.ivs {
+		if iv.persistent {
+			if iv.block, err = st.cache.Alloc(iv.bytes, ivClass(iv)); err != nil {
+				return t, fmt.Errorf("engine: allocating resident %s: %w", ivClass(iv), err)
+			}
+			resident[[2]int{iv.layer, iv.class}] = iv.block
+		}
+	}
+	for _, iv := range st.eval.ivs {
+		if iv.persistent {
+			iv.block = resident[[2]int{iv.layer, iv.class}]
+		}
+	}
+	return t, nil
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func ivClass(iv *interval) offload.Class {
+	switch iv.class {
+	case tcWeights:
+		return offload.Weights
+	case tcGrads:
+		return offload.Grads
+	}
+	return offload.Activations
+}
+
+// PredictedDevicePeak is the device memory the trainer's schedule holds at
+// most (live blocks, as offload.CacheStats.PeakAllocated counts them),
+// computed from the schedule before it runs.
+func (t *Trainer) PredictedDevicePeak() int64 {
+	if t.off == nil {
+		return 0
+	}
+	return t.off.fixedBytes + max(t.off.train.peak(), t.off.eval.peak())
+}
+
+// Cache is the device cache of an out-of-core trainer (nil otherwise).
+func (t *Trainer) Cache() *offload.Cache {
+	if t.off == nil {
+		return nil
+	}
+	return t.off.cache
+}
+
+// HostBytes is the host memory an out-of-core trainer holds for layer
+// state (0 for a resident one).
+func (t *Trainer) HostBytes() int64 {
+	if t.off == nil {
+		return 0
+	}
+	return t.off.hostBytes
+}
+
+func (st *offloadState) close(be kernels.Backend) {
+	for i := range st.host {
+		if st.host[i].done != nil {
+			<-st.host[i].done
+		}
+	}
+	if st.streams != nil {
+		_ = st.streams.Synchronize(context.Background())
+		st.streams.Close()
+	}
+	freed := map[*offload.Block]bool{}
+	for _, s := range []*schedule{st.train, st.eval} {
+		if s == nil {
+			continue
+		}
+		for _, iv := range s.ivs {
+			if iv.block != nil && !freed[iv.block] {
+				freed[iv.block] = true
+				st.cache.Free(iv.block)
+			}
+			iv.block = nil
+		}
+	}
+	for _, b := range st.fixed {
+		st.cache.Free(b)
+	}
+	st.fixed = nil
+	_ = st.cache.Close()
+	if st.disk != nil {
+		_ = st.disk.Close()
+	}
+}
+
+// waitUpdates waits for the host optimizer of the last step.
+func (st *offloadState) waitUpdates() error {
+	var errs []error
+	for i := range st.host {
+		if st.host[i].done == nil {
+			continue
+		}
+		<-st.host[i].done
+		if st.host[i].err != nil {
+			errs = append(errs, st.host[i].err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// run executes schedule s: it uploads micro-batch k from st.hbs[k] at the
+// start of its forward, copies its losses to st.losses[k] and, when
+// training, records the gradient statistics of each layer when its
+// gradients are final. On return every queue has finished.
+func (t *Trainer) runSchedule(ctx context.Context, s *schedule, train bool) (err error) {
+	st := t.off
+	ss := st.streams
+	m := t.model
+	be := t.be
+	var pending []*interval // ended, to free at the next iteration
+	var pendEv []kernels.Event
+	defer func() {
+		if err != nil {
+			_ = ss.Synchronize(context.Background())
+			for _, iv := range s.ivs {
+				if iv.block != nil && !iv.persistent {
+					st.cache.Free(iv.block)
+					iv.block = nil
+				}
+			}
+		}
+	}()
+	allocate := func(iv *interval) error {
+		if iv.block == nil {
+			b, err := st.cache.Alloc(iv.bytes, ivClass(iv))
+			if err != nil {
+				return fmt.Errorf("engine: layer %s: %w\n%s", m.Layers[iv.layer].Name(), err, st.cache.MemorySummary())
+			}
+			iv.block = b
+		}
+		h := &st.host[iv.layer]
+		iv.fetchEv = nil
+		if iv.class != tcWeights && iv.class != tcGrads {
+			return nil
+		}
+		view := iv.view(m)
+		switch {
+		case iv.zero:
+			be.Zero(ss.Compute.Queue(), view)
+		case iv.fetch && iv.class == tcWeights:
+			// Resident weights are fetched only when the host optimizer
+			// has updated them (the residency table says the device copy
+			// is stale); streamed ones at every interval.
+			k := offload.Key{Layer: iv.layer, Class: offload.Weights}
+			if r, _ := st.table.Get(k); iv.persistent && r.Valid.Has(offload.TierDevice) {
+				return nil
+			}
+			select {
+			case <-h.done: // the host optimizer has updated the layer
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			if h.err != nil {
+				return h.err
+			}
+			if iv.persistent {
+				if err := st.table.BeginCopy(k, offload.TierHost, offload.TierDevice); err != nil {
+					return err
+				}
+			}
+			if err := ss.H2D.Enqueue("fetch w "+m.Layers[iv.layer].Name(), func(q kernels.Queue) {
+				be.CopyToDevice(q, view, h.weights)
+			}); err != nil {
+				return err
+			}
+			if iv.persistent {
+				if err := st.table.EndCopy(k); err != nil {
+					return err
+				}
+			}
+			ev, err := ss.H2D.Record()
+			if err != nil {
+				return err
+			}
+			iv.fetchEv = ev
+		case iv.fetch: // accumulated gradients
+			if h.gradEv != nil {
+				if err := ss.H2D.Wait(h.gradEv); err != nil {
+					return err
+				}
+			}
+			if err := ss.H2D.Enqueue("fetch g "+m.Layers[iv.layer].Name(), func(q kernels.Queue) {
+				be.CopyToDevice(q, view, h.grads)
+			}); err != nil {
+				return err
+			}
+			ev, err := ss.H2D.Record()
+			if err != nil {
+				return err
+			}
+			iv.fetchEv = ev
+		}
+		return nil
+	}
+	release := func(before int) error {
+		keep, keepEv := 0, 0
+		for i, iv := range pending {
+			if iv.end >= before {
+				pending[keep], pendEv[keepEv] = iv, pendEv[i]
+				keep, keepEv = keep+1, keepEv+1
+				continue
+			}
+			if err := pendEv[i].Synchronize(ctx); err != nil {
+				return err
+			}
+			st.cache.Free(iv.block)
+			iv.block = nil
+		}
+		pending, pendEv = pending[:keep], pendEv[:keepEv]
+		return nil
+	}
+	for _, iv := range s.allocs[0] {
+		if err := allocate(iv); err != nil {
+			return err
+		}
+	}
+	for j, a := range s.acc {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		l := m.Layers[a.layer]
+		p := t.pass
+		// Bind the tensors of this access into the state table.
+		for _, iv := range s.uses[j] {
+			ls := &t.st.Layers[iv.layer]
+			switch iv.class {
+			case tcWeights:
+				ls.Weights = iv.view(m)
+			case tcGrads:
+				ls.Grads = iv.view(m)
+			case tcActs:
+				ls.Acts = iv.block.Buffer()
+			case tcCkpt:
+				if !(a.kind == accFwd && a.layer == iv.layer+1) { // F(l+1) reads the full acts
+					ls.Acts = iv.block.Buffer()
+				}
+			}
+			if iv.fetchEv != nil {
+				if err := ss.Compute.Wait(iv.fetchEv); err != nil {
+					return err
+				}
+				iv.fetchEv = nil
+			}
+		}
+		if a.kind == accFwd && a.layer == 0 {
+			hb := &st.hbs[a.mb]
+			if err := ss.Compute.Enqueue("upload", func(q kernels.Queue) { t.upload(hb) }); err != nil {
+				return err
+			}
+		}
+		name := [...]string{"fwd ", "recompute ", "bwd "}[a.kind] + l.Name()
+		err := ss.Compute.Enqueue(name, func(q kernels.Queue) {
+			switch a.kind {
+			case accFwd, accRec:
+				l.Forward(q, p, a.layer)
+			case accBwd:
+				n := len(m.Layers)
+				if a.layer == n-1 {
+					st.cur = 0
+				}
+				i := a.layer
+				if i > 0 {
+					ne := m.Layers[i-1].OutputElems(p.B, p.T)
+					p.DIn = kernels.View(p.grad[st.cur], 0, m.DType, ne)
+				} else {
+					p.DIn = kernels.Tensor{}
+				}
+				l.Backward(q, p, i)
+				p.DOut = p.DIn
+				st.cur ^= 1
+				if i == 0 {
+					p.DOut, p.DIn = kernels.Tensor{}, kernels.Tensor{}
+				}
+			}
+			if a.kind == accFwd && a.layer == len(m.Layers)-1 {
+				be.CopyToHost(q, st.losses[a.mb], p.Losses)
+			}
+			for _, iv := range s.uses[j] {
+				if iv.class == tcCkpt && iv.start == j {
+					out := kernels.View(t.st.Layers[iv.layer].Acts, 0, m.DType, m.Layers[iv.layer].OutputElems(p.B, p.T))
+					be.CopyDevice(q, kernels.View(iv.block.Buffer(), 0, m.DType, out.N), out)
+				}
+				if iv.end == j && iv.final && train {
+					g := iv.view(m)
+					be.SumSquares(q, t.stats.Slice(2*iv.layer, 1), g)
+					be.CheckFinite(q, t.stats.Slice(2*iv.layer+1, 1), g)
+				}
+			}
+		})
+		if err != nil {
+			return err
+		}
+		ev, err := ss.Compute.Record()
+		if err != nil {
+			return err
+		}
+		// Tensors whose residency ends here: gradients go to the host.
+		for _, iv := range s.ends[j+1] {
+			done := ev
+			if iv.evict && train {
+				if err := ss.D2H.Wait(ev); err != nil {
+					return err
+				}
+				view, h := iv.view(m), &st.host[iv.layer]
+				if err := ss.D2H.Enqueue("evict g "+m.Layers[iv.layer].Name(), func(q kernels.Queue) {
+					be.CopyToHost(q, h.grads, view)
+				}); err != nil {
+					return err
+				}
+				if done, err = ss.D2H.Record(); err != nil {
+					return err
+				}
+				h.gradEv = done
+			}
+			if !iv.persistent {
+				pending = append(pending, iv)
+				pendEv = append(pendEv, done)
+			}
+		}
+		// Free what ended at the previous access, then prefetch.
+		if err := release(j); err != nil {
+			return err
+		}
+		for _, iv := range s.allocs[j+1] {
+			if err := allocate(iv); err != nil {
+				return err
+			}
+		}
+	}
+	if err := release(len(s.acc)); err != nil {
+		return err
+	}
+	return ss.Synchronize(ctx)
+}
+
+// view is the interval's block as the tensor of its class.
+func (iv *interval) view(m *Model) kernels.Tensor {
+	n := m.Layers[iv.layer].NumParams()
+	return kernels.View(iv.block.Buffer(), 0, m.DType, n)
+}
+
+// offloadStep is TrainStep for an out-of-core trainer.
+func (t *Trainer) offloadStep(ctx context.Context, src BatchSource) (StepResult, error) {
+	st := t.off
+	o := t.opts
+	r := StepResult{LR: o.Schedule.At(t.Step), LossScale: t.Scaler.Scale}
+	for k := range st.hbs {
+		if err := src.Next(ctx, &st.hbs[k]); err != nil {
+			return r, err
+		}
+	}
+	// Zero the gradient statistics; wait for the last update of the
+	// weights before anything is fetched (per layer, in allocate).
+	t.pass.LossGrad = float32(t.lossMul * t.Scaler.Scale / float64(t.TokensPerStep()))
+	t.be.Zero(t.q, t.stats)
+	// Grads of the step start on the device (zeroed): drop their host state.
+	if err := t.runSchedule(ctx, st.train, true); err != nil {
+		return r, err
+	}
+	var sum float64
+	for k := range st.losses {
+		var s float64
+		for i := 0; i < t.nLoss; i++ {
+			s += float64(math.Float32frombits(binary.LittleEndian.Uint32(st.losses[k][4*i:])))
+		}
+		sum += s * t.lossMul
+	}
+	r.Loss = sum / float64(t.TokensPerStep())
+	t.be.CopyToHost(t.q, st.statBuf, t.stats)
+	if err := t.q.Synchronize(ctx); err != nil {
+		return r, err
+	}
+	var ss float32
+	nonFinite := false
+	for i := range t.model.Layers {
+		ss += math.Float32frombits(binary.LittleEndian.Uint32(st.statBuf[8*i:]))
+		nonFinite = nonFinite || math.Float32frombits(binary.LittleEndian.Uint32(st.statBuf[8*i+4:])) != 0
+	}
+	sumsq := float64(ss)
+	overflow := nonFinite || math.IsNaN(sumsq) || math.IsInf(sumsq, 0)
+	r.GradNorm = math.Sqrt(sumsq) / t.Scaler.Scale
+	if overflow {
+		r.GradNorm = math.Inf(1)
+	}
+	if r.Skipped = t.Scaler.Update(overflow); r.Skipped {
+		t.Step++
+		return r, nil
+	}
+	coef := 1.0
+	if o.GradClip > 0 && r.GradNorm > o.GradClip {
+		coef = o.GradClip / r.GradNorm
+	}
+	t.Step++
+	t.startUpdates(ctx, kernels.AdamWParams{
+		LR: float32(r.LR), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2), Eps: float32(o.Eps),
+		Step: t.Step, GradScale: float32(coef / r.LossScale), WeightDecay: float32(o.WeightDecay),
+	})
+	return r, nil
+}
+
+// startUpdates runs the host optimizer over every layer, in layer order
+// on a bounded set of goroutines, without waiting: layer i's weights are
+// fetched by the next step as soon as its own update is done.
+func (t *Trainer) startUpdates(ctx context.Context, hp kernels.AdamWParams) {
+	st := t.off
+	for i := range st.host {
+		st.host[i].done = make(chan struct{})
+		st.host[i].err = nil
+		if r, _ := st.table.Get(offload.Key{Layer: i, Class: offload.Weights}); r.Valid.Has(offload.TierDevice) {
+			_ = st.table.Modified(r.Key, offload.TierHost) // the device copy is stale
+		}
+	}
+	var g errgroup.Group
+	g.SetLimit(max(1, runtime.GOMAXPROCS(0)))
+	go func() {
+		for i := range st.host {
+			i := i
+			g.Go(func() error {
+				h := &st.host[i]
+				defer close(h.done)
+				end := st.opts.Recorder.Begin("optimizer", stream.Optimizer, "adamw "+t.model.Layers[i].Name())
+				h.err = t.updateLayer(ctx, i, hp)
+				end()
+				return nil
+			})
+		}
+		_ = g.Wait()
+	}()
+}
+
+// updateLayer is AdamW on layer i's host state.
+func (t *Trainer) updateLayer(ctx context.Context, i int, hp kernels.AdamWParams) error {
+	st := t.off
+	h := &st.host[i]
+	l := t.model.Layers[i]
+	dt := t.model.DType
+	mb, vb := h.m, h.v
+	if st.disk != nil {
+		np := int64(l.NumParams())
+		mb, vb = offload.NewF32Bytes(4*np), offload.NewF32Bytes(4*np)
+		km, kv := offload.Key{Layer: i, Class: offload.AdamM}, offload.Key{Layer: i, Class: offload.AdamV}
+		if err := errors.Join(st.disk.Load(ctx, km, mb).Wait(ctx), st.disk.Load(ctx, kv, vb).Wait(ctx)); err != nil {
+			return err
+		}
+	}
+	master, m, v := offload.F32s(h.master), offload.F32s(mb), offload.F32s(vb)
+	es := int(dt.Size())
+	for _, ps := range l.Params() {
+		p := hp
+		if ps.Decay {
+			p.WeightDecay = hp.WeightDecay
+		} else {
+			p.WeightDecay = 0
+		}
+		lo, hi := ps.Offset, ps.Offset+ps.Elems()
+		var out []byte
+		if dt != kernels.F32 {
+			out = h.weights[lo*es : hi*es]
+		}
+		if err := offload.HostAdamW(master[lo:hi], h.grads[lo*es:hi*es], dt, m[lo:hi], v[lo:hi], out, dt, p); err != nil {
+			return err
+		}
+	}
+	if st.disk != nil {
+		km, kv := offload.Key{Layer: i, Class: offload.AdamM}, offload.Key{Layer: i, Class: offload.AdamV}
+		if err := errors.Join(st.disk.Store(ctx, km, mb).Wait(ctx), st.disk.Store(ctx, kv, vb).Wait(ctx)); err != nil {
+			return fmt.Errorf("engine: host optimizer, layer %s: %w", l.Name(), err)
+		}
+	}
+	return nil
+}
+
+// offloadMicroLoss runs one forward pass over hb through the eval schedule.
+func (t *Trainer) offloadMicroLoss(ctx context.Context, hb *HostBatch) (float64, error) {
+	st := t.off
+	if err := st.waitUpdates(); err != nil {
+		return 0, err
+	}
+	hb0 := st.hbs[0]
+	st.hbs[0] = *hb
+	defer func() { st.hbs[0] = hb0 }()
+	if err := t.runSchedule(ctx, st.eval, false); err != nil {
+		return 0, err
+	}
+	var s float64
+	for i := 0; i < t.nLoss; i++ {
+		s += float64(math.Float32frombits(binary.LittleEndian.Uint32(st.losses[0][4*i:])))
+	}
+	return s * t.lossMul / float64(t.nLoss), nil
+}
+
+// setHostMaster stores a layer's fp32 master weights (and the compute
+// copy, rounded as the device Cast rounds) in host memory.
+func (t *Trainer) setHostMaster(i int, data []byte) error {
+	st := t.off
+	if err := st.waitUpdates(); err != nil {
+		return err
+	}
+	h := &st.host[i]
+	copy(h.master, data)
+	if t.model.DType != kernels.F32 {
+		m := offload.F32s(h.master)
+		for lo := 0; lo < len(m); lo += 4096 {
+			hi := min(lo+4096, len(m))
+			offloadStore(h.weights, t.model.DType, lo, m[lo:hi])
+		}
+	}
+	k := offload.Key{Layer: i, Class: offload.Weights}
+	if r, _ := st.table.Get(k); r.Valid.Has(offload.TierDevice) {
+		return st.table.Modified(k, offload.TierHost)
+	}
+	return nil
+}
+
+// offloadStore rounds s into host array b of dtype dt at element lo.
+func offloadStore(b []byte, dt kernels.DType, lo int, s []float32) {
+	es := dt.Size()
+	for i, x := range s {
+		var h uint16
+		if dt == kernels.BF16 {
+			h = kernels.BF16FromF32(x)
+		} else {
+			h = kernels.F16FromF32(x)
+		}
+		binary.LittleEndian.PutUint16(b[(lo+i)*es:], h)
+	}
+}
+
+// hostOptim returns copies of layer i's master, m and v (fp32 bytes).
+func (t *Trainer) hostOptim(ctx context.Context, i int) (master, m, v []byte, err error) {
+	st := t.off
+	if err := st.waitUpdates(); err != nil {
+		return nil, nil, nil, err
+	}
+	h := &st.host[i]
+	master = append([]byte(nil), h.master...)
+	if st.disk == nil {
+		return master, append([]byte(nil), h.m...), append([]byte(nil), h.v...), nil
+	}
+	m, v = offload.NewF32Bytes(int64(len(master))), offload.NewF32Bytes(int64(len(master)))
+	err = errors.Join(st.disk.Load(ctx, offload.Key{Layer: i, Class: offload.AdamM}, m).Wait(ctx),
+		st.disk.Load(ctx, offload.Key{Layer: i, Class: offload.AdamV}, v).Wait(ctx))
+	return master, m, v, err
+}
+
+// setHostOptim stores layer i's moments.
+func (t *Trainer) setHostOptim(ctx context.Context, i int, m, v []byte) error {
+	st := t.off
+	if err := st.waitUpdates(); err != nil {
+		return err
+	}
+	h := &st.host[i]
+	if st.disk == nil {
+		copy(h.m, m)
+		copy(h.v, v)
+		return nil
+	}
+	return errors.Join(st.disk.Store(ctx, offload.Key{Layer: i, Class: offload.AdamM}, m).Wait(ctx),
+		st.disk.Store(ctx, offload.Key{Layer: i, Class: offload.AdamV}, v).Wait(ctx))
+}
