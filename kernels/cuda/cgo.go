@@ -37,6 +37,16 @@ static int spill_gemm(cublasHandle_t h, int ta, int tb, int m, int n, int k, flo
 		(void *)(uintptr_t)C, (cudaDataType)ct, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
+// spill_gemm_sb: spill_gemm over batch matrices at fixed strides (elements).
+static int spill_gemm_sb(cublasHandle_t h, int ta, int tb, int m, int n, int k, float alpha,
+		uint64_t A, int at, int lda, long long sa, uint64_t B, int bt, int ldb, long long sb, float beta,
+		uint64_t C, int ct, int ldc, long long sc, int batch) {
+	return (int)cublasGemmStridedBatchedEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+		m, n, k, &alpha, (const void *)(uintptr_t)A, (cudaDataType)at, lda, sa,
+		(const void *)(uintptr_t)B, (cudaDataType)bt, ldb, sb, &beta,
+		(void *)(uintptr_t)C, (cudaDataType)ct, ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
 static int spill_cuda_version(void) { return CUDA_VERSION; }
 
 static int spill_blas_version(cublasHandle_t h) {
@@ -108,6 +118,19 @@ func (b *blasHandle) gemm(ta, tb bool, m, n, k int, alpha float32, A cu.DevicePt
 		C.uint64_t(Cp), blasType(ct), C.int(ldc))
 	if st != 0 {
 		return fmt.Errorf("kernels/cuda: cublasGemmEx %dx%dx%d (%v·%v→%v): %w", m, n, k, at, bt, ct, blasError(st))
+	}
+	return nil
+}
+
+// gemmStridedBatched is gemm over batch matrix triples, the i-th of each
+// operand starting stride·i elements after the first.
+func (b *blasHandle) gemmStridedBatched(ta, tb bool, m, n, k int, alpha float32, A cu.DevicePtr, at kernels.DType, lda int, sa int64,
+	B cu.DevicePtr, bt kernels.DType, ldb int, sb int64, beta float32, Cp cu.DevicePtr, ct kernels.DType, ldc int, sc int64, batch int) error {
+	st := C.spill_gemm_sb(b.h, cbool(ta), cbool(tb), C.int(m), C.int(n), C.int(k), C.float(alpha),
+		C.uint64_t(A), blasType(at), C.int(lda), C.longlong(sa), C.uint64_t(B), blasType(bt), C.int(ldb), C.longlong(sb), C.float(beta),
+		C.uint64_t(Cp), blasType(ct), C.int(ldc), C.longlong(sc), C.int(batch))
+	if st != 0 {
+		return fmt.Errorf("kernels/cuda: cublasGemmStridedBatchedEx %d×(%dx%dx%d) (%v·%v→%v): %w", batch, m, n, k, at, bt, ct, blasError(st))
 	}
 	return nil
 }

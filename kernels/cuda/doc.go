@@ -11,7 +11,9 @@
 //
 // The driver API comes through gorgonia.org/cu; pinned host memory and
 // cuBLAS (cublasGemmEx, float32 accumulation) through a little cgo of this
-// package. Build and test with tools/cuda/test.sh, or source
+// package. Build and test with tools/cuda/test.sh (tools/cuda/bench.sh
+// also benchmarks GPT training against PyTorch; tools/cuda/pack.sh prepares
+// the lent GPU machine's carry), or source
 // tools/cuda/env.sh and use the go command with -tags cuda: env.sh puts
 // compat/ first on the C include path (CGO_CFLAGS=-I...), whose cuda.h
 // restores the pre-13 prototypes gorgonia.org/cu needs on CUDA 13 and is
@@ -46,8 +48,12 @@
 // free memory at Open less a reserve for cuBLAS workspaces and the driver)
 // and returns zeroed memory. Each queue also keeps a grow-only scratch area
 // for reductions and for GEMMs whose operand dtypes cuBLAS cannot mix; it is
-// charged to the budget under the tag "scratch". cuBLAS's own workspaces and
-// the loaded modules are outside the budget.
+// charged to the budget under the tag "scratch". Attention runs through
+// cuBLAS batched GEMMs with a second grow-only per-queue workspace for its
+// score matrices, tag "attention" (at most 1/16 of the budget per round of
+// score blocks; when it would take more than a quarter of the budget the
+// CUDA-core kernels run instead, see attention.go). cuBLAS's own
+// workspaces and the loaded modules are outside the budget.
 //
 // Copies accept any host memory. Pageable memory makes a copy synchronous
 // for the queue's goroutine (the driver stages it) but keeps the order;

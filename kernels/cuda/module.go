@@ -62,6 +62,7 @@ var kernelNames = []string{
 	"crossentropy_forward", "crossentropy_backward",
 	"attention_forward", "attention_backward", "attention_backward_kv",
 	"attention_forward_tiled", "attention_backward_tiled", "attention_backward_kv_tiled",
+	"attn_split", "attn_merge_out", "attn_merge_grad", "attn_bwd_prep", "attn_softmax_fwd", "attn_softmax_bwd",
 }
 
 func (b *Backend) fn(name string) cu.Function {

@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"testing"
@@ -196,13 +197,57 @@ func TestLayerNorm(t *testing.T) {
 	}
 }
 
+// TestAttention checks each implementation against the CPU backend: the
+// cuBLAS one with its default blocking and with tiny query blocks and
+// rounds (several blocks, partial last blocks, one head per round), the
+// tiled and the row-wise kernels.
 func TestAttention(t *testing.T) {
-	for _, tiled := range []bool{true, false} {
-		t.Run(fmt.Sprintf("tiled=%v", tiled), func(t *testing.T) {
-			defer func(old bool) { attnTiled = old }(attnTiled)
-			attnTiled = tiled
+	cases := []struct {
+		name   string
+		impl   int
+		qblock int
+		chunk  int64
+	}{
+		{"gemm", attnAuto, 256, 1 << 30},
+		{"gemm-blocked", attnAuto, 16, 1},
+		{"tiled", attnTiled, 256, 1 << 30},
+		{"rowwise", attnRowwise, 256, 1 << 30},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			defer func(impl, qb int, ch int64) { attnImpl, attnQBlock, attnChunkBytes = impl, qb, ch }(attnImpl, attnQBlock, attnChunkBytes)
+			attnImpl, attnQBlock, attnChunkBytes = c.impl, c.qblock, c.chunk
 			testAttention(t)
 		})
+	}
+}
+
+// TestAttentionWorkspace checks that the cuBLAS path charges its workspace
+// to the budget under the tag "attention".
+func TestAttentionWorkspace(t *testing.T) {
+	be, err := Open(kernels.Config{MemoryLimit: 256 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	B, T, C, NH := 2, 64, 128, 4
+	alloc := func(dt kernels.DType, n int) kernels.Tensor {
+		buf, err := be.Alloc(int64(n*dt.Size()), "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kernels.View(buf, 0, dt, n)
+	}
+	qkv, out, lse := alloc(kernels.BF16, B*T*3*C), alloc(kernels.BF16, B*T*C), alloc(kernels.F32, B*NH*T)
+	q := be.DefaultQueue()
+	be.Fill(q, qkv, 0.5)
+	be.AttentionForward(q, out, lse, qkv, B, T, C, NH)
+	if err := q.Synchronize(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	want := planAttention(B, T, C, NH, kernels.BF16, false, be.attnChunk()).total
+	if got := be.MemStats().ByTag["attention"]; got != want {
+		t.Fatalf("attention workspace charged %d bytes, want %d", got, want)
 	}
 }
 

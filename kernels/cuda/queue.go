@@ -33,6 +33,8 @@ type queue struct {
 	blas     *blasHandle
 	scratch  cu.DevicePtr
 	scratchN int64
+	attn     cu.DevicePtr // attention workspace (attention.go)
+	attnN    int64
 }
 
 // startQueue starts the goroutine of a new queue and creates its stream.
@@ -70,6 +72,10 @@ func (q *queue) run(started chan<- error) {
 	if q.scratchN > 0 {
 		_ = cu.MemFree(q.scratch)
 		q.b.unreserve(q.scratchN, "scratch")
+	}
+	if q.attnN > 0 {
+		_ = cu.MemFree(q.attn)
+		q.b.unreserve(q.attnN, "attention")
 	}
 	_ = q.stream.Destroy()
 }

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# bench.sh: one call on the lent GPU machine that regenerates the PTX, vets,
+# tests the CUDA backend against the CPU reference, then benchmarks GPT
+# training (tools/gpubench) beside PyTorch (tools/gpubench/torch_ref.py) and
+# writes $OUT/gpt_cuda_vs_torch.json. Logs and the fresh PTX (ptx.tar) go to
+# $OUT too. Prepare on the development machine with tools/cuda/pack.sh, then
+# run with the device tool: carry [".gpu"], command "tools/cuda/bench.sh".
+# SPILL_BENCH_SHAPES (default 124m,1.3b) picks the shapes; SPILL_TEST_RUN
+# (default .) the go test -run pattern.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+out=${OUT:-$(mktemp -d /tmp/spill-bench.XXXXXX)}
+mkdir -p "$out"
+if [ -f .gpu/env.sh ]; then source .gpu/env.sh; fi
+source tools/cuda/env.sh
+shapes=${SPILL_BENCH_SHAPES:-124m,1.3b}
+status=0
+step() {
+  local name=$1 limit=$2; shift 2
+  echo "== $name: $*"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc after $((SECONDS - t0))s"
+  grep -E -- '^(--- FAIL|FAIL|ok|panic|==|   )|error' "$out/$name.log" | tail -n 40
+  [ $rc -eq 0 ] || status=1
+  return $rc
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$out/nvidia-smi.txt" 2>&1
+cat "$out/nvidia-smi.txt"
+if command -v nvcc >/dev/null; then
+  step ptx 120 go generate ./kernels/cuda/ && tar -C kernels/cuda -cf "$out/ptx.tar" ptx
+fi
+step vet 300 go vet -tags cuda ./kernels/cuda/ ./tools/gpubench/
+step test 300 go test -tags cuda -count=1 -v -timeout 280s -run "${SPILL_TEST_RUN:-.}" ./kernels/cuda/
+if step build 200 go build -tags cuda -o /tmp/gpubench ./tools/gpubench; then
+  PYTHONUNBUFFERED=1 step torch 240 python3 tools/gpubench/torch_ref.py "$out/torch.json" "$shapes"
+  step spill 300 /tmp/gpubench -shapes "$shapes" -torch "$out/torch.json" -out "$out/gpt_cuda_vs_torch.json"
+fi
+exit $status

@@ -1,0 +1,460 @@
+// Command gpubench measures spill's GPT training throughput on a GPU and the
+// speed of its GEMMs and attention at the same shapes, and writes one JSON
+// report beside PyTorch's numbers for the same work (torch_ref.py).
+//
+// It trains through the engine's public API (engine.Run) on synthetic
+// tokens, all in device memory, in bf16 with fp32 master weights and fused
+// AdamW, exactly as `spill train` would. Build it with -tags cuda (see
+// tools/cuda/bench.sh, which builds, tests and runs everything in one go):
+//
+//	go run -tags cuda ./tools/gpubench -torch torch.json -out result.json
+//
+// Without the cuda tag it builds but finds no "cuda" backend.
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spill-ml/spill/dataset"
+	"github.com/spill-ml/spill/engine"
+	"github.com/spill-ml/spill/kernels"
+)
+
+// shape is one benchmarked GPT configuration.
+type shape struct {
+	Name    string `json:"name"`
+	Preset  string `json:"preset"`
+	Layers  int    `json:"layers"`
+	Embd    int    `json:"embd"`
+	Heads   int    `json:"heads"`
+	Vocab   int    `json:"vocab"`
+	MaxSeq  int    `json:"max_seq"`
+	SeqLen  int    `json:"seq_len"`
+	Batch   int    `json:"batch"`
+	Steps   int    `json:"steps"`
+	Warmup  int    `json:"warmup_steps"`
+	Params  int64  `json:"params"`
+	FLOPTok int64  `json:"flops_per_token_6n"`
+}
+
+var shapes = []shape{
+	{Name: "124m", Preset: "gpt2-124m", Layers: 12, Embd: 768, Heads: 12, Vocab: 50304, MaxSeq: 1024, SeqLen: 1024, Batch: 16, Steps: 30, Warmup: 5},
+	{Name: "1.3b", Preset: "gpt2-1.3b", Layers: 24, Embd: 2048, Heads: 16, Vocab: 50304, MaxSeq: 2048, SeqLen: 1024, Batch: 8, Steps: 15, Warmup: 4},
+}
+
+// gptParams counts the parameters of the GPT-2 architecture with tied
+// embeddings and biases (what engine.NewGPT builds).
+func gptParams(s shape) int64 {
+	L, C, V, P := int64(s.Layers), int64(s.Embd), int64(s.Vocab), int64(s.MaxSeq)
+	block := 2*C + (3*C*C + 3*C) + (C*C + C) + 2*C + (4*C*C + 4*C) + (4*C*C + C)
+	return V*C + P*C + L*block + 2*C
+}
+
+type trainResult struct {
+	TokensPerSec float64   `json:"tokens_per_sec"`
+	ModelTFLOPs  float64   `json:"model_tflops"`
+	StepMsMedian float64   `json:"step_ms_median"`
+	PeakBytes    int64     `json:"peak_device_bytes"`
+	PeakGiB      float64   `json:"peak_device_gib"`
+	Losses       []float64 `json:"losses"`
+	Error        string    `json:"error,omitempty"`
+}
+
+type gemmResult struct {
+	Name   string  `json:"name"`
+	BT     int     `json:"bt"`
+	C      int     `json:"c"`
+	OC     int     `json:"oc"`
+	FwdMs  float64 `json:"fwd_ms"`
+	BwdMs  float64 `json:"bwd_ms"`
+	TFLOPs float64 `json:"tflops_fwd_bwd"`
+}
+
+type attnResult struct {
+	Name   string  `json:"name"`
+	B      int     `json:"b"`
+	T      int     `json:"t"`
+	C      int     `json:"c"`
+	NH     int     `json:"nh"`
+	FwdMs  float64 `json:"fwd_ms"`
+	BwdMs  float64 `json:"bwd_ms"`
+	TFLOPs float64 `json:"tflops_causal_3_5x_fwd"`
+}
+
+type shapeReport struct {
+	shape
+	Spill trainResult     `json:"spill"`
+	Torch json.RawMessage `json:"torch,omitempty"`
+	Ratio *float64        `json:"ratio_tokens_per_sec_spill_over_torch,omitempty"`
+}
+
+type report struct {
+	Date      string             `json:"date"`
+	Machine   map[string]any     `json:"machine"`
+	Commands  []string           `json:"commands"`
+	Notes     []string           `json:"notes"`
+	Shapes    []shapeReport      `json:"shapes"`
+	Gemms     []gemmResult       `json:"spill_gemms"`
+	Attention []attnResult       `json:"spill_attention"`
+	TorchKern json.RawMessage    `json:"torch_kernels,omitempty"`
+	GemmRatio map[string]float64 `json:"gemm_ratio_spill_over_torch,omitempty"`
+	AttnRatio map[string]float64 `json:"attention_time_ratio_torch_over_spill,omitempty"`
+}
+
+func main() {
+	torchPath := flag.String("torch", "", "JSON written by torch_ref.py to compare with")
+	outPath := flag.String("out", "gpt_cuda_vs_torch.json", "report to write")
+	only := flag.String("shapes", "124m,1.3b", "comma-separated shapes to run")
+	device := flag.String("device", "cuda", "backend")
+	kernelsOnly := flag.Bool("kernels-only", false, "skip the training runs")
+	flag.Parse()
+	ctx := context.Background()
+	if err := run(ctx, *device, *torchPath, *outPath, strings.Split(*only, ","), *kernelsOnly); err != nil {
+		fmt.Fprintln(os.Stderr, "gpubench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, device, torchPath, outPath string, only []string, kernelsOnly bool) error {
+	rep := report{
+		Date:     time.Now().UTC().Format(time.RFC3339),
+		Machine:  machine(),
+		Commands: []string{strings.Join(os.Args, " ")},
+		Notes: []string{
+			"spill: engine.Run on the cuda backend, bf16 compute, fp32 master weights, AdamW kernel over each parameter, grad clip 1.0, synthetic uniform tokens, everything in device memory",
+			"tokens_per_sec: (steps - warmup) * batch * seq_len over the wall time of those steps",
+			"model_tflops: 6 * params * tokens_per_sec (params include embeddings; attention's T^2 work not counted)",
+			"peak_device_bytes (spill): the backend's budget accounting (all tensors, scratch and attention workspace, not cuBLAS or the driver)",
+		},
+	}
+	var torch map[string]json.RawMessage
+	if torchPath != "" {
+		if b, err := os.ReadFile(torchPath); err != nil {
+			fmt.Fprintln(os.Stderr, "gpubench: no PyTorch numbers to compare with:", err)
+		} else if err := json.Unmarshal(b, &torch); err != nil {
+			return fmt.Errorf("%s: %w", torchPath, err)
+		}
+		rep.TorchKern = torch["kernels"]
+		rep.Machine["torch"] = torch["machine"]
+	}
+	want := map[string]bool{}
+	for _, s := range only {
+		want[strings.TrimSpace(s)] = true
+	}
+	for _, s := range shapes {
+		if !want[s.Name] {
+			continue
+		}
+		g, a, err := kernelBench(device, s)
+		if err != nil {
+			return fmt.Errorf("%s kernels: %w", s.Name, err)
+		}
+		rep.Gemms = append(rep.Gemms, g...)
+		rep.Attention = append(rep.Attention, a...)
+	}
+	if be, err := kernels.Open(device, kernels.Config{}); err == nil {
+		rep.Machine["device"] = be.DeviceName()
+		_ = be.Close()
+	}
+	rep.GemmRatio, rep.AttnRatio = kernelRatios(rep.Gemms, rep.Attention, rep.TorchKern)
+	for _, s := range shapes {
+		if !want[s.Name] || kernelsOnly {
+			continue
+		}
+		s.Params = gptParams(s)
+		s.FLOPTok = 6 * s.Params
+		r := shapeReport{shape: s}
+		fmt.Printf("== training %s (%d layers, d%d, %d heads, T%d, batch %d, %.1fM params)\n",
+			s.Name, s.Layers, s.Embd, s.Heads, s.SeqLen, s.Batch, float64(s.Params)/1e6)
+		res, err := train(ctx, device, s)
+		if err != nil {
+			res.Error = err.Error()
+			fmt.Println("   error:", err)
+		}
+		r.Spill = res
+		if t, ok := torch["shapes"]; ok {
+			var ts map[string]json.RawMessage
+			if json.Unmarshal(t, &ts) == nil && ts[s.Name] != nil {
+				r.Torch = ts[s.Name]
+				var tr struct {
+					TokensPerSec float64 `json:"tokens_per_sec"`
+				}
+				if json.Unmarshal(ts[s.Name], &tr) == nil && tr.TokensPerSec > 0 && res.TokensPerSec > 0 {
+					ratio := res.TokensPerSec / tr.TokensPerSec
+					r.Ratio = &ratio
+				}
+			}
+		}
+		fmt.Printf("   spill: %.0f tok/s, %.1f TFLOP/s, step %.1f ms, peak %.2f GiB", res.TokensPerSec, res.ModelTFLOPs, res.StepMsMedian, res.PeakGiB)
+		if r.Ratio != nil {
+			fmt.Printf(", %.3fx PyTorch", *r.Ratio)
+		}
+		fmt.Println()
+		rep.Shapes = append(rep.Shapes, r)
+	}
+	b, err := json.MarshalIndent(rep, "", " ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(outPath, append(b, '\n'), 0o644)
+}
+
+func machine() map[string]any {
+	m := map[string]any{"host_nproc": runtime.NumCPU(), "go": runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				if _, v, ok := strings.Cut(l, ":"); ok {
+					m["host_cpu_model"] = strings.TrimSpace(v)
+				}
+				break
+			}
+		}
+	}
+	return m
+}
+
+// makeData writes n samples of seqLen+1 uniform random tokens below vocab.
+func makeData(ctx context.Context, dir string, n, seqLen, vocab int) error {
+	w, err := dataset.Create(ctx, dir, dataset.WriterOptions{
+		Schema: dataset.Schema{Kind: dataset.KindTokens, TokenDType: "uint16", SeqLen: seqLen, VocabSize: vocab},
+	})
+	if err != nil {
+		return err
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	buf := make([]byte, 2*(seqLen+1))
+	for range n {
+		for i := 0; i <= seqLen; i++ {
+			binary.LittleEndian.PutUint16(buf[2*i:], uint16(rng.IntN(vocab)))
+		}
+		if _, err := w.Write(buf); err != nil {
+			return errorsJoin(err, w.Abort())
+		}
+	}
+	_, err = w.Commit(ctx)
+	return err
+}
+
+func errorsJoin(a, b error) error {
+	if b == nil {
+		return a
+	}
+	return fmt.Errorf("%w (abort: %v)", a, b)
+}
+
+func train(ctx context.Context, device string, s shape) (trainResult, error) {
+	var res trainResult
+	tmp, err := os.MkdirTemp("", "gpubench-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(tmp)
+	dir := filepath.Join(tmp, "data")
+	if err := makeData(ctx, dir, (s.Steps+2)*s.Batch, s.SeqLen, 50257); err != nil {
+		return res, err
+	}
+	cfg := engine.DefaultConfig()
+	cfg.Data = dir
+	cfg.Model = s.Preset
+	cfg.Layers, cfg.Heads, cfg.Embd, cfg.Vocab, cfg.MaxSeq = s.Layers, s.Heads, s.Embd, s.Vocab, s.MaxSeq
+	cfg.Batch, cfg.SeqLen, cfg.Steps = s.Batch, s.SeqLen, s.Steps
+	cfg.EvalEvery, cfg.EvalFraction = 0, 0
+	cfg.Device, cfg.Precision = device, "bf16"
+	var ms []engine.StepMetrics
+	sum, err := engine.Run(ctx, cfg, engine.RunOptions{
+		Reporter: engine.ReporterFunc(func(m engine.StepMetrics) { ms = append(ms, m) }),
+		Log:      os.Stdout,
+	})
+	if err != nil {
+		return res, err
+	}
+	if len(ms) <= s.Warmup {
+		return res, fmt.Errorf("only %d steps reported", len(ms))
+	}
+	for _, m := range ms {
+		res.Losses = append(res.Losses, m.Loss)
+	}
+	var steps []float64
+	for i := s.Warmup; i < len(ms); i++ {
+		steps = append(steps, (ms[i].Elapsed-ms[i-1].Elapsed).Seconds()*1e3)
+	}
+	wall := (ms[len(ms)-1].Elapsed - ms[s.Warmup-1].Elapsed).Seconds()
+	res.TokensPerSec = float64((len(ms)-s.Warmup)*s.Batch*s.SeqLen) / wall
+	res.ModelTFLOPs = res.TokensPerSec * float64(6*gptParams(s)) / 1e12
+	res.StepMsMedian = median(steps)
+	res.PeakBytes = sum.PeakDeviceBytes
+	res.PeakGiB = float64(sum.PeakDeviceBytes) / (1 << 30)
+	return res, nil
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
+}
+
+// kernelBench times the GEMMs of one layer and the head, and attention, at
+// the shape's training sizes.
+func kernelBench(device string, s shape) ([]gemmResult, []attnResult, error) {
+	be, err := kernels.Open(device, kernels.Config{})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer be.Close()
+	q := be.DefaultQueue()
+	ctx := context.Background()
+	var bufs []kernels.Buffer
+	defer func() {
+		for _, b := range bufs {
+			be.Free(b)
+		}
+	}()
+	tensor := func(dt kernels.DType, n int) (kernels.Tensor, error) {
+		b, err := be.Alloc(int64(n*dt.Size()), "bench")
+		if err != nil {
+			return kernels.Tensor{}, err
+		}
+		bufs = append(bufs, b)
+		t := kernels.View(b, 0, dt, n)
+		be.Fill(q, t, 0.01)
+		return t, nil
+	}
+	// timeIt runs f reps times after warm-up and returns ms per call.
+	timeIt := func(reps int, f func()) (float64, error) {
+		for range 3 {
+			f()
+		}
+		if err := q.Synchronize(ctx); err != nil {
+			return 0, err
+		}
+		t0 := time.Now()
+		for range reps {
+			f()
+		}
+		if err := q.Synchronize(ctx); err != nil {
+			return 0, err
+		}
+		return time.Since(t0).Seconds() * 1e3 / float64(reps), nil
+	}
+	BT, C := s.Batch*s.SeqLen, s.Embd
+	var gs []gemmResult
+	for _, g := range []struct {
+		name  string
+		c, oc int
+	}{{"qkv", C, 3 * C}, {"proj", C, C}, {"fc", C, 4 * C}, {"fcproj", 4 * C, C}, {"lmhead", C, s.Vocab}} {
+		x, err := tensor(kernels.BF16, BT*g.c)
+		if err != nil {
+			return nil, nil, err
+		}
+		w, err := tensor(kernels.BF16, g.oc*g.c)
+		if err != nil {
+			return nil, nil, err
+		}
+		y, err := tensor(kernels.BF16, BT*g.oc)
+		if err != nil {
+			return nil, nil, err
+		}
+		dx, err := tensor(kernels.BF16, BT*g.c)
+		if err != nil {
+			return nil, nil, err
+		}
+		dw, err := tensor(kernels.BF16, g.oc*g.c)
+		if err != nil {
+			return nil, nil, err
+		}
+		fwd, err := timeIt(20, func() { be.MatmulForward(q, y, x, w, kernels.Tensor{}, BT, g.c, g.oc) })
+		if err != nil {
+			return nil, nil, err
+		}
+		bwd, err := timeIt(20, func() { be.MatmulBackward(q, dx, dw, kernels.Tensor{}, y, x, w, BT, g.c, g.oc) })
+		if err != nil {
+			return nil, nil, err
+		}
+		fl := 6 * float64(BT) * float64(g.c) * float64(g.oc)
+		r := gemmResult{Name: s.Name + "/" + g.name, BT: BT, C: g.c, OC: g.oc, FwdMs: fwd, BwdMs: bwd, TFLOPs: fl / ((fwd + bwd) / 1e3) / 1e12}
+		fmt.Printf("   gemm %-12s BT%d C%d OC%d: fwd %.3f ms, bwd %.3f ms, %.0f TFLOP/s\n", r.Name, BT, g.c, g.oc, fwd, bwd, r.TFLOPs)
+		gs = append(gs, r)
+		for _, b := range bufs {
+			be.Free(b)
+		}
+		bufs = bufs[:0]
+	}
+	B, T, NH := s.Batch, s.SeqLen, s.Heads
+	qkv, err := tensor(kernels.BF16, B*T*3*C)
+	if err != nil {
+		return nil, nil, err
+	}
+	out, err := tensor(kernels.BF16, B*T*C)
+	if err != nil {
+		return nil, nil, err
+	}
+	lse, err := tensor(kernels.F32, B*NH*T)
+	if err != nil {
+		return nil, nil, err
+	}
+	dqkv, err := tensor(kernels.BF16, B*T*3*C)
+	if err != nil {
+		return nil, nil, err
+	}
+	dout, err := tensor(kernels.BF16, B*T*C)
+	if err != nil {
+		return nil, nil, err
+	}
+	fwd, err := timeIt(10, func() { be.AttentionForward(q, out, lse, qkv, B, T, C, NH) })
+	if err != nil {
+		return nil, nil, err
+	}
+	bwd, err := timeIt(10, func() { be.AttentionBackward(q, dqkv, dout, qkv, out, lse, B, T, C, NH) })
+	if err != nil {
+		return nil, nil, err
+	}
+	fl := 3.5 * 4 * float64(B) * float64(NH) * float64(T) * float64(T) / 2 * float64(C/NH)
+	a := attnResult{Name: s.Name, B: B, T: T, C: C, NH: NH, FwdMs: fwd, BwdMs: bwd, TFLOPs: fl / ((fwd + bwd) / 1e3) / 1e12}
+	fmt.Printf("   attention %s B%d T%d C%d NH%d: fwd %.3f ms, bwd %.3f ms, %.0f TFLOP/s (causal)\n", s.Name, B, T, C, NH, fwd, bwd, a.TFLOPs)
+	return gs, []attnResult{a}, nil
+}
+
+// kernelRatios compares with torch_ref.py's kernel timings (same names).
+func kernelRatios(gs []gemmResult, as []attnResult, raw json.RawMessage) (map[string]float64, map[string]float64) {
+	if raw == nil {
+		return nil, nil
+	}
+	type timing struct {
+		FwdMs float64 `json:"fwd_ms"`
+		BwdMs float64 `json:"bwd_ms"`
+	}
+	var tk struct {
+		Gemms     map[string]timing `json:"gemms"`
+		Attention map[string]timing `json:"attention"`
+	}
+	if json.Unmarshal(raw, &tk) != nil {
+		return nil, nil
+	}
+	gr, ar := map[string]float64{}, map[string]float64{}
+	for _, g := range gs {
+		if t, ok := tk.Gemms[g.Name]; ok && g.FwdMs+g.BwdMs > 0 {
+			gr[g.Name] = (t.FwdMs + t.BwdMs) / (g.FwdMs + g.BwdMs)
+		}
+	}
+	for _, a := range as {
+		if t, ok := tk.Attention[a.Name]; ok && a.FwdMs+a.BwdMs > 0 {
+			ar[a.Name] = (t.FwdMs + t.BwdMs) / (a.FwdMs + a.BwdMs)
+		}
+	}
+	return gr, ar
+}
