@@ -129,6 +129,41 @@ type Config struct {
 	DeviceMemory int64 `toml:"device_memory" json:"device_memory"`
 	// Threads is the number of CPU threads for kernels; 0 = GOMAXPROCS.
 	Threads int `toml:"threads" json:"threads"`
+
+	// Offload says how the training state is placed within DeviceMemory.
+	// "auto" (default): resident on the device, exactly as without a
+	// budget, when it fits; otherwise the planner (offload.Plan) chooses
+	// where weights, gradients and optimizer state live, the prefetch
+	// depth, each layer's activation policy and the largest micro-batch
+	// (dividing Batch, the accumulation growing to match) that fits, and
+	// the run trains out of core. "none": always resident; a budget that
+	// is too small is an error naming the plan that would fit. The
+	// placement options below never change the math (they are not part
+	// of the resume hash), except that a smaller micro-batch changes the
+	// order of floating-point sums.
+	Offload string `toml:"offload" json:"offload"`
+	// OffloadWeights, OffloadGrads and OffloadOptimizer pin a class's
+	// home to "device", "host" or (optimizer only) "disk"; "" = the
+	// planner's choice. An optimizer on the device means the resident
+	// trainer.
+	OffloadWeights   string `toml:"offload_weights" json:"offload_weights"`
+	OffloadGrads     string `toml:"offload_grads" json:"offload_grads"`
+	OffloadOptimizer string `toml:"offload_optimizer" json:"offload_optimizer"`
+	// Prefetch is how many layer accesses ahead streamed tensors are
+	// fetched; 0 = the planner's choice.
+	Prefetch int `toml:"prefetch" json:"prefetch"`
+	// Activations is the policy of every recomputable layer: "keep",
+	// "recompute" or "offload"; "" = the planner's choice per layer.
+	Activations string `toml:"activations" json:"activations"`
+	// HostMemory is the host memory budget for offloaded state in bytes;
+	// 0 = 80% of MemAvailable. In TOML it may be a string with a unit.
+	HostMemory int64 `toml:"host_memory" json:"host_memory"`
+	// DiskDir is the directory of the disk tier (optimizer state on
+	// disk); "" = no disk tier.
+	DiskDir string `toml:"disk_dir" json:"disk_dir"`
+	// DiskMemory is the disk tier's budget in bytes; 0 = 90% of the free
+	// space of DiskDir. In TOML it may be a string with a unit.
+	DiskMemory int64 `toml:"disk_memory" json:"disk_memory"`
 	// Metrics is a JSONL file that receives one line per step; "" = none.
 	Metrics string `toml:"metrics" json:"metrics"`
 }
@@ -161,14 +196,23 @@ func DefaultConfig() Config {
 		CheckpointEvery: 100,
 		KeepCheckpoints: 3,
 		Device:          "cpu",
+		Offload:         OffloadAuto,
 	}
 }
+
+// Offload modes (Config.Offload).
+const (
+	OffloadAuto = "auto"
+	OffloadNone = "none"
+)
 
 // fileConfig is what LoadConfig decodes: Config with DeviceMemory
 // accepting a unit string.
 type fileConfig struct {
 	Config
 	DeviceMemory byteSizeTOML `toml:"device_memory"`
+	HostMemory   byteSizeTOML `toml:"host_memory"`
+	DiskMemory   byteSizeTOML `toml:"disk_memory"`
 }
 
 type byteSizeTOML struct {
@@ -189,7 +233,7 @@ func (b *byteSizeTOML) UnmarshalTOML(v any) error {
 		b.n, b.set = n, true
 		return nil
 	}
-	return fmt.Errorf("device_memory: want an integer number of bytes or a string like \"512MiB\", got %T", v)
+	return fmt.Errorf("memory budget: want an integer number of bytes or a string like \"512MiB\", got %T", v)
 }
 
 // LoadConfig reads a TOML config file on top of DefaultConfig. Keys the
@@ -210,8 +254,13 @@ func LoadConfig(path string) (Config, error) {
 			path, strings.Join(keys, ", "))
 	}
 	cfg := fc.Config
-	if fc.DeviceMemory.set {
-		cfg.DeviceMemory = fc.DeviceMemory.n
+	for _, b := range []struct {
+		src *byteSizeTOML
+		dst *int64
+	}{{&fc.DeviceMemory, &cfg.DeviceMemory}, {&fc.HostMemory, &cfg.HostMemory}, {&fc.DiskMemory, &cfg.DiskMemory}} {
+		if b.src.set {
+			*b.dst = b.src.n
+		}
 	}
 	return cfg, nil
 }
@@ -308,6 +357,10 @@ func (c *Config) EnsureDefaults() {
 	if c.Device == "" {
 		c.Device = d.Device
 	}
+	if c.Offload == "" {
+		c.Offload = d.Offload
+	}
+	c.Model = CanonicalModel(c.Model)
 
 	defSteps, defLR := 200, 1e-3
 	if c.Model == ModelMLP {
@@ -454,6 +507,7 @@ func (c *Config) Validate() error {
 	if c.DeviceMemory < 0 {
 		bad("device_memory", "must be >= 0, got %d", c.DeviceMemory)
 	}
+	c.validateOffload(bad)
 	if c.Resume && c.CheckpointDir == "" {
 		bad("resume", "needs checkpoint_dir")
 	}
@@ -525,4 +579,57 @@ func (c *Config) MathDiff(other *Config) []string {
 // WriteTOML writes c as TOML, in the form LoadConfig reads.
 func (c *Config) WriteTOML(w io.Writer) error {
 	return toml.NewEncoder(w).Encode(c)
+}
+
+// validateOffload checks the placement options.
+func (c *Config) validateOffload(bad func(key, format string, args ...any)) {
+	switch c.Offload {
+	case OffloadAuto, OffloadNone:
+	default:
+		bad("offload", "unknown mode %q (want auto or none)", c.Offload)
+	}
+	tier := func(key, v string, tiers ...string) {
+		if v == "" {
+			return
+		}
+		for _, t := range tiers {
+			if v == t {
+				if c.Offload == OffloadNone && v != "device" {
+					bad(key, "%s conflicts with offload = none (everything on the device)", v)
+				}
+				return
+			}
+		}
+		bad(key, "unknown tier %q (want %s)", v, strings.Join(tiers, " or "))
+	}
+	tier("offload_weights", c.OffloadWeights, "device", "host")
+	tier("offload_grads", c.OffloadGrads, "device", "host")
+	tier("offload_optimizer", c.OffloadOptimizer, "device", "host", "disk")
+	if c.OffloadOptimizer == "device" && (c.OffloadWeights == "host" || c.OffloadGrads == "host") {
+		bad("offload_optimizer", "device (the resident trainer) needs weights and grads on the device")
+	}
+	if c.OffloadOptimizer == "disk" && c.DiskDir == "" {
+		bad("offload_optimizer", "disk needs disk_dir")
+	}
+	if c.Prefetch < 0 {
+		bad("prefetch", "must be >= 0 (0 = the planner's choice), got %d", c.Prefetch)
+	}
+	switch c.Activations {
+	case "", "keep":
+	case "recompute", "offload":
+		if c.Offload == OffloadNone {
+			bad("activations", "%s conflicts with offload = none (the resident trainer keeps all activations)", c.Activations)
+		}
+	default:
+		bad("activations", "unknown policy %q (want keep, recompute or offload)", c.Activations)
+	}
+	if c.HostMemory < 0 {
+		bad("host_memory", "must be >= 0, got %d", c.HostMemory)
+	}
+	if c.DiskMemory < 0 {
+		bad("disk_memory", "must be >= 0, got %d", c.DiskMemory)
+	}
+	if c.DiskMemory > 0 && c.DiskDir == "" {
+		bad("disk_memory", "needs disk_dir")
+	}
 }

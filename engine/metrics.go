@@ -27,6 +27,15 @@ type StepMetrics struct {
 	PeakDeviceBytes int64         `json:"peak_device_bytes"`
 	Elapsed         time.Duration `json:"elapsed_ns"` // since the start of this process's run
 	EvalLoss        *float64      `json:"eval_loss,omitempty"`
+	// Plan versus measurement, when the run was planned for a device
+	// budget (0 otherwise): the predicted and measured device peak (bytes
+	// the trainer's blocks held at most), the predicted step time and the
+	// relative errors (predicted - measured) / measured.
+	PredictedDevicePeak int64   `json:"predicted_device_peak,omitempty"`
+	MeasuredDevicePeak  int64   `json:"measured_device_peak,omitempty"`
+	PeakError           float64 `json:"peak_error,omitempty"`
+	PredictedStepTime   float64 `json:"predicted_step_time_s,omitempty"`
+	StepTimeError       float64 `json:"step_time_error,omitempty"`
 }
 
 // Reporter receives the metrics of every step. The training loop calls
@@ -153,6 +162,17 @@ func AppendMetricsJSON(b []byte, m StepMetrics) []byte {
 	b = strconv.AppendInt(b, int64(m.Elapsed), 10)
 	if m.EvalLoss != nil {
 		b = num(b, "eval_loss", *m.EvalLoss)
+	}
+	if m.PredictedDevicePeak > 0 {
+		b = append(b, `,"predicted_device_peak":`...)
+		b = strconv.AppendInt(b, m.PredictedDevicePeak, 10)
+		b = append(b, `,"measured_device_peak":`...)
+		b = strconv.AppendInt(b, m.MeasuredDevicePeak, 10)
+		b = num(b, "peak_error", m.PeakError)
+	}
+	if m.PredictedStepTime > 0 {
+		b = num(b, "predicted_step_time_s", m.PredictedStepTime)
+		b = num(b, "step_time_error", m.StepTimeError)
 	}
 	return append(b, '}')
 }

@@ -1,6 +1,10 @@
 package engine
 
-import "sort"
+import (
+	"sort"
+
+	"github.com/spill-ml/spill/offload"
+)
 
 // Preset is a named GPT shape. The GPT-2 shapes (gpt2-124m, -350m, -774m)
 // use a 1024-token context; the GPT-3 shapes (gpt2-1.3b, -2.7b, -6.7b) a
@@ -31,10 +35,36 @@ var presets = map[string]Preset{
 // does not state one: the byte-level tokenizer's 257 ids.
 const TinyVocab = 257
 
-// LookupPreset returns the GPT preset called name.
+// LookupPreset returns the GPT preset called name. The planner's shape
+// names are accepted too (offload.Shapes: "gpt2" is gpt2-124m, ...; shapes
+// with no preset of their own, such as gpt2-xl or gpt2-13b, become presets
+// with the table's dimensions), so that spill plan and spill train take the
+// same names.
 func LookupPreset(name string) (Preset, bool) {
-	p, ok := presets[name]
-	return p, ok
+	name = CanonicalModel(name)
+	if p, ok := presets[name]; ok {
+		return p, ok
+	}
+	if d, ok := offload.Shapes[name]; ok {
+		return Preset{Name: name, Layers: d.Layers, Heads: d.Heads, Embd: d.Embd, Vocab: d.Vocab, MaxSeq: d.SeqLen}, true
+	}
+	return Preset{}, false
+}
+
+// CanonicalModel is the engine's name for a model name: a preset's own
+// name for an alias of it in offload.ModelAliases, name otherwise.
+func CanonicalModel(name string) string {
+	if _, ok := presets[name]; ok {
+		return name
+	}
+	for alias, shape := range offload.ModelAliases {
+		if shape == name {
+			if _, ok := presets[alias]; ok {
+				return alias
+			}
+		}
+	}
+	return name
 }
 
 // PresetNames lists the GPT presets, sorted, followed by "mlp".

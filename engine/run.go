@@ -13,6 +13,7 @@ import (
 	"github.com/spill-ml/spill/dataset"
 	"github.com/spill-ml/spill/kernels"
 	_ "github.com/spill-ml/spill/kernels/cpu" // the default backend
+	"github.com/spill-ml/spill/offload"
 )
 
 // Summary describes a finished (or interrupted) Run.
@@ -27,7 +28,24 @@ type Summary struct {
 	Checkpoint      string // last checkpoint written, "" if none
 	Skipped         int    // steps skipped for non-finite gradients in this run
 
-	tokens int64 // targets trained on in this run
+	// Plan is how the run placed its state (Plan.Placement is nil when
+	// no device budget was planned for).
+	Plan *TrainerPlan
+	// Plan versus measurement: the exact predicted device peak and the
+	// measured one (the trainer's blocks at most), the host memory the
+	// plan predicted for the offloaded state (staging excluded; 0 when
+	// resident) and what the trainer holds, and the predicted and mean
+	// measured step time.
+	PredictedDevicePeak, MeasuredDevicePeak int64
+	PredictedHostBytes, HostBytes           int64
+	PredictedStepTime, MeanStepTime         float64
+	// MemorySummary is the device memory summary at the end (the offload
+	// cache's table, or the backend's allocations by class).
+	MemorySummary string
+
+	tokens   int64 // targets trained on in this run
+	stepTime float64
+	steps    int
 }
 
 // RunOptions are the caller's hooks into Run.
@@ -102,13 +120,25 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (*Summary, error) {
 	if !cfg.IsGPT() {
 		T = 1
 	}
-	tr, err := NewTrainer(be, model, trainerOptions(&cfg, B, T))
+	tr, plan, err := newRunTrainer(&cfg, be, model, B, T)
 	if err != nil {
 		return nil, err
 	}
 	defer tr.Close()
 	logf("model %s: %d layers, %.2fM parameters, %s on %s", cfg.Model, len(model.Layers),
 		float64(model.NumParams())/1e6, cfg.Precision, be.DeviceName())
+	if plan.Placement != nil {
+		mode := "resident"
+		if !plan.Resident {
+			mode = "out of core"
+		}
+		logf("plan (%s, device budget %s, exact device peak %s):", mode, kernels.FormatBytes(plan.Placement.Memory[0].Budget),
+			kernels.FormatBytes(plan.DevicePeak))
+		if opts.Log != nil {
+			_ = plan.Placement.WriteTable(opts.Log)
+		}
+	}
+	B = plan.B // the micro-batch the plan chose
 
 	hash := cfg.Hash()
 	cursor := dataset.Cursor{Seed: cfg.Seed}
@@ -155,7 +185,14 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (*Summary, error) {
 	dec := newDecoder(model, ds.Schema(), B, T, dataDir)
 	feed := &loaderFeed{l: loader, dec: dec}
 
-	sum := &Summary{}
+	sum := &Summary{Plan: plan, PredictedDevicePeak: plan.DevicePeak}
+	if plan.Placement != nil {
+		sum.PredictedStepTime = plan.Placement.StepTime
+		if !plan.Resident {
+			h := plan.Placement.Memory[1]
+			sum.PredictedHostBytes = h.Peak - h.Reserve - h.ByClass[offload.Workspace]
+		}
+	}
 	saved := -1
 	if resumed {
 		saved = tr.Step // the checkpoint we resumed from
@@ -185,6 +222,12 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (*Summary, error) {
 		sum.Steps = tr.Step
 		sum.Elapsed = time.Since(start)
 		sum.PeakDeviceBytes = be.MemStats().Peak
+		sum.MeasuredDevicePeak = measuredDevicePeak(tr, be)
+		sum.HostBytes = tr.HostBytes()
+		sum.MemorySummary = memorySummary(tr, be)
+		if sum.steps > 0 {
+			sum.MeanStepTime = sum.stepTime / float64(sum.steps)
+		}
 		if s := sum.Elapsed.Seconds(); s > 0 {
 			sum.TokensPerSec = float64(sum.tokens) / s
 		}
@@ -210,6 +253,8 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (*Summary, error) {
 			return finish(), err
 		}
 		dt := time.Since(t0).Seconds()
+		sum.stepTime += dt
+		sum.steps++
 		tokens += tr.TokensPerStep()
 		sum.tokens += tr.TokensPerStep()
 		cursor = feed.cursor
@@ -224,8 +269,14 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (*Summary, error) {
 			Step: tr.Step, Loss: r.Loss, LR: r.LR, GradNorm: r.GradNorm, LossScale: r.LossScale, Skipped: r.Skipped,
 			PeakDeviceBytes: be.MemStats().Peak, Elapsed: time.Since(start),
 		}
+		if plan.Placement != nil {
+			m.PredictedDevicePeak, m.MeasuredDevicePeak = plan.DevicePeak, measuredDevicePeak(tr, be)
+			m.PeakError = relErr(float64(m.PredictedDevicePeak), float64(m.MeasuredDevicePeak))
+			m.PredictedStepTime = plan.Placement.StepTime
+			m.StepTimeError = relErr(m.PredictedStepTime, dt)
+		}
 		if dt > 0 {
-			m.SamplesPerSec = float64(B*cfg.Accum) / dt
+			m.SamplesPerSec = float64(B*plan.Accum) / dt
 			m.TokensPerSec = float64(tr.TokensPerStep()) / dt
 		}
 		if evalSrc != nil && cfg.EvalEvery > 0 && (tr.Step%cfg.EvalEvery == 0 || tr.Step == cfg.Steps) {

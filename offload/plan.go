@@ -26,6 +26,17 @@ type Request struct {
 	Hardware Hardware
 	// MaxPrefetch bounds the layers of weights fetched ahead. Default 4.
 	MaxPrefetch int
+	// Allow, if set, restricts the search to the placements it accepts:
+	// those a trainer can execute, or those matching the user's overrides.
+	// It sees every field of the candidate but Memory, StepTime, Busy and
+	// Bottleneck.
+	Allow func(p *Placement) bool
+	// DevicePeak, if set, is the exact device memory a placement needs,
+	// by class at the moment of the peak (a trainer's own schedule, e.g.
+	// engine's): it replaces the planner's device estimate and no slack
+	// is added to it. It sees the same fields as Allow and is called only
+	// for allowed candidates.
+	DevicePeak func(p *Placement) map[Class]int64
 }
 
 // ActPolicy is what a layer does with its saved activations.
@@ -212,6 +223,13 @@ func newPlanner(req Request) *planner {
 		pl.P += l.Params
 		pl.Pmax = max(pl.Pmax, l.Params)
 		act := l.ActElems*pl.s + l.ActF32*4
+		if l.ActBytes > 0 {
+			act = ceilDiv(l.ActBytes, pl.T)
+		}
+		ckpt := l.CkptElems * pl.s
+		if l.CkptBytes > 0 {
+			ckpt = ceilDiv(l.CkptBytes, pl.T)
+		}
 		pl.maxAct = max(pl.maxAct, act)
 		pl.allFlops += l.FwdFLOPs
 		if !l.Recomputable {
@@ -219,13 +237,15 @@ func newPlanner(req Request) *planner {
 			continue
 		}
 		pl.rec = append(pl.rec, i)
-		pl.maxCkpt = max(pl.maxCkpt, l.CkptElems*pl.s)
+		pl.maxCkpt = max(pl.maxCkpt, ckpt)
 		pl.actPre = append(pl.actPre, pl.actPre[len(pl.actPre)-1]+act)
-		pl.ckptPre = append(pl.ckptPre, pl.ckptPre[len(pl.ckptPre)-1]+l.CkptElems*pl.s)
+		pl.ckptPre = append(pl.ckptPre, pl.ckptPre[len(pl.ckptPre)-1]+ckpt)
 		pl.flopPre = append(pl.flopPre, pl.flopPre[len(pl.flopPre)-1]+l.FwdFLOPs)
 	}
 	return pl
 }
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
 // choice is one point of the search space.
 type choice struct {
@@ -240,6 +260,7 @@ type eval struct {
 	peak, slack [3]int64
 	busy        Busy
 	step        float64
+	exact       bool // the device row is Request.DevicePeak's: no slack
 }
 
 func (pl *planner) master(c choice) int64 {
@@ -380,7 +401,10 @@ func (pl *planner) peaks(ev *eval) {
 			sum += n
 		}
 		if t == 0 {
-			ev.slack[t] = int64(math.Ceil(float64(sum) * deviceSlack))
+			ev.slack[t] = 0
+			if !ev.exact {
+				ev.slack[t] = int64(math.Ceil(float64(sum) * deviceSlack))
+			}
 		}
 		ev.peak[t] = sum + ev.slack[t] + res[t]
 	}
@@ -484,6 +508,9 @@ func (pl *planner) search() (*Placement, error) {
 							for off := 0; rec+off <= R; off++ {
 								c := choice{w, g, o, mb, depth, rec, off}
 								ev := pl.evaluate(c, pm)
+								if !pl.refine(c, &ev) {
+									continue
+								}
 								if !ev.fits(budget) {
 									if sf := ev.shortfall(budget); !haveClosest || sf < closestEv.shortfall(budget) {
 										closest, closestEv, haveClosest = c, ev, true
@@ -512,16 +539,38 @@ func (pl *planner) search() (*Placement, error) {
 	return pl.plan(best, bestEv), nil
 }
 
-func (pl *planner) plan(c choice, ev eval) *Placement {
+// refine applies Request.Allow and Request.DevicePeak to a candidate; it
+// reports false when Allow rejects it.
+func (pl *planner) refine(c choice, ev *eval) bool {
+	if pl.req.Allow == nil && pl.req.DevicePeak == nil {
+		return true
+	}
+	p := pl.candidate(c)
+	if pl.req.Allow != nil && !pl.req.Allow(p) {
+		return false
+	}
+	if pl.req.DevicePeak != nil {
+		ev.by[0] = [numClasses]int64{}
+		for cl, n := range pl.req.DevicePeak(p) {
+			if cl < numClasses {
+				ev.by[0][cl] = n
+			}
+		}
+		ev.exact = true
+		pl.peaks(ev)
+	}
+	return true
+}
+
+// candidate is the placement of choice c without its predictions.
+func (pl *planner) candidate(c choice) *Placement {
 	m := pl.req.Model
 	p := &Placement{
 		Model: m.Name, Params: pl.P, Precision: pl.req.Precision, SeqLen: m.SeqLen,
 		Batch: pl.req.Batch, MicroBatch: c.mb, Accum: pl.req.Batch / c.mb,
 		Weights: c.w, Grads: c.g, Optimizer: c.o, PrefetchDepth: c.depth,
-		Recompute: c.rec, Offload: c.off, Keep: len(pl.rec) - c.rec - c.off,
-		Memory: []TierUse{pl.use(&ev, 0), pl.use(&ev, 1), pl.use(&ev, 2)}, StepTime: ev.step, Busy: ev.busy, Hardware: pl.hw,
+		Recompute: c.rec, Offload: c.off, Keep: len(pl.rec) - c.rec - c.off, Hardware: pl.hw,
 	}
-	p.TokensPerSec = float64(pl.req.Batch) * float64(m.SeqLen) / ev.step
 	j := 0
 	for _, l := range m.Layers {
 		lp := LayerPlan{Name: l.Name, Params: l.Params, Policy: Keep}
@@ -536,6 +585,14 @@ func (pl *planner) plan(c choice, ev eval) *Placement {
 		}
 		p.Layers = append(p.Layers, lp)
 	}
+	return p
+}
+
+func (pl *planner) plan(c choice, ev eval) *Placement {
+	p := pl.candidate(c)
+	p.Memory = []TierUse{pl.use(&ev, 0), pl.use(&ev, 1), pl.use(&ev, 2)}
+	p.StepTime, p.Busy = ev.step, ev.busy
+	p.TokensPerSec = float64(pl.req.Batch) * float64(p.SeqLen) / ev.step
 	b := ev.busy
 	p.Bottleneck = "compute"
 	top := b.Compute

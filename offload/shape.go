@@ -52,6 +52,13 @@ type LayerShape struct {
 	// Recomputable is whether the activation policy may offload or
 	// recompute this layer (transformer blocks); others keep theirs.
 	Recomputable bool
+	// ActBytes, CkptBytes and ScratchBytes, when not zero, are the exact
+	// bytes per sequence of the layer's saved activations, of what
+	// recomputation keeps of it (its output) and of the scratch space its
+	// forward and backward need, as a trainer allocates them (engine's
+	// PlanShape fills them from its layers). They replace the per-token
+	// estimates above (rounded up to whole bytes per token).
+	ActBytes, CkptBytes, ScratchBytes int64
 }
 
 // ModelShape is a model as the planner sees it.
@@ -121,6 +128,27 @@ var Shapes = map[string]GPTDims{
 	"gpt2-70b":    {80, 8192, 64, 50304, 1024},
 }
 
+// ModelAliases maps the engine's preset names (spill train --model) to the
+// names of the same shapes in Shapes, so that spill plan and spill train
+// accept both spellings. Names that are the same in both (gpt2-1.3b, ...)
+// need no entry.
+var ModelAliases = map[string]string{
+	"gpt2-124m": "gpt2",
+	"gpt2-350m": "gpt2-medium",
+	"gpt2-774m": "gpt2-large",
+	"gpt2-1.5b": "gpt2-xl",
+}
+
+// LookupShape returns the dimensions of a named shape, accepting the
+// aliases of ModelAliases; name is the table's name for it.
+func LookupShape(s string) (d GPTDims, name string, ok bool) {
+	if a, isAlias := ModelAliases[s]; isAlias {
+		s = a
+	}
+	d, ok = Shapes[s]
+	return d, s, ok
+}
+
 // ShapeNames lists the names of Shapes, sorted by size.
 func ShapeNames() []string {
 	names := make([]string, 0, len(Shapes))
@@ -137,7 +165,7 @@ func ShapeNames() []string {
 // NamedGPT returns the shape of a named model with sequence length T (0
 // for the table's).
 func NamedGPT(name string, T int) (ModelShape, error) {
-	d, ok := Shapes[name]
+	d, name, ok := LookupShape(name)
 	if !ok {
 		return ModelShape{}, fmt.Errorf("offload: unknown model %q (known: %v)", name, ShapeNames())
 	}

@@ -27,13 +27,17 @@ recompute) and the micro-batch size, with the predicted peak memory of
 each tier and the step time and its bottleneck.
 
 Examples:
-  spill plan --model gpt2-1.3b --batch 16 --device-mem 16GiB --host-mem 100GiB
-  spill plan --layers 48 --embd 1600 --heads 25 --batch 8 --device-mem 24GiB --json
-  spill plan --model gpt2-13b --device-mem 40GiB --host-mem 64GiB --disk 1TiB --disk-dir /nvme/spill`
+  spill plan --model gpt2-1.3b --batch 16 --device-memory 16GiB --host-memory 100GiB
+  spill plan --layers 48 --embd 1600 --heads 25 --batch 8 --device-memory 24GiB --json
+  spill plan --model gpt2-13b --device-memory 40GiB --host-memory 64GiB --disk-memory 1TiB --disk-dir /nvme/spill
+
+The budget flags are spelled as spill train's (--device-memory, ...); the
+older --device-mem, --host-mem and --disk still work. Model names are
+shared with spill train: gpt2-124m is gpt2, gpt2-350m gpt2-medium, ...`
 
 func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("plan", planUsage, stderr)
-	model := fs.String("model", "", "named shape: "+fmt.Sprint(offload.ShapeNames())+"; --layers etc. override its dimensions")
+	model := fs.String("model", "", "named shape: "+fmt.Sprint(offload.ShapeNames())+" (spill train's names gpt2-124m, gpt2-350m, gpt2-774m too); --layers etc. override its dimensions")
 	layers := fs.Int("layers", 0, "transformer blocks (L)")
 	embd := fs.Int("embd", 0, "width (C)")
 	heads := fs.Int("heads", 0, "attention heads (NH)")
@@ -41,9 +45,12 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	seqLen := fs.Int("seq-len", 0, "tokens per sequence (T; default 1024)")
 	batch := fs.Int("batch", 8, "sequences per optimizer step")
 	precision := fs.String("precision", "bf16", "bf16, fp16 or fp32")
-	deviceMem := fs.String("device-mem", "139GiB", "device memory budget")
-	hostMem := fs.String("host-mem", "", "host memory budget (default 80% of MemAvailable)")
-	disk := fs.String("disk", "", "disk tier budget (default: none, or 90% of the free space of --disk-dir)")
+	deviceMem := fs.String("device-memory", "139GiB", "device memory budget")
+	fs.StringVar(deviceMem, "device-mem", "139GiB", "alias of --device-memory")
+	hostMem := fs.String("host-memory", "", "host memory budget (default 80% of MemAvailable)")
+	fs.StringVar(hostMem, "host-mem", "", "alias of --host-memory")
+	disk := fs.String("disk-memory", "", "disk tier budget (default: none, or 90% of the free space of --disk-dir)")
+	fs.StringVar(disk, "disk", "", "alias of --disk-memory")
 	diskDir := fs.String("disk-dir", "", "directory of the disk tier; its free space caps --disk")
 	hwFile := fs.String("hardware", "", "JSON hardware profile (as written by `spill doctor`; default H200 figures)")
 	asJSON := fs.Bool("json", false, "print the plan as JSON")
@@ -57,11 +64,11 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	dims := offload.GPTDims{Vocab: 50304, SeqLen: 1024}
 	name := "custom"
 	if *model != "" {
-		d, ok := offload.Shapes[*model]
+		d, n, ok := offload.LookupShape(*model)
 		if !ok {
 			return usagef("unknown --model %q (known: %v)", *model, offload.ShapeNames())
 		}
-		dims, name = d, *model
+		dims, name = d, n
 	}
 	for _, o := range []struct {
 		v   int
@@ -88,22 +95,22 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 	var b offload.Budgets
 	if b.Device, err = offload.ParseBytes(*deviceMem); err != nil {
-		return usagef("--device-mem: %v", err)
+		return usagef("--device-memory: %v", err)
 	}
 	if *hostMem != "" {
 		if b.Host, err = offload.ParseBytes(*hostMem); err != nil {
-			return usagef("--host-mem: %v", err)
+			return usagef("--host-memory: %v", err)
 		}
 	} else {
 		lim, err := offload.ReadLimits()
 		if err != nil || lim.MemAvailable <= 0 {
-			return usagef("cannot read MemAvailable (%v): give --host-mem", err)
+			return usagef("cannot read MemAvailable (%v): give --host-memory", err)
 		}
 		b.Host = lim.MemAvailable / 10 * 8
 	}
 	if *disk != "" {
 		if b.Disk, err = offload.ParseBytes(*disk); err != nil {
-			return usagef("--disk: %v", err)
+			return usagef("--disk-memory: %v", err)
 		}
 	}
 	if *diskDir != "" {
@@ -113,7 +120,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		if *disk == "" || b.Disk > free {
 			if *disk != "" {
-				fmt.Fprintf(stderr, "spill plan: --disk %s exceeds the free space of %s; planning with %s\n", *disk, *diskDir, fmtGiB(free/10*9))
+				fmt.Fprintf(stderr, "spill plan: --disk-memory %s exceeds the free space of %s; planning with %s\n", *disk, *diskDir, fmtGiB(free/10*9))
 			}
 			b.Disk = free / 10 * 9
 		}

@@ -126,6 +126,21 @@ func newConfigFlags(fs *flag.FlagSet) *configFlags {
 	bindValue(f, "device-memory", mem, func(c *engine.Config) { c.DeviceMemory = mem.n },
 		"device memory budget, e.g. 512MiB or 8GiB (default: unlimited on cpu, the whole device on cuda)")
 	num("threads", func(c *engine.Config) *int { return &c.Threads }, 0, "CPU threads for kernels (default: all)")
+	// Placement (out-of-core training).
+	str("offload", func(c *engine.Config) *string { return &c.Offload }, d.Offload,
+		"auto: resident when the state fits --device-memory, else the planner's out-of-core plan; none: always resident")
+	str("offload-weights", func(c *engine.Config) *string { return &c.OffloadWeights }, "", "pin the weights to device or host (default: the planner's choice)")
+	str("offload-grads", func(c *engine.Config) *string { return &c.OffloadGrads }, "", "pin the gradients to device or host (default: the planner's choice)")
+	str("offload-optimizer", func(c *engine.Config) *string { return &c.OffloadOptimizer }, "", "pin master weights and Adam state to device, host or disk (default: the planner's choice)")
+	num("prefetch", func(c *engine.Config) *int { return &c.Prefetch }, 0, "layers fetched ahead of the compute when streaming (default: the planner's choice)")
+	str("activations", func(c *engine.Config) *string { return &c.Activations }, "", "activation policy of every block: keep, recompute or offload (default: the planner's choice per layer)")
+	hostMem := &byteSizeFlag{}
+	bindValue(f, "host-memory", hostMem, func(c *engine.Config) { c.HostMemory = hostMem.n },
+		"host memory budget for offloaded state, e.g. 64GiB (default: 80% of MemAvailable)")
+	str("disk-dir", func(c *engine.Config) *string { return &c.DiskDir }, "", "directory of the disk tier for optimizer state (default: no disk tier)")
+	diskMem := &byteSizeFlag{}
+	bindValue(f, "disk-memory", diskMem, func(c *engine.Config) { c.DiskMemory = diskMem.n },
+		"disk tier budget, e.g. 1TiB (default: 90% of the free space of --disk-dir)")
 	str("metrics", func(c *engine.Config) *string { return &c.Metrics }, "", "write one JSON line of metrics per step to this file (appended to with --resume)")
 	return f
 }
@@ -188,6 +203,7 @@ type trainOptions struct {
 	printConfig   bool
 	quiet         bool
 	progressEvery int
+	memoryReport  bool
 }
 
 // parseTrainArgs parses the arguments of spill train into a resolved and
@@ -199,6 +215,7 @@ func parseTrainArgs(args []string, stderr io.Writer) (engine.Config, trainOption
 	fs.BoolVar(&opts.printConfig, "print-config", false, "print the resolved settings as TOML and exit")
 	fs.BoolVar(&opts.quiet, "quiet", false, "no progress output (the summary is still printed)")
 	fs.IntVar(&opts.progressEvery, "progress-every", 10, "when stderr is not a terminal, print a progress line every N steps")
+	fs.BoolVar(&opts.memoryReport, "memory-report", false, "print the device memory summary and the plan-versus-measured table at the end")
 	cf := newConfigFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return engine.Config{}, opts, err
@@ -266,8 +283,36 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	if sum != nil {
 		printTrainSummary(stdout, sum, errors.Is(runErr, context.Canceled))
+		if opts.memoryReport {
+			printMemoryReport(stdout, sum)
+		}
 	}
 	return runErr
+}
+
+// printMemoryReport prints the device memory summary and the plan
+// against the measurements.
+func printMemoryReport(w io.Writer, s *engine.Summary) {
+	fmt.Fprint(w, s.MemorySummary)
+	if s.Plan == nil {
+		return
+	}
+	pct := func(pred, meas float64) string {
+		if pred <= 0 || meas <= 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%+.1f%%", 100*(pred-meas)/meas)
+	}
+	fmt.Fprintf(w, "plan versus measured %16s %16s %9s\n", "predicted", "measured", "error")
+	fmt.Fprintf(w, "  %-18s %16s %16s %9s\n", "device peak", formatBytes(s.PredictedDevicePeak), formatBytes(s.MeasuredDevicePeak),
+		pct(float64(s.PredictedDevicePeak), float64(s.MeasuredDevicePeak)))
+	if s.PredictedHostBytes > 0 || s.HostBytes > 0 {
+		fmt.Fprintf(w, "  %-18s %16s %16s %9s\n", "host (state)", formatBytes(s.PredictedHostBytes), formatBytes(s.HostBytes),
+			pct(float64(s.PredictedHostBytes), float64(s.HostBytes)))
+	}
+	if s.PredictedStepTime > 0 {
+		fmt.Fprintf(w, "  %-18s %15.3fs %15.3fs %9s\n", "step time", s.PredictedStepTime, s.MeanStepTime, pct(s.PredictedStepTime, s.MeanStepTime))
+	}
 }
 
 func printTrainSummary(w io.Writer, s *engine.Summary, interrupted bool) {
@@ -284,6 +329,15 @@ func printTrainSummary(w io.Writer, s *engine.Summary, interrupted bool) {
 	}
 	fmt.Fprintf(w, "  throughput    %.0f tokens/s\n", s.TokensPerSec)
 	fmt.Fprintf(w, "  peak device   %s\n", formatBytes(s.PeakDeviceBytes))
+	if p := s.Plan; p != nil && p.Placement != nil {
+		pl := p.Placement
+		mode := "resident"
+		if !p.Resident {
+			mode = fmt.Sprintf("out of core: weights %s, grads %s, optimizer %s, recompute %d", pl.Weights, pl.Grads, pl.Optimizer, pl.Recompute)
+		}
+		fmt.Fprintf(w, "  plan          %s, micro-batch %d x %d\n", mode, p.B, p.Accum)
+		fmt.Fprintf(w, "  device peak   %s predicted, %s measured\n", formatBytes(s.PredictedDevicePeak), formatBytes(s.MeasuredDevicePeak))
+	}
 	if s.Skipped > 0 {
 		fmt.Fprintf(w, "  skipped steps %d (non-finite gradients)\n", s.Skipped)
 	}

@@ -1,0 +1,569 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"runtime"
+	"strings"
+
+	"github.com/spill-ml/spill/kernels"
+	"github.com/spill-ml/spill/offload"
+)
+
+// ActOffloadSupported says whether NewOffloadTrainer executes the
+// "offload" activation policy (activations copied to the host and back);
+// until it does, the planner is not offered it and OffloadTo placements
+// are not chosen.
+var ActOffloadSupported = false
+
+// PlanShape is m as offload.Plan sees it when it trains on sequences of T
+// positions (T is 1 for record models): every layer's exact parameter count
+// and, per sequence, the bytes of its saved activations, of its output (what
+// recomputation keeps) and of its scratch space. The layers between the
+// first and the last are recomputable, as NewOffloadTrainer treats them.
+func PlanShape(name string, m *Model, T int) offload.ModelShape {
+	s := offload.ModelShape{Name: name, SeqLen: T}
+	n := len(m.Layers)
+	es := int64(m.DType.Size())
+	for i, l := range m.Layers {
+		out := int64(l.OutputElems(1, T)) * es
+		s.Layers = append(s.Layers, offload.LayerShape{
+			Name:         l.Name(),
+			Params:       int64(l.NumParams()),
+			ActBytes:     max(l.ActivationBytes(1, T), 1),
+			CkptBytes:    max(out, 1),
+			ScratchBytes: max(l.ScratchBytes(1, T), 1),
+			FwdFLOPs:     layerFLOPs(m, l, T),
+			Recomputable: i > 0 && i < n-1,
+		})
+	}
+	return s
+}
+
+// layerFLOPs estimates a layer's forward FLOPs per token: two per
+// parameter (the matmuls), plus attention's 4*T*C for a GPT block; the GPT
+// head multiplies by the tied embedding (2*V*C) and the embedding is a
+// lookup.
+func layerFLOPs(m *Model, l Layer, T int) float64 {
+	if m.Kind != "gpt" {
+		return 2 * float64(l.NumParams())
+	}
+	C := float64(m.GPT.Embd)
+	switch {
+	case strings.HasPrefix(l.Name(), "h."):
+		return 2*float64(l.NumParams()) + 4*float64(T)*C
+	case l.Name() == "head":
+		return 2 * float64(m.GPT.Vocab) * C
+	}
+	return 0
+}
+
+// PrecisionOf is the planner's precision for a compute dtype.
+func PrecisionOf(dt kernels.DType) offload.Precision {
+	switch dt {
+	case kernels.F32:
+		return offload.FP32
+	case kernels.F16:
+		return offload.FP16
+	}
+	return offload.BF16
+}
+
+// CPUHardware is a rough performance profile of the CPU backend for the
+// planner: it simulates a device in host memory, so copies run at memcpy
+// speed, and it leaves no reserve (the budget is all the trainer's).
+func CPUHardware(threads int) offload.Hardware {
+	if threads <= 0 {
+		threads = runtime.GOMAXPROCS(0)
+	}
+	t := float64(threads)
+	return offload.Hardware{
+		Name: fmt.Sprintf("cpu (%d threads)", threads),
+		H2D:  5e9, D2H: 5e9, Duplex: 8e9,
+		FLOPS16: 1e10 * t, FLOPS32: 1e10 * t, Efficiency: 0.8, HalfEfficiencyTokens: 64,
+		DeviceBandwidth: 1e10, HostAdam: 1e8 * t,
+		DiskRead: 1e9, DiskWrite: 5e8,
+	}
+}
+
+// byteClasses sums tensors into classes.
+type byteClasses map[offload.Class]int64
+
+func (b byteClasses) total() int64 {
+	var n int64
+	for _, v := range b {
+		n += v
+	}
+	return n
+}
+
+// ResidentDeviceBytes is what NewTrainer allocates on the device for m with
+// micro-batches of B rows of T positions, by class: the whole training
+// state plus the pass buffers. A resident trainer allocates nothing else,
+// so this is its exact device peak.
+func ResidentDeviceBytes(m *Model, B, T int) map[offload.Class]int64 {
+	by := byteClasses{}
+	es := int64(m.DType.Size())
+	var scratch, grad int64
+	for _, l := range m.Layers {
+		n := int64(l.NumParams())
+		by[offload.Weights] += max(n*es, 1)
+		if m.DType != kernels.F32 {
+			by[offload.Master] += max(4*n, 1)
+		}
+		by[offload.Grads] += max(n*es, 1)
+		by[offload.AdamM] += max(4*n, 1)
+		by[offload.AdamV] += max(4*n, 1)
+		by[offload.Activations] += max(l.ActivationBytes(B, T), 1)
+		scratch = max(scratch, l.ScratchBytes(B, T))
+		grad = max(grad, int64(l.OutputElems(B, T))*es)
+	}
+	by[offload.Workspace] += max(scratch, 1) + 2*max(grad, 1) + ioBytes(m, B, T, false) + 8
+	return by
+}
+
+// ioBytes is the trainer's input, target and loss buffers (with rounding
+// to the offload cache's blocks when round).
+func ioBytes(m *Model, B, T int, round bool) int64 {
+	r := func(n int64) int64 {
+		if round {
+			return roundBlock(n)
+		}
+		return n
+	}
+	if m.Kind == "gpt" {
+		n := int64(B) * int64(T) * 4
+		return 3 * r(n) // input, targets, losses
+	}
+	F := int64(m.MLP.In)
+	s := r(int64(B)*F*int64(m.DType.Size())) + r(4*int64(B)) + r(4*int64(B))
+	if m.DType != kernels.F32 {
+		s += r(int64(B) * F * 4)
+	}
+	return s
+}
+
+// offloadFixedBytes is what NewOffloadTrainer allocates besides its
+// schedule: scratch, the two activation-gradient buffers, the io buffers and
+// the gradient statistics.
+func offloadFixedBytes(m *Model, B, T int) int64 {
+	var scratch, grad int64
+	for _, l := range m.Layers {
+		scratch = max(scratch, l.ScratchBytes(B, T))
+		grad = max(grad, int64(l.OutputElems(B, T))*int64(m.DType.Size()))
+	}
+	return roundBlock(scratch) + 2*roundBlock(grad) + ioBytes(m, B, T, true) + roundBlock(8*int64(len(m.Layers)))
+}
+
+// schedulePeak walks s as schedule.peak does and returns the peak and the
+// bytes of each class live at that moment.
+func schedulePeak(s *schedule) (int64, byteClasses) {
+	var live, peak int64
+	liveBy, peakBy := byteClasses{}, byteClasses{}
+	for it := 0; it <= len(s.acc); it++ {
+		if it > 0 {
+			for _, iv := range s.ends[it-1] {
+				if !iv.persistent && it-1 > 0 {
+					live -= roundBlock(iv.bytes)
+					liveBy[ivClass(iv)] -= roundBlock(iv.bytes)
+				}
+			}
+		}
+		for _, iv := range s.allocs[it] {
+			live += roundBlock(iv.bytes)
+			liveBy[ivClass(iv)] += roundBlock(iv.bytes)
+		}
+		if live > peak {
+			peak = live
+			peakBy = maps.Clone(liveBy)
+		}
+	}
+	return peak, peakBy
+}
+
+// OffloadDeviceBytes is the device peak of NewOffloadTrainer(be, m, to, o)
+// by class, computed without allocating: the same figure as the trainer's
+// PredictedDevicePeak.
+func OffloadDeviceBytes(m *Model, B, T, accum int, o OffloadOptions) map[offload.Class]int64 {
+	o.Prefetch = max(o.Prefetch, 1)
+	tp, tby := schedulePeak(buildSchedule(m, &o, B, T, accum, true))
+	ep, eby := schedulePeak(buildSchedule(m, &o, B, T, 1, false))
+	by := tby
+	if ep > tp {
+		by = eby
+	}
+	by[offload.Workspace] += offloadFixedBytes(m, B, T)
+	for k, v := range by {
+		if v == 0 {
+			delete(by, k)
+		}
+	}
+	return by
+}
+
+// PlanRequest is what PlanTrainer plans for. Zero override fields leave the
+// choice to the planner.
+type PlanRequest struct {
+	Name string // the model's name in the plan
+	// B and Accum are the configured micro-batch and accumulation: a step
+	// trains on B*Accum rows. The plan's micro-batch divides B.
+	B, T, Accum int
+	Budgets     offload.Budgets
+	Hardware    offload.Hardware
+	DiskDir     string // the disk tier's directory ("" = no disk tier)
+	// Resident restricts the plan to the resident trainer (offload "none").
+	Resident bool
+	// Overrides: the tier of each class, the prefetch depth and the
+	// activation policy of every recomputable layer ("keep", "recompute",
+	// "offload").
+	Weights, Grads, Optimizer offload.Tier
+	Prefetch                  int
+	Activations               string
+}
+
+// TrainerPlan is a placement and what the engine builds from it.
+type TrainerPlan struct {
+	Placement *offload.Placement
+	// Resident: every class on the device, NewTrainer; else
+	// NewOffloadTrainer with Options.
+	Resident bool
+	// B and Accum are the trainer's micro-batch and accumulation.
+	B, Accum int
+	Options  OffloadOptions
+	// DevicePeak is the exact predicted device peak in bytes.
+	DevicePeak int64
+}
+
+// PlanTrainer chooses how to train m within req's budgets: the placement of
+// every tensor class, the prefetch depth, the activation policy and the
+// largest micro-batch (dividing req.B) that fits, among what this package's
+// trainers execute, with exact device peaks from their schedules. Without
+// overrides, the resident trainer at micro-batch req.B is chosen whenever
+// it fits. It fails with the planner's *offload.InfeasibleError when
+// nothing fits.
+func PlanTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
+	if !req.Resident && req.Weights == 0 && req.Grads == 0 && req.Optimizer == 0 && req.Prefetch == 0 && req.Activations == "" {
+		r := req
+		r.Resident = true
+		if p, err := planTrainer(m, r); err == nil {
+			return p, nil
+		}
+	}
+	return planTrainer(m, req)
+}
+
+func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
+	if req.B <= 0 || req.T <= 0 || req.Accum <= 0 {
+		return nil, fmt.Errorf("engine: plan: batch %d, seq %d, accum %d must be positive", req.B, req.T, req.Accum)
+	}
+	switch req.Activations {
+	case "", "keep", "recompute":
+	case "offload":
+		if !ActOffloadSupported {
+			return nil, errors.New("engine: plan: activations \"offload\" is not supported by the out-of-core trainer yet (use recompute)")
+		}
+	default:
+		return nil, fmt.Errorf("engine: plan: unknown activation policy %q", req.Activations)
+	}
+	hasDisk := req.DiskDir != "" && req.Budgets.Disk > 0
+	budgets := req.Budgets
+	if !hasDisk {
+		budgets.Disk = 0
+	}
+	allow := func(p *offload.Placement) bool {
+		if req.B%p.MicroBatch != 0 || p.Weights == offload.TierDisk || p.Grads == offload.TierDisk {
+			return false
+		}
+		resident := p.Optimizer == offload.TierDevice
+		if resident && (p.Weights != offload.TierDevice || p.Grads != offload.TierDevice || p.Recompute+p.Offload > 0) {
+			return false
+		}
+		if req.Resident && (!resident || p.MicroBatch != req.B) {
+			return false
+		}
+		if p.Optimizer == offload.TierDisk && !hasDisk {
+			return false
+		}
+		if p.Offload > 0 && !ActOffloadSupported {
+			return false
+		}
+		if (req.Weights != 0 && p.Weights != req.Weights) || (req.Grads != 0 && p.Grads != req.Grads) ||
+			(req.Optimizer != 0 && p.Optimizer != req.Optimizer) {
+			return false
+		}
+		if req.Prefetch > 0 && p.Weights != offload.TierDevice && p.PrefetchDepth != req.Prefetch {
+			return false
+		}
+		switch req.Activations {
+		case "keep":
+			return p.Recompute+p.Offload == 0
+		case "recompute":
+			return p.Keep+p.Offload == 0
+		case "offload":
+			return p.Keep+p.Recompute == 0
+		}
+		return true
+	}
+	type key struct {
+		w, g                  offload.Tier
+		resident              bool
+		mb, depth, rec, offld int
+	}
+	cache := map[key]map[offload.Class]int64{}
+	peak := func(p *offload.Placement) map[offload.Class]int64 {
+		k := key{p.Weights, p.Grads, p.Optimizer == offload.TierDevice, p.MicroBatch, p.PrefetchDepth, p.Recompute, p.Offload}
+		if by, ok := cache[k]; ok {
+			return by
+		}
+		accum := req.Accum * req.B / p.MicroBatch
+		var by map[offload.Class]int64
+		if k.resident {
+			by = ResidentDeviceBytes(m, p.MicroBatch, req.T)
+		} else {
+			by = OffloadDeviceBytes(m, p.MicroBatch, req.T, accum, optionsFor(p, req, budgets))
+		}
+		cache[k] = by
+		return by
+	}
+	pl, err := offload.Plan(offload.Request{
+		Model: PlanShape(req.Name, m, req.T), Batch: req.B * req.Accum, Precision: PrecisionOf(m.DType),
+		Budgets: budgets, Hardware: req.Hardware, Allow: allow, DevicePeak: peak,
+	})
+	if err != nil {
+		return nil, err
+	}
+	tp := &TrainerPlan{Placement: pl, Resident: pl.Optimizer == offload.TierDevice, B: pl.MicroBatch,
+		Accum: req.Accum * req.B / pl.MicroBatch, DevicePeak: byteClasses(peak(pl)).total()}
+	if !tp.Resident {
+		tp.Options = optionsFor(pl, req, budgets)
+	}
+	return tp, nil
+}
+
+// optionsFor maps a placement to the out-of-core trainer's options.
+func optionsFor(p *offload.Placement, req PlanRequest, b offload.Budgets) OffloadOptions {
+	o := OffloadOptions{
+		Weights: p.Weights, Grads: p.Grads, Optimizer: p.Optimizer,
+		Prefetch: max(p.PrefetchDepth, req.Prefetch, 1), DeviceBudget: b.Device,
+	}
+	if p.Optimizer == offload.TierDisk {
+		o.DiskDir, o.DiskBudget = req.DiskDir, b.Disk
+	}
+	o.Activations = make([]offload.ActPolicy, len(p.Layers))
+	for i, l := range p.Layers {
+		o.Activations[i] = l.Policy
+	}
+	return o
+}
+
+// MemoryError is a device budget failure of a run: the typed budget error
+// (what was requested, what was held and by which class, and the plan that
+// would fit) and the device memory summary at the time.
+type MemoryError struct {
+	Err     *offload.BudgetError
+	Summary string
+}
+
+func (e *MemoryError) Error() string {
+	if e.Summary == "" {
+		return e.Err.Error()
+	}
+	return e.Err.Error() + "\n" + strings.TrimRight(e.Summary, "\n")
+}
+
+// Unwrap returns the budget error (which wraps offload.ErrBudget and
+// kernels.ErrOutOfMemory).
+func (e *MemoryError) Unwrap() error { return e.Err }
+
+// tagClass maps the resident trainer's buffer tags to tensor classes.
+func tagClass(tag string) offload.Class {
+	switch tag {
+	case "weights":
+		return offload.Weights
+	case "master":
+		return offload.Master
+	case "grads":
+		return offload.Grads
+	case "optim":
+		return offload.AdamM // m and v share the tag
+	case "activations":
+		return offload.Activations
+	}
+	return offload.Workspace
+}
+
+// residentBudgetError turns a resident trainer's out-of-memory error into a
+// *MemoryError with the classes held and hint.
+func residentBudgetError(oom *kernels.OOMError, ms kernels.MemStats, hint string) *MemoryError {
+	be := &offload.BudgetError{
+		Tier: offload.TierDevice, Class: tagClass(oom.Tag), Requested: oom.Requested, Limit: oom.Limit,
+		Reserved: oom.Allocated, Allocated: oom.Allocated, ByClass: map[offload.Class]int64{}, Hint: hint,
+	}
+	for tag, n := range oom.ByTag {
+		for c, v := range splitTag(tag, n) {
+			be.ByClass[c] += v
+		}
+	}
+	return &MemoryError{Err: be, Summary: residentSummary(kernels.MemStats{Limit: oom.Limit, Allocated: oom.Allocated,
+		Peak: ms.Peak, Allocs: ms.Allocs, Frees: ms.Frees, Failed: ms.Failed, ByTag: oom.ByTag})}
+}
+
+// residentSummary renders a backend's memory statistics as the offload
+// cache's MemorySummary table, the buffer tags mapped to classes.
+func residentSummary(ms kernels.MemStats) string {
+	st := offload.CacheStats{Limit: ms.Limit, Allocated: ms.Allocated, Requested: ms.Allocated, Reserved: ms.Allocated,
+		PeakAllocated: ms.Peak, PeakReserved: ms.Peak, Allocs: ms.Allocs, Frees: ms.Frees, BudgetFailures: ms.Failed}
+	for tag, n := range ms.ByTag {
+		for c, v := range splitTag(tag, n) {
+			st.ByClass[c].Allocated += v
+			st.ByClass[c].Reserved += v
+		}
+	}
+	return st.MemorySummary()
+}
+
+// splitTag maps a tag's bytes to classes: "optim" holds both Adam moments,
+// in equal parts.
+func splitTag(tag string, n int64) map[offload.Class]int64 {
+	if tag == "optim" {
+		return map[offload.Class]int64{offload.AdamM: n - n/2, offload.AdamV: n / 2}
+	}
+	return map[offload.Class]int64{tagClass(tag): n}
+}
+
+// deviceBudget is the device budget a run plans for: the configured one,
+// else the backend's own limit (0: none).
+func deviceBudget(cfg *Config, be kernels.Backend) int64 {
+	if cfg.DeviceMemory > 0 {
+		return cfg.DeviceMemory
+	}
+	return be.MemStats().Limit
+}
+
+// planRequest is the PlanRequest of a run.
+func planRequest(cfg *Config, be kernels.Backend, B, T int, budget int64) PlanRequest {
+	req := PlanRequest{Name: cfg.Model, B: B, T: T, Accum: cfg.Accum, DiskDir: cfg.DiskDir,
+		Resident: cfg.Offload == OffloadNone, Prefetch: cfg.Prefetch, Activations: cfg.Activations}
+	req.Budgets.Device = budget
+	req.Budgets.Host = cfg.HostMemory
+	if req.Budgets.Host == 0 {
+		req.Budgets.Host = 8 << 30
+		if lim, err := offload.ReadLimits(); err == nil && lim.MemAvailable > 0 {
+			req.Budgets.Host = lim.MemAvailable / 10 * 8
+		}
+	}
+	if cfg.DiskDir != "" {
+		req.Budgets.Disk = cfg.DiskMemory
+		if req.Budgets.Disk == 0 {
+			if free, err := offload.DiskFree(cfg.DiskDir); err == nil {
+				req.Budgets.Disk = free / 10 * 9
+			}
+		}
+	}
+	tier := func(s string) offload.Tier {
+		var t offload.Tier
+		if s != "" {
+			_ = t.UnmarshalText([]byte(s)) // Validate checked the name
+		}
+		return t
+	}
+	req.Weights, req.Grads, req.Optimizer = tier(cfg.OffloadWeights), tier(cfg.OffloadGrads), tier(cfg.OffloadOptimizer)
+	if be.Name() == "cpu" {
+		req.Hardware = CPUHardware(cfg.Threads)
+	} else {
+		req.Hardware = offload.H200()
+		req.Hardware.DeviceReserve = 0 // the budget counts only the trainer's own allocations
+	}
+	return req
+}
+
+// planHint is the hint of a budget error: the plan that would fit.
+func planHint(m *Model, req PlanRequest) string {
+	req.Resident = false
+	req.Weights, req.Grads, req.Optimizer, req.Prefetch, req.Activations = 0, 0, 0, 0, ""
+	p, err := PlanTrainer(m, req)
+	if err != nil {
+		return fmt.Sprintf("no plan fits either: %v", err)
+	}
+	if p.Resident {
+		return fmt.Sprintf("a plan that fits: resident with micro-batch %d x %d accumulation steps", p.B, p.Accum)
+	}
+	return p.Placement.Hint() + " (run with offload = auto)"
+}
+
+// hasOverrides reports whether cfg pins any placement choice.
+func (c *Config) hasOverrides() bool {
+	return c.OffloadWeights != "" || c.OffloadGrads != "" || c.OffloadOptimizer != "" || c.Prefetch != 0 || c.Activations != ""
+}
+
+// newRunTrainer builds the trainer a run uses: resident, as without a
+// budget, when the state fits the device budget (or offload is "none"),
+// else as PlanTrainer plans. The plan it returns has B and Accum set to
+// what the trainer uses and DevicePeak to its exact device peak.
+func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int) (*Trainer, *TrainerPlan, error) {
+	budget := deviceBudget(cfg, be)
+	residentPeak := byteClasses(ResidentDeviceBytes(m, B, T)).total()
+	req := planRequest(cfg, be, B, T, budget)
+	if cfg.Offload == OffloadNone || (!cfg.hasOverrides() && (budget == 0 || residentPeak <= budget)) {
+		tr, err := NewTrainer(be, m, trainerOptions(cfg, B, T))
+		if err != nil {
+			var oom *kernels.OOMError
+			if errors.As(err, &oom) {
+				ms := be.MemStats()
+				return nil, nil, residentBudgetError(oom, ms, planHint(m, req))
+			}
+			return nil, nil, err
+		}
+		tp := &TrainerPlan{Resident: true, B: B, Accum: cfg.Accum, DevicePeak: residentPeak}
+		if budget > 0 {
+			req.Resident = true
+			if p, err := PlanTrainer(m, req); err == nil {
+				tp.Placement = p.Placement
+			}
+		}
+		return tr, tp, nil
+	}
+	tp, err := PlanTrainer(m, req)
+	if err != nil {
+		return nil, nil, fmt.Errorf("engine: planning for a device budget of %s: %w", kernels.FormatBytes(budget), err)
+	}
+	to := trainerOptions(cfg, tp.B, T)
+	to.Accum = tp.Accum
+	if tp.Resident {
+		tr, err := NewTrainer(be, m, to)
+		return tr, tp, err
+	}
+	tr, err := NewOffloadTrainer(be, m, to, tp.Options)
+	if err != nil {
+		return nil, nil, err
+	}
+	hint := tp.Placement.Hint()
+	tr.Cache().SetHint(func(int64, offload.Class) string { return "planned: " + hint })
+	return tr, tp, nil
+}
+
+// measuredDevicePeak is the device memory the trainer has held at most:
+// the offload cache's peak of live blocks, or the backend's peak.
+func measuredDevicePeak(tr *Trainer, be kernels.Backend) int64 {
+	if c := tr.Cache(); c != nil {
+		return c.Stats().PeakAllocated
+	}
+	return be.MemStats().Peak
+}
+
+// memorySummary is the device memory summary of a trainer.
+func memorySummary(tr *Trainer, be kernels.Backend) string {
+	if c := tr.Cache(); c != nil {
+		return c.MemorySummary()
+	}
+	return residentSummary(be.MemStats())
+}
+
+// relErr is (predicted - measured) / measured, 0 when either is unknown.
+func relErr(predicted, measured float64) float64 {
+	if predicted <= 0 || measured <= 0 {
+		return 0
+	}
+	return (predicted - measured) / measured
+}
