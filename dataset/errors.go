@@ -3,6 +3,8 @@ package dataset
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"strings"
 )
 
 // Sentinel errors. They are wrapped by *ShardError and by the errors of Open, so callers
@@ -15,6 +17,8 @@ var (
 	ErrFormat = errors.New("dataset: bad format")
 	// ErrTruncated reports a file shorter than its header, footer or manifest entry says.
 	ErrTruncated = errors.New("dataset: truncated file")
+	// ErrClosed is returned by the methods of a Dataset that read shard data after Close.
+	ErrClosed = errors.New("dataset: use of closed dataset")
 )
 
 // ShardError is returned for a problem located in one shard file: a corrupted chunk, a bad
@@ -34,7 +38,11 @@ func (e *ShardError) Error() string {
 	if e.Offset >= 0 {
 		where = fmt.Sprintf("%s (offset %d)", where, e.Offset)
 	}
-	return fmt.Sprintf("dataset: shard %s: %v", where, e.Err)
+	msg := e.Err.Error()
+	if pe, ok := e.Err.(*fs.PathError); ok && pe.Path == e.Shard {
+		msg = pe.Op + ": " + pe.Err.Error() // the path is already in front
+	}
+	return fmt.Sprintf("dataset: shard %s: %s", where, msg)
 }
 
 // Unwrap returns the underlying error.
@@ -44,12 +52,48 @@ func shardErr(path string, chunk int, off int64, err error) *ShardError {
 	return &ShardError{Shard: path, Chunk: chunk, Offset: off, Err: err}
 }
 
+// detailError is one of the sentinels plus a description, and optionally the error that
+// caused it. It is always wrapped by an error that says "dataset: <file>: ...", so its
+// message leaves out the sentinel's "dataset: " prefix: "bad format: <detail>".
+type detailError struct {
+	sentinel error
+	detail   string
+	cause    error // may be nil
+}
+
+func (e *detailError) Error() string {
+	return strings.TrimPrefix(e.sentinel.Error(), "dataset: ") + ": " + e.detail
+}
+
+// Unwrap returns the sentinel and the cause, so errors.Is and errors.As see both.
+func (e *detailError) Unwrap() []error {
+	if e.cause == nil {
+		return []error{e.sentinel}
+	}
+	return []error{e.sentinel, e.cause}
+}
+
 // formatf returns an error wrapping ErrFormat with a description.
 func formatf(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrFormat, fmt.Sprintf(format, args...))
+	return &detailError{sentinel: ErrFormat, detail: fmt.Sprintf(format, args...)}
 }
 
 // truncatedf returns an error wrapping ErrTruncated with a description.
 func truncatedf(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrTruncated, fmt.Sprintf(format, args...))
+	return &detailError{sentinel: ErrTruncated, detail: fmt.Sprintf(format, args...)}
+}
+
+// checksumf returns an error wrapping ErrChecksum with a description.
+func checksumf(format string, args ...any) error {
+	return &detailError{sentinel: ErrChecksum, detail: fmt.Sprintf(format, args...)}
+}
+
+// formatWrap returns an error wrapping ErrFormat and cause, described as what (if not
+// empty) and cause's message (without its "dataset: " prefix, lines joined with "; ").
+func formatWrap(what string, cause error) error {
+	msg := strings.ReplaceAll(strings.TrimPrefix(cause.Error(), "dataset: "), "\n", "; ")
+	if what != "" {
+		msg = what + ": " + msg
+	}
+	return &detailError{sentinel: ErrFormat, detail: msg, cause: cause}
 }

@@ -119,6 +119,7 @@ func (b *Batch) Release() {
 type Loader struct {
 	src     Source
 	adv     Advisor
+	read    func(i int64, dst []byte) ([]byte, error) // src.ReadSample if it has one, else src.Sample
 	sampler *Sampler
 	opts    LoaderOptions
 	ss      int // sample size
@@ -224,6 +225,15 @@ func NewLoader(ctx context.Context, src Source, opts LoaderOptions) (*Loader, er
 		order:   make(chan *Batch, opts.Prefetch),
 	}
 	l.adv, _ = src.(Advisor)
+	// A source with ReadSample (Dataset) copies into the slot while it holds its Close
+	// guard, so a Close racing with the workers fails them (ErrClosed) instead of
+	// leaving them to copy from unmapped memory.
+	l.read = src.Sample
+	if r, ok := src.(interface {
+		ReadSample(i int64, dst []byte) ([]byte, error)
+	}); ok {
+		l.read = r.ReadSample
+	}
 	for i := range l.nbuf {
 		b := &Batch{idx: make([]int64, opts.BatchSize), ord: make([]int32, opts.BatchSize), done: make(chan error, 1), l: l}
 		if opts.Buffers != nil {
@@ -370,7 +380,7 @@ func (l *Loader) gather(ctx context.Context, b *Batch) error {
 		k := int(o)
 		i := idx[k]
 		slot := b.Data[k*ss : (k+1)*ss : (k+1)*ss]
-		got, err := l.src.Sample(i, slot)
+		got, err := l.read(i, slot)
 		if err != nil {
 			return fmt.Errorf("dataset: loader: sample %d (epoch %d): %w", i, b.Epoch, err)
 		}

@@ -61,9 +61,9 @@ func ParseManifest(name string, data []byte) (*Manifest, error) {
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
 			line := 1 + bytes.Count(data[:min(int(se.Offset), len(data))], []byte("\n"))
-			return nil, fmt.Errorf("dataset: %s:%d: bad manifest JSON: %w", name, line, errors.Join(ErrFormat, err))
+			return nil, fmt.Errorf("dataset: %s:%d: %w", name, line, formatWrap("bad manifest JSON", err))
 		}
-		return nil, fmt.Errorf("dataset: %s: bad manifest JSON: %w", name, errors.Join(ErrFormat, err))
+		return nil, fmt.Errorf("dataset: %s: %w", name, formatWrap("bad manifest JSON", err))
 	}
 	if dec.More() {
 		return nil, fmt.Errorf("dataset: %s: %w", name, formatf("trailing data after the manifest object"))
@@ -83,7 +83,7 @@ func (m *Manifest) validate() error {
 		return formatf("format_version %d, this build reads version %d", m.FormatVersion, FormatVersion)
 	}
 	if err := m.Schema.Validate(); err != nil {
-		return errors.Join(ErrFormat, err)
+		return formatWrap("", err)
 	}
 	if m.Compression != CompressionNone && m.Compression != CompressionZstd {
 		return formatf("compression %q, want none or zstd", m.Compression)

@@ -16,13 +16,17 @@ import (
 
 // Dataset is an opened dataset: the manifest plus every shard file mapped read-only.
 //
-// Concurrency contract: Sample, Advise, Verify and the accessors are safe for concurrent
-// use by any number of goroutines (each Sample call with its own dst). Close must not run
-// concurrently with any other method, and no method may be called after Close.
+// Concurrency contract: every method is safe for concurrent use by any number of
+// goroutines (each Sample call with its own dst), Close included. Close waits for Sample,
+// ReadSample, Advise and Verify calls in progress to return, then unmaps the shards; a
+// Verify in progress stops early with ErrClosed. After Close, Sample, ReadSample and
+// Verify return ErrClosed, Advise does nothing, and the accessors keep working.
 //
 // Buffer lifetimes: for uncompressed datasets Sample returns a slice of the mapping (zero
-// copy), valid until Close; it must not be written to (the mapping is read-only and a write
-// faults). For zstd datasets the result aliases dst and is valid until dst is reused.
+// copy), valid only until Close: reading it after Close faults (SIGSEGV), so a reader
+// that may race with Close must use ReadSample, which always copies into dst. The slice
+// must not be written to (the mapping is read-only and a write faults). For zstd datasets
+// the result of Sample aliases dst and is valid until dst is reused.
 type Dataset struct {
 	dir        string
 	man        *Manifest
@@ -31,6 +35,41 @@ type Dataset struct {
 	shards     []*shard
 	firsts     []int64 // FirstSample of each shard, ascending
 	cache      *chunkCache
+
+	// life guards the mappings: readers hold it in read mode while they touch mapped
+	// memory; Close takes it in write mode.
+	life struct {
+		sync.RWMutex
+		closed bool
+	}
+	closing atomic.Bool // set when Close starts, so that a long Verify gives way
+}
+
+// OpenOptions configures OpenWithOptions. Zero fields take the documented defaults.
+type OpenOptions struct {
+	// ChunkCache is the number of decoded chunks a zstd dataset keeps in memory, shared
+	// by all readers; each takes chunk_size bytes (1 MiB by default), and chunks in use by
+	// readers may add one per concurrent Sample. Default 2*GOMAXPROCS+2. Ignored for
+	// uncompressed datasets. More helps a shuffle whose samples come from more chunks
+	// at once than the default holds.
+	ChunkCache int
+}
+
+// withDefaults returns o with zero fields set to their defaults.
+func (o OpenOptions) withDefaults() OpenOptions {
+	if o.ChunkCache == 0 {
+		o.ChunkCache = 2*runtime.GOMAXPROCS(0) + 2
+	}
+	return o
+}
+
+// Validate reports every problem of the options (after defaults) at once, or nil.
+func (o OpenOptions) Validate() error {
+	o = o.withDefaults()
+	if o.ChunkCache < 1 {
+		return fmt.Errorf("dataset: chunk cache %d must be positive", o.ChunkCache)
+	}
+	return nil
 }
 
 // shard is one mapped shard file.
@@ -49,6 +88,15 @@ type shard struct {
 // data is not read: chunk checksums are checked on first touch, or by Verify. Errors name
 // the file, and for shard problems are a *ShardError.
 func Open(dir string) (*Dataset, error) {
+	return OpenWithOptions(dir, OpenOptions{})
+}
+
+// OpenWithOptions is Open with options (see OpenOptions).
+func OpenWithOptions(dir string, opts OpenOptions) (*Dataset, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
 	man, err := ReadManifest(dir)
 	if err != nil {
 		return nil, err
@@ -65,7 +113,7 @@ func Open(dir string) (*Dataset, error) {
 		d.firsts = append(d.firsts, s.first)
 	}
 	if d.compressed {
-		d.cache = newChunkCache(2*runtime.GOMAXPROCS(0) + 2)
+		d.cache = newChunkCache(opts.ChunkCache)
 	}
 	return d, nil
 }
@@ -157,8 +205,17 @@ func (s *shard) close() error {
 	return errors.Join(errs...)
 }
 
-// Close unmaps and closes every shard. Slices returned by Sample become invalid.
+// Close waits for the Sample, ReadSample, Advise and Verify calls in progress, then unmaps
+// and closes every shard. Slices of the mapping returned by Sample become invalid. Later
+// calls of Close return nil.
 func (d *Dataset) Close() error {
+	d.closing.Store(true)
+	d.life.Lock()
+	defer d.life.Unlock()
+	if d.life.closed {
+		return nil
+	}
+	d.life.closed = true
 	var errs []error
 	for _, s := range d.shards {
 		errs = append(errs, s.close())
@@ -188,9 +245,6 @@ func (d *Dataset) locate(i int64) (*shard, int64, int64, error) {
 	if i < 0 || i >= d.man.Samples {
 		return nil, 0, 0, fmt.Errorf("dataset: sample %d out of range [0, %d)", i, d.man.Samples)
 	}
-	if d.shards == nil {
-		return nil, 0, 0, errors.New("dataset: use of closed dataset")
-	}
 	s := d.shards[d.shardIndex(i)]
 	j := i - s.first
 	if s.l.offsets != nil {
@@ -215,12 +269,53 @@ func (d *Dataset) shardIndex(i int64) int {
 	return lo
 }
 
+// acquire takes the read side of d.life; false (and no lock held) after Close.
+func (d *Dataset) acquire() bool {
+	d.life.RLock()
+	if d.life.closed {
+		d.life.RUnlock()
+		return false
+	}
+	return true
+}
+
 // Sample returns sample i. For uncompressed shards the result aliases the mmap (zero copy;
 // valid until Close; read-only). For compressed shards the bytes are written into dst
 // (grown if too small) and the result aliases dst. Safe for concurrent use with distinct
 // dst buffers. A checksum mismatch in any chunk the sample touches returns a *ShardError
-// naming the shard file and chunk, every time that chunk is touched.
+// naming the shard file and chunk, every time that chunk is touched. After Close it
+// returns ErrClosed.
 func (d *Dataset) Sample(i int64, dst []byte) ([]byte, error) {
+	if !d.acquire() {
+		return nil, ErrClosed
+	}
+	got, err := d.sample(i, dst)
+	d.life.RUnlock() // sample does not panic on any input (FuzzParseShard)
+	return got, err
+}
+
+// ReadSample is Sample, except that the result always lies in dst (grown if too small),
+// also for uncompressed datasets: it stays valid after Close. Use it where Close may race
+// with readers.
+func (d *Dataset) ReadSample(i int64, dst []byte) ([]byte, error) {
+	if !d.acquire() {
+		return nil, ErrClosed
+	}
+	defer d.life.RUnlock()
+	got, err := d.sample(i, dst)
+	if err != nil || d.compressed {
+		return got, err
+	}
+	if cap(dst) < len(got) {
+		dst = make([]byte, len(got))
+	}
+	dst = dst[:len(got)]
+	copy(dst, got)
+	return dst, nil
+}
+
+// sample is Sample without the Close guard; the caller holds d.life in read mode.
+func (d *Dataset) sample(i int64, dst []byte) ([]byte, error) {
 	s, a, b, err := d.locate(i)
 	if err != nil {
 		return nil, err
@@ -285,7 +380,7 @@ func (s *shard) stored(c int) []byte {
 func (s *shard) checkCRC(c int) error {
 	e := s.l.chunks[c]
 	if got := crc32c(s.stored(c)); got != e.CRC {
-		return shardErr(s.path, c, int64(e.Offset), fmt.Errorf("%w: stored %08x, computed %08x", ErrChecksum, e.CRC, got))
+		return shardErr(s.path, c, int64(e.Offset), checksumf("stored %08x, computed %08x", e.CRC, got))
 	}
 	return nil
 }
@@ -308,7 +403,7 @@ func (s *shard) decodeChunk(c int, dst []byte) ([]byte, error) {
 		err = fmt.Errorf("decoded %d bytes, want %d", len(out), n)
 	}
 	if err != nil {
-		return dst, shardErr(s.path, c, int64(e.Offset), fmt.Errorf("%w: zstd: %v", ErrFormat, err))
+		return dst, shardErr(s.path, c, int64(e.Offset), formatWrap("zstd", err))
 	}
 	if &out[:1][0] == &dst[:1][0] {
 		out = dst[:n] // keep dst's full capacity for the next, possibly larger, chunk
@@ -321,16 +416,24 @@ var (
 	dec     *zstd.Decoder
 )
 
-// zstdDecoder is the process-wide decoder. Its DecodeAll is safe for concurrent use and
-// keeps a pool of GOMAXPROCS block decoders, so decoding allocates nothing after warm-up
-// when dst has room. Output is capped by cap(dst) (WithDecodeAllCapLimit).
+// zstdDecoderOptions configure the process-wide decoder: a pool of GOMAXPROCS block
+// decoders, so that DecodeAll runs concurrently; output capped by cap(dst); no content
+// checksum checks (the writer stores none, and every chunk has our crc32c); buffers kept
+// between calls rather than freed (lowmem off). BenchmarkDecode compares the variants.
+var zstdDecoderOptions = []zstd.DOption{
+	zstd.WithDecoderConcurrency(0),
+	zstd.WithDecoderMaxMemory(MaxChunkSize),
+	zstd.WithDecodeAllCapLimit(true),
+	zstd.IgnoreChecksum(true),
+	zstd.WithDecoderLowmem(false),
+}
+
+// zstdDecoder is the process-wide decoder. Its DecodeAll is safe for concurrent use, so
+// decoding allocates nothing after warm-up when dst has room.
 func zstdDecoder() *zstd.Decoder {
 	decOnce.Do(func() {
 		var err error
-		dec, err = zstd.NewReader(nil,
-			zstd.WithDecoderConcurrency(0),
-			zstd.WithDecoderMaxMemory(MaxChunkSize),
-			zstd.WithDecodeAllCapLimit(true))
+		dec, err = zstd.NewReader(nil, zstdDecoderOptions...)
 		if err != nil {
 			panic("dataset: zstd decoder: " + err.Error()) // only on invalid options
 		}
@@ -343,9 +446,10 @@ func zstdDecoder() *zstd.Decoder {
 // clamped.
 func (d *Dataset) Advise(from, to int64) {
 	from, to = max(from, 0), min(to, d.man.Samples)
-	if from >= to || d.shards == nil {
+	if from >= to || !d.acquire() {
 		return
 	}
+	defer d.life.RUnlock()
 	for k := d.shardIndex(from); k < len(d.shards) && d.shards[k].first < to; k++ {
 		s := d.shards[k]
 		n := s.l.trl.Samples
@@ -372,141 +476,190 @@ func (d *Dataset) Advise(from, to int64) {
 func (d *Dataset) Verify(ctx context.Context, progress func(done, total int64)) error {
 	total, done := d.man.StoredBytes, int64(0)
 	var scratch []byte
-	for k, s := range d.shards {
-		fileCRC := crc32Update(0, s.m[:headerSize])
-		for c, e := range s.l.chunks {
+	for k := range d.man.Shards {
+		var fileCRC uint32
+		for c := 0; ; c++ {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if d.compressed && e.Flags&chunkFlagZstd != 0 {
-				var err error
-				if scratch, err = s.decodeChunk(c, scratch); err != nil {
-					return err
-				}
-			} else if err := s.checkCRC(c); err != nil {
+			// The Close guard is taken per chunk, so that Close waits at most one chunk
+			// and progress runs without it.
+			if d.closing.Load() || !d.acquire() {
+				return ErrClosed
+			}
+			n, last, err := d.verifyStep(k, c, &fileCRC, &scratch)
+			d.life.RUnlock()
+			if err != nil {
 				return err
 			}
-			s.verified[c/64].Or(1 << (c % 64))
-			fileCRC = crc32Update(fileCRC, s.stored(c))
-			done += int64(e.StoredLen)
+			if last {
+				break
+			}
+			done += n
 			if progress != nil {
 				progress(done, total)
 			}
 		}
-		fileCRC = crc32Update(fileCRC, s.m[s.l.trl.IndexOffset:])
-		if want := d.man.Shards[k].CRC32C; fileCRC != want {
-			return shardErr(s.path, -1, -1, fmt.Errorf("%w: file crc32c %08x, manifest says %08x", ErrChecksum, fileCRC, want))
-		}
 	}
 	return nil
+}
+
+// verifyStep checks chunk c of shard k and adds it to the shard's file crc; at c = the
+// chunk count it checks the file crc instead and reports last. It returns the chunk's
+// stored bytes. The caller holds d.life in read mode.
+func (d *Dataset) verifyStep(k, c int, fileCRC *uint32, scratch *[]byte) (n int64, last bool, err error) {
+	s := d.shards[k]
+	if c == 0 {
+		*fileCRC = crc32Update(0, s.m[:headerSize])
+	}
+	if c == len(s.l.chunks) {
+		crc := crc32Update(*fileCRC, s.m[s.l.trl.IndexOffset:])
+		if want := d.man.Shards[k].CRC32C; crc != want {
+			return 0, true, shardErr(s.path, -1, -1, checksumf("file crc32c %08x, manifest says %08x", crc, want))
+		}
+		return 0, true, nil
+	}
+	e := s.l.chunks[c]
+	if d.compressed && e.Flags&chunkFlagZstd != 0 {
+		if *scratch, err = s.decodeChunk(c, *scratch); err != nil {
+			return 0, false, err
+		}
+	} else if err := s.checkCRC(c); err != nil {
+		return 0, false, err
+	}
+	s.verified[c/64].Or(1 << (c % 64))
+	*fileCRC = crc32Update(*fileCRC, s.stored(c))
+	return int64(e.StoredLen), false, nil
 }
 
 // chunkCache is a small LRU of decoded chunks shared by a Dataset's readers. Entries are
 // reference counted: an entry evicted while in use is recycled only when its last user
 // releases it, so a returned buffer is never overwritten under a reader. At most max
 // entries are cached; buffers in use by readers may add up to one per concurrent Sample.
+// Entries and their buffers are recycled, so after warm-up get allocates nothing.
 type chunkCache struct {
 	max int
 	mu  struct {
 		sync.Mutex
-		m     map[chunkKey]*cacheEntry
-		clock uint64
-		free  [][]byte
+		m      map[chunkKey]*cacheEntry
+		lru    cacheEntry    // list sentinel: lru.next is the most recently used entry
+		free   []*cacheEntry // evicted entries nobody uses, with their buffers
+		loaded sync.Cond     // broadcast when a load finishes
 	}
 }
 
 type chunkKey struct{ shard, chunk int32 }
 
 type cacheEntry struct {
-	key   chunkKey
-	buf   []byte
-	err   error
-	ready chan struct{} // closed when buf/err are set
+	key chunkKey
+	buf []byte // written only by the loader while loading; read-only after
 	// guarded by chunkCache.mu
-	refs    int
-	evicted bool
-	used    uint64
+	err        error
+	loading    bool
+	refs       int
+	evicted    bool // not in the map and the list
+	prev, next *cacheEntry
 }
 
 func newChunkCache(max int) *chunkCache {
 	c := &chunkCache{max: max}
 	c.mu.m = make(map[chunkKey]*cacheEntry, max+1)
+	c.mu.lru.prev, c.mu.lru.next = &c.mu.lru, &c.mu.lru
+	c.mu.loaded.L = &c.mu.Mutex
 	return c
 }
 
 // get returns the decoded chunk for key, loading it with load on a miss (one load per
-// key at a time). The caller must release a successful result.
+// key at a time; other readers of the key wait for it). The caller must release a
+// successful result.
 func (c *chunkCache) get(key chunkKey, load func(chunk int, dst []byte) ([]byte, error)) (*cacheEntry, error) {
 	c.mu.Lock()
-	c.mu.clock++
 	if e, ok := c.mu.m[key]; ok {
 		e.refs++
-		e.used = c.mu.clock
-		c.mu.Unlock()
-		<-e.ready
+		c.unlinkLocked(e)
+		c.pushFrontLocked(e)
+		for e.loading {
+			c.mu.loaded.Wait()
+		}
 		if e.err != nil {
 			err := e.err
-			c.release(e)
+			c.releaseLocked(e)
+			c.mu.Unlock()
 			return nil, err
 		}
+		c.mu.Unlock()
 		return e, nil
 	}
-	e := &cacheEntry{key: key, ready: make(chan struct{}), refs: 1, used: c.mu.clock}
-	c.mu.m[key] = e
-	if len(c.mu.m) > c.max {
-		c.evictLocked()
-	}
-	var buf []byte
+	var e *cacheEntry
 	if n := len(c.mu.free); n > 0 {
-		buf, c.mu.free = c.mu.free[n-1], c.mu.free[:n-1]
+		e, c.mu.free = c.mu.free[n-1], c.mu.free[:n-1]
+		*e = cacheEntry{buf: e.buf[:0]}
+	} else {
+		e = &cacheEntry{}
 	}
+	e.key, e.loading, e.refs = key, true, 1
+	c.mu.m[key] = e
+	c.pushFrontLocked(e)
+	if len(c.mu.m) > c.max {
+		c.evictLocked(c.mu.lru.prev) // not e: max >= 1 and e is at the front
+	}
+	buf := e.buf
 	c.mu.Unlock()
 
 	buf, err := load(int(key.chunk), buf)
 
 	c.mu.Lock()
-	e.buf, e.err = buf, err
-	if err != nil && c.mu.m[key] == e {
-		delete(c.mu.m, key) // a corrupted chunk is re-checked (and reported) on every touch
-		e.evicted = true
-	}
-	c.mu.Unlock()
-	close(e.ready)
+	defer c.mu.Unlock()
+	e.buf, e.err, e.loading = buf, err, false
+	c.mu.loaded.Broadcast()
 	if err != nil {
-		c.release(e)
+		if !e.evicted {
+			c.evictLocked(e) // a corrupted chunk is re-checked (and reported) on every touch
+		}
+		c.releaseLocked(e)
 		return nil, err
 	}
 	return e, nil
 }
 
-// evictLocked drops the least recently used entry.
-func (c *chunkCache) evictLocked() {
-	var old *cacheEntry
-	for _, e := range c.mu.m {
-		if old == nil || e.used < old.used {
-			old = e
-		}
-	}
-	delete(c.mu.m, old.key)
-	old.evicted = true
-	if old.refs == 0 {
-		c.recycleLocked(old)
+func (c *chunkCache) pushFrontLocked(e *cacheEntry) {
+	e.prev, e.next = &c.mu.lru, c.mu.lru.next
+	e.prev.next, e.next.prev = e, e
+}
+
+func (c *chunkCache) unlinkLocked(e *cacheEntry) {
+	e.prev.next, e.next.prev = e.next, e.prev
+	e.prev, e.next = nil, nil
+}
+
+// evictLocked removes e from the map and the list; it is recycled now if unused, else by
+// its last release.
+func (c *chunkCache) evictLocked(e *cacheEntry) {
+	delete(c.mu.m, e.key)
+	c.unlinkLocked(e)
+	e.evicted = true
+	if e.refs == 0 {
+		c.recycleLocked(e)
 	}
 }
 
 func (c *chunkCache) recycleLocked(e *cacheEntry) {
-	if e.buf != nil && len(c.mu.free) < c.max {
-		c.mu.free = append(c.mu.free, e.buf[:0])
+	if len(c.mu.free) < c.max {
+		e.err = nil
+		c.mu.free = append(c.mu.free, e)
 	}
-	e.buf = nil
 }
 
 // release drops a reference taken by get.
 func (c *chunkCache) release(e *cacheEntry) {
 	c.mu.Lock()
+	c.releaseLocked(e)
+	c.mu.Unlock()
+}
+
+func (c *chunkCache) releaseLocked(e *cacheEntry) {
 	e.refs--
 	if e.refs == 0 && e.evicted {
 		c.recycleLocked(e)
 	}
-	c.mu.Unlock()
 }

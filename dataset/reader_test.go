@@ -52,6 +52,29 @@ func wantShardErr(t *testing.T, err error, shard string, chunk int, sentinel err
 	if !strings.Contains(err.Error(), shard) {
 		t.Fatalf("message %q does not name %s", err, shard)
 	}
+	wantOnePrefix(t, err)
+}
+
+// wantOnePrefix fails unless err's message is one line with the package prefix once, no
+// sentinel text repeated, and (when it names a path) the path once.
+func wantOnePrefix(t *testing.T, err error) {
+	t.Helper()
+	msg := err.Error()
+	if n := strings.Count(msg, "dataset:"); n != 1 || !strings.HasPrefix(msg, "dataset: ") {
+		t.Errorf("message %q: want one leading \"dataset: \" prefix, have %d", msg, n)
+	}
+	if strings.Contains(msg, "\n") {
+		t.Errorf("message %q spans lines", msg)
+	}
+	for _, s := range []string{"bad format", "checksum mismatch", "truncated file"} {
+		if strings.Count(msg, s) > 1 {
+			t.Errorf("message %q repeats %q", msg, s)
+		}
+	}
+	var se *ShardError
+	if errors.As(err, &se) && strings.Count(msg, se.Shard) != 1 {
+		t.Errorf("message %q: want the shard path %s once", msg, se.Shard)
+	}
 }
 
 func TestCorruptChunk(t *testing.T) {
@@ -222,6 +245,8 @@ func TestBadManifest(t *testing.T) {
 		"version":     {strings.Replace(string(good), `"format_version": 1`, `"format_version": 99`, 1), "format_version 99"},
 		"path-escape": {strings.Replace(string(good), m.Shards[0].Name, "../evil", 1), `bad file name "../evil"`},
 		"total":       {strings.Replace(string(good), `"raw_bytes": `, `"raw_bytes": 1`, 1), "raw"},
+		"schema":      {strings.Replace(string(good), `"seq_len": 50`, `"seq_len": 0`, 1), "invalid schema: seq_len 0"},
+		"trailing":    {string(good) + "{}", "trailing data"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -234,12 +259,15 @@ func TestBadManifest(t *testing.T) {
 			if !errors.Is(err, ErrFormat) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), ManifestName) {
 				t.Fatalf("error %q: want ErrFormat naming %s and containing %q", err, ManifestName, c.want)
 			}
+			wantOnePrefix(t, err)
 		})
 	}
 	os.Remove(path)
-	if _, err := Open(dir); !errors.Is(err, fs.ErrNotExist) {
+	_, err := Open(dir)
+	if !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("missing manifest: %v", err)
 	}
+	wantOnePrefix(t, err)
 }
 
 func TestConcurrentSample(t *testing.T) {

@@ -96,6 +96,12 @@ type WriterStats struct {
 // Memory stays bounded: at most about 2*Workers+3 chunks (raw plus compressed) are in
 // flight, plus the record offset table of the current shard for bytes datasets (8 bytes
 // per record).
+//
+// Durability: each finished shard file is fsynced and closed in the background (at most
+// maxShardSyncs at a time, so the disk sets the pace) while the next shard is written;
+// Commit waits for all of them before it writes manifest.json, and a failed sync fails
+// the writer with an error naming the shard. Abort waits for them before removing the
+// temporary directory.
 type Writer struct {
 	dir, tmp string
 	opts     WriterOptions
@@ -114,6 +120,10 @@ type Writer struct {
 	conDone chan struct{}
 	conErr  error      // set by the consumer before conDone closes
 	infos   []shardOut // written by the consumer, read after conDone
+	// syncs fsyncs and closes finished shard files in the background, at most
+	// maxShardSyncs at a time, so that the consumer writes the next shard while the
+	// previous one goes to disk. Its Wait returns the first failure (naming the shard).
+	syncs errgroup.Group
 
 	// Producer state, owned by the caller's goroutine.
 	cur         *chunkJob
@@ -216,6 +226,7 @@ func Create(ctx context.Context, dir string, opts WriterOptions) (*Writer, error
 	}
 	w.ctx, w.cancel = context.WithCancelCause(ctx)
 	w.workers.SetLimit(opts.Workers)
+	w.syncs.SetLimit(maxShardSyncs)
 	nbuf := 2*opts.Workers + 2
 	w.free = make(chan *chunkJob, nbuf)
 	for range nbuf {
@@ -487,12 +498,21 @@ func (w *Writer) consume() {
 			}
 		case jobShardEnd:
 			var out shardOut
-			out, err = sw.finish(w.ctx, j)
-			sw = nil
+			out, err = sw.finish(j)
 			if err == nil && !j.drop {
 				w.infos = append(w.infos, out)
 				w.shards.Add(1)
+				f, path := sw.f, sw.path
+				// Blocks while maxShardSyncs syncs are in flight: the disk sets the pace.
+				w.syncs.Go(func() error {
+					err := syncClose(f, path)
+					if err != nil {
+						w.cancel(err) // stop the pipeline early; Commit reports err
+					}
+					return err
+				})
 			}
+			sw = nil
 		}
 		if err == nil {
 			err = context.Cause(w.ctx)
@@ -553,14 +573,18 @@ func (sw *shardFile) writeChunk(j *chunkJob) error {
 	return sw.write(j.out)
 }
 
-// finish writes the index and trailer, syncs and closes the file (or removes it when the
-// shard is dropped).
-func (sw *shardFile) finish(ctx context.Context, j *chunkJob) (shardOut, error) {
-	var out shardOut
+// finish writes the index and trailer (or removes the file when the shard is dropped).
+// The caller syncs and closes a kept file with syncClose; on error finish closes it.
+func (sw *shardFile) finish(j *chunkJob) (out shardOut, err error) {
 	if j.drop {
 		sw.f.Close()
 		return out, os.Remove(sw.path)
 	}
+	defer func() {
+		if err != nil {
+			sw.f.Close()
+		}
+	}()
 	index := make([]byte, 8*len(j.offsets)+chunkEntrySize*len(sw.entries))
 	for i, o := range j.offsets {
 		putUint64(index[8*i:], o)
@@ -576,18 +600,33 @@ func (sw *shardFile) finish(ctx context.Context, j *chunkJob) (shardOut, error) 
 	if err := sw.write(t.encode()); err != nil {
 		return out, err
 	}
-	if err := sw.f.Sync(); err != nil {
-		return out, fmt.Errorf("dataset: sync %s: %w", sw.path, err)
-	}
-	if err := sw.f.Close(); err != nil {
-		return out, fmt.Errorf("dataset: close %s: %w", sw.path, err)
-	}
 	out.info = ShardInfo{Name: sw.name, Size: sw.pos, FirstSample: j.firstSample, Samples: j.samples,
 		Chunks: len(sw.entries), RawBytes: j.rawBytes, StoredBytes: sw.stored, CRC32C: sw.crc}
 	if ts := int64(sw.w.ts); ts > 0 {
 		out.tokens = j.rawBytes / ts
 	}
-	return out, ctx.Err()
+	return out, nil
+}
+
+// maxShardSyncs is the number of finished shard files fsynced in the background at once.
+// Measured (tools/bench/results/convert.json): syncing in the background overlaps the
+// disk with the writing of the next shard; starting writeback early per chunk with
+// sync_file_range(SYNC_FILE_RANGE_WRITE) was slower than this, so it is not used.
+const maxShardSyncs = 2
+
+// syncFile is f.Sync; tests replace it to inject failures or observe the order of syncs.
+var syncFile = (*os.File).Sync
+
+// syncClose makes a finished file durable and closes it. Errors name the file.
+func syncClose(f *os.File, path string) error {
+	if err := syncFile(f); err != nil {
+		f.Close()
+		return fmt.Errorf("dataset: sync %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("dataset: close %s: %w", path, err)
+	}
+	return nil
 }
 
 // shutdown stops the pipeline and waits for it. Safe to call more than once.
@@ -600,6 +639,7 @@ func (w *Writer) shutdown() {
 	close(w.pending)
 	<-w.conDone
 	w.workers.Wait()
+	w.syncs.Wait() // no file may still be open when the caller removes the directory
 	if w.enc != nil {
 		w.enc.Close()
 	}
@@ -654,11 +694,15 @@ func (w *Writer) Commit(ctx context.Context) (m *Manifest, err error) {
 	close(w.pending)
 	<-w.conDone
 	w.workers.Wait()
+	syncErr := w.syncs.Wait() // every shard is durable before the manifest is written
 	if w.enc != nil {
 		w.enc.Close()
 	}
 	if w.conErr != nil {
 		return nil, w.conErr
+	}
+	if syncErr != nil {
+		return nil, syncErr
 	}
 	if err := context.Cause(w.ctx); err != nil {
 		return nil, err
@@ -712,14 +756,7 @@ func writeManifest(dir string, m *Manifest) error {
 		f.Close()
 		return fmt.Errorf("dataset: write %s: %w", path, err)
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("dataset: sync %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("dataset: close %s: %w", path, err)
-	}
-	return nil
+	return syncClose(f, path)
 }
 
 func syncDir(dir string) error {

@@ -1,11 +1,13 @@
 // Command convbench times `spill convert --compress none` of a nanoGPT-style token file
 // against `cp` of the same file and records the peak RSS of the conversion.
 //
-// It generates a file of random uint16 tokens (--size, default 4 GiB) in --dir, runs
-// cp (and cp followed by an fsync of the copy, since convert fsyncs its shards), then
-// spill convert, and writes a JSON report (date, machine, commands, times, ratios,
+// It generates a file of random uint16 tokens (--size, default 4 GiB) in --dir, then
+// --runs times (default 3) runs cp, cp followed by an fsync of the copy (since convert
+// fsyncs its shards) and spill convert, one after the other, and writes a JSON report
+// (date, machine, load average, commands, median and all times, ratios of the medians,
 // peak RSS) to --json. Generated files are deleted at the end. If the disk lacks room
 // for the input, the copy and the dataset, it says so and exits 0 without measuring.
+// On a shared machine run it when the load average is low; it is recorded.
 //
 // Run from the repository root:
 //
@@ -22,6 +24,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,9 +32,10 @@ import (
 )
 
 type run struct {
-	Command   string  `json:"command"`
-	Seconds   float64 `json:"seconds"`
-	PeakRSSMB float64 `json:"peak_rss_mib"`
+	Command   string    `json:"command"`
+	Seconds   float64   `json:"seconds"` // median of Runs
+	Runs      []float64 `json:"runs_seconds,omitempty"`
+	PeakRSSMB float64   `json:"peak_rss_mib"` // largest over the runs
 }
 
 type report struct {
@@ -39,6 +43,8 @@ type report struct {
 	Date          string  `json:"date"`
 	Machine       machine `json:"machine"`
 	InputBytes    int64   `json:"input_bytes"`
+	LoadBefore    string  `json:"loadavg_before"` // /proc/loadavg: 1, 5, 15 minutes
+	LoadAfter     string  `json:"loadavg_after"`
 	Cp            run     `json:"cp"`
 	CpSync        run     `json:"cp_fsync"`
 	Convert       run     `json:"convert"`
@@ -64,14 +70,19 @@ func main() {
 	dir := flag.String("dir", os.TempDir(), "scratch directory for the generated files (outside the repository)")
 	spill := flag.String("spill", "", "spill binary (default: go build ./cmd/spill into the scratch directory)")
 	out := flag.String("json", "tools/bench/results/convert.json", "where to write the report")
+	runs := flag.Int("runs", 3, "measurements of each command (the median is reported)")
 	flag.Parse()
-	if err := bench(*size, *dir, *spill, *out); err != nil {
+	if *runs < 1 {
+		fmt.Fprintln(os.Stderr, "convbench: --runs must be at least 1")
+		os.Exit(2)
+	}
+	if err := bench(*size, *dir, *spill, *out, *runs); err != nil {
 		fmt.Fprintln(os.Stderr, "convbench:", err)
 		os.Exit(1)
 	}
 }
 
-func bench(sizeFlag, dir, spill, out string) error {
+func bench(sizeFlag, dir, spill, out string, runs int) error {
 	n, err := parseSize(sizeFlag)
 	if err != nil {
 		return err
@@ -104,32 +115,37 @@ func bench(sizeFlag, dir, spill, out string) error {
 		return err
 	}
 
-	rep := report{Bench: "go run ./tools/convbench --size " + sizeFlag, Date: time.Now().UTC().Format(time.RFC3339), Machine: describeMachine(), InputBytes: n,
-		TargetRatio: 2, TargetRSSMiB: 256}
+	rep := report{Bench: fmt.Sprintf("go run ./tools/convbench --size %s --runs %d", sizeFlag, runs), Date: time.Now().UTC().Format(time.RFC3339),
+		Machine: describeMachine(), InputBytes: n, TargetRatio: 2, TargetRSSMiB: 256}
 	cpDst := filepath.Join(work, "copy.bin")
+	ds := filepath.Join(work, "ds")
 	// Warm the page cache for both contenders alike: cp reads the input once first.
 	if _, err := timed("cp", in, cpDst); err != nil {
 		return err
 	}
-	os.Remove(cpDst)
-	if rep.Cp, err = timed("cp", in, cpDst); err != nil {
+	if err := cleanup(cpDst); err != nil {
 		return err
 	}
-	os.Remove(cpDst)
-	if rep.CpSync, err = timed("sh", "-c", fmt.Sprintf("cp %s %s && sync %s", in, cpDst, cpDst)); err != nil {
-		return err
+	rep.LoadBefore = loadavg()
+	for range runs {
+		// Each command starts with no dirty pages of the previous one (cleanup syncs).
+		if err := measure(&rep.Cp, cpDst, "cp", in, cpDst); err != nil {
+			return err
+		}
+		if err := measure(&rep.CpSync, cpDst, "sh", "-c", fmt.Sprintf("cp %s %s && sync %s", in, cpDst, cpDst)); err != nil {
+			return err
+		}
+		if err := measure(&rep.Convert, ds, spill, "convert", "--quiet", "--compress", "none", "--out", ds, in); err != nil {
+			return err
+		}
 	}
-	os.Remove(cpDst)
-	ds := filepath.Join(work, "ds")
-	if rep.Convert, err = timed(spill, "convert", "--quiet", "--compress", "none", "--out", ds, in); err != nil {
-		return err
-	}
+	rep.LoadAfter = loadavg()
 	rep.RatioVsCp = rep.Convert.Seconds / rep.Cp.Seconds
 	rep.RatioVsCpSync = rep.Convert.Seconds / rep.CpSync.Seconds
 	rep.MeetsRatio = rep.RatioVsCp <= rep.TargetRatio
 	rep.MeetsRSS = rep.Convert.PeakRSSMB <= rep.TargetRSSMiB
 	rep.ConvertMiBps = float64(n) / (1 << 20) / rep.Convert.Seconds
-	rep.Note = "input in the page cache for all runs; convert fsyncs every shard, plain cp does not (cp_fsync adds sync of the copy); peak RSS from wait4 rusage"
+	rep.Note = "input in the page cache for all runs; convert fsyncs every shard, plain cp does not (cp_fsync adds sync of the copy); seconds are medians of the runs, interleaved; peak RSS from wait4 rusage"
 	for _, r := range []run{rep.Cp, rep.CpSync, rep.Convert} {
 		fmt.Printf("%-60.60s %7.2fs  peak RSS %6.1f MiB\n", r.Command, r.Seconds, r.PeakRSSMB)
 	}
@@ -143,6 +159,41 @@ func bench(sizeFlag, dir, spill, out string) error {
 		return err
 	}
 	return os.WriteFile(out, append(data, '\n'), 0o644)
+}
+
+// measure times one run of a command, adds it to r (median time, largest RSS) and removes
+// its output.
+func measure(r *run, output string, name string, args ...string) error {
+	t, err := timed(name, args...)
+	if err != nil {
+		return err
+	}
+	r.Command = t.Command
+	r.Runs = append(r.Runs, t.Seconds)
+	r.PeakRSSMB = max(r.PeakRSSMB, t.PeakRSSMB)
+	sorted := slices.Clone(r.Runs)
+	slices.Sort(sorted)
+	r.Seconds = sorted[len(sorted)/2]
+	return cleanup(output)
+}
+
+// cleanup removes a command's output and syncs, so that the next command does not pay
+// for its writeback.
+func cleanup(path string) error {
+	if err := os.RemoveAll(path); err != nil {
+		return err
+	}
+	return exec.Command("sync").Run()
+}
+
+// loadavg returns the first three fields of /proc/loadavg, or "" where there is none.
+func loadavg() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(data))
+	return strings.Join(f[:min(3, len(f))], " ")
 }
 
 // timed runs a command and returns its wall time and peak resident set size.
