@@ -8,8 +8,6 @@ import (
 	"math"
 	"runtime"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/offload"
 	"github.com/spill-ml/spill/stream"
@@ -37,8 +35,10 @@ type OffloadOptions struct {
 	Prefetch int
 	// Activations is each layer's activation policy; nil keeps all.
 	// Recompute keeps only the layer's output (the next layer's input)
-	// and reruns its forward before its backward; it is ignored for the
-	// first and last layer. OffloadTo is treated as Recompute.
+	// and reruns its forward before its backward. OffloadTo copies the
+	// layer's activations to host memory once the next layer's forward
+	// has read them and fetches them back (Prefetch accesses ahead) for
+	// the backward. Both are ignored for the first and last layer.
 	Activations []offload.ActPolicy
 	// DeviceBudget is the hard limit of the device cache in bytes; 0 means
 	// only the backend's own limit applies.
@@ -49,6 +49,13 @@ type OffloadOptions struct {
 	// Recorder, if not nil, traces every op of the three streams and the
 	// host optimizer.
 	Recorder *stream.Recorder
+	// DelayedUpdate runs the host optimizer of step t during the forward
+	// and backward of step t+1 (DeepSpeed's delayed parameter update):
+	// step t+1 computes on the weights of step t-1, one step stale, and
+	// the update is off the critical path. The host keeps two copies of
+	// the compute-dtype weights and of the gradients. Default off: every
+	// step sees the weights of the previous update, as NewTrainer's do.
+	DelayedUpdate bool
 }
 
 func (o *OffloadOptions) validate(m *Model) error {
@@ -115,9 +122,15 @@ type interval struct {
 	final        bool // its gradients are final at end: record norm statistics
 	ckptOf       bool // ckpt: copied from the layer's acts after access start
 	persistent   bool
+	// Offloaded activations: the evicting interval (evict, class tcActs)
+	// copies the block to host, the restoring one (fetch, src set) copies
+	// it back once src's copy has landed.
+	host []byte
+	src  *interval
 
 	block   *offload.Block
 	fetchEv kernels.Event
+	evictEv kernels.Event // acts: the copy to host
 }
 
 // schedule is the static program of one training step (or of one forward
@@ -131,11 +144,14 @@ type schedule struct {
 	ends   [][]*interval
 }
 
-func (o *OffloadOptions) recompute(m *Model, l int) bool {
+func (o *OffloadOptions) recompute(m *Model, l int) bool { return o.policy(m, l) == offload.Recompute }
+
+// policy is layer l's activation policy: Keep for the first and last.
+func (o *OffloadOptions) policy(m *Model, l int) offload.ActPolicy {
 	if o.Activations == nil || l == 0 || l == len(m.Layers)-1 {
-		return false
+		return offload.Keep
 	}
-	return o.Activations[l] != offload.Keep
+	return o.Activations[l]
 }
 
 // buildSchedule lays out the accesses of accum micro-batches (forward and
@@ -220,8 +236,25 @@ func buildSchedule(m *Model, o *OffloadOptions, B, T, accum int, train bool) *sc
 				add(&interval{layer: l, class: tcActs, start: f, end: end, bytes: ab}, 0)
 				continue
 			}
-			if !o.recompute(m, l) {
+			switch o.policy(m, l) {
+			case offload.Keep:
 				add(&interval{layer: l, class: tcActs, start: f, end: find(accBwd, l, k), bytes: ab}, 0)
+				continue
+			case offload.OffloadTo:
+				// Out: from the forward to the next layer's forward,
+				// which reads the output. Back: from the next layer's
+				// recompute or backward (which read it again) to the
+				// layer's own backward, fetched ahead but never before
+				// the copy out has been enqueued.
+				out := &interval{layer: l, class: tcActs, start: f, end: find(accFwd, l+1, k), bytes: ab, evict: true}
+				add(out, 0)
+				back := find(accRec, l+1, k)
+				if back < 0 {
+					back = find(accBwd, l+1, k)
+				}
+				in := &interval{layer: l, class: tcActs, start: back, end: find(accBwd, l, k), bytes: ab, fetch: true, src: out}
+				add(in, depth)
+				in.allocAt = max(in.allocAt, out.end)
 				continue
 			}
 			f1, b1 := find(accFwd, l+1, k), find(accBwd, l+1, k)
@@ -291,13 +324,21 @@ func (s *schedule) peak() int64 {
 
 // hostLayer is a layer's state in host memory.
 type hostLayer struct {
-	master  []byte        // fp32
-	weights []byte        // compute dtype; the same memory as master in fp32 runs
-	grads   []byte        // compute dtype landing buffer
+	master []byte // fp32
+	// weights is the compute-dtype copy that fetches read: the same
+	// memory as master in fp32 runs without DelayedUpdate.
+	weights []byte
+	grads   []byte        // compute dtype landing buffer of the evictions
 	m, v    []byte        // fp32 moments (nil when on disk)
 	gradEv  kernels.Event // the last copy of the grads to the host
-	done    chan struct{}
-	err     error // the update's error, valid after done
+	// DelayedUpdate: the second weights and grads buffers. An update in
+	// flight writes next (taken from spareW); waiting for it makes next
+	// the weights the fetches read.
+	spareW, spareG, next []byte
+
+	done      chan struct{}
+	err       error // the update's error, valid after done
+	nonFinite bool  // eager update: the grads were not finite, nothing changed
 }
 
 // offloadState is a Trainer's out-of-core machinery.
@@ -314,6 +355,18 @@ type offloadState struct {
 	hbs     []HostBatch
 	losses  [][]byte
 	statBuf []byte
+	// work runs host optimizer updates in the order they are queued, on
+	// GOMAXPROCS goroutines.
+	work chan func()
+	// eager is the update of the running step when each layer's update
+	// starts as soon as its gradients land (no clipping, no fp16 loss
+	// scaling, no DelayedUpdate); nil when updates wait for the global
+	// gradient norm.
+	eager    *kernels.AdamWParams
+	launched int // eager updates launched in the running step
+	// storeHook, if set, runs before each write of the disk tier and may
+	// fail it (tests inject write failures).
+	storeHook func(k offload.Key) error
 	// predicted device peak (schedule plus fixed buffers)
 	fixedBytes int64
 	hostBytes  int64
@@ -414,11 +467,17 @@ func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o Offloa
 		np := int64(l.NumParams())
 		h.master = offload.NewF32Bytes(4 * np)
 		h.weights = h.master
-		if m.DType != kernels.F32 {
-			h.weights = offload.NewF32Bytes(np * int64(m.DType.Size()))
+		cb := np * int64(m.DType.Size())
+		if m.DType != kernels.F32 || o.DelayedUpdate {
+			h.weights = offload.NewF32Bytes(cb)
+			st.hostBytes += cb
 		}
-		h.grads = offload.NewF32Bytes(np * int64(m.DType.Size()))
-		st.hostBytes += int64(len(h.master)+len(h.grads)) + int64(len(h.weights))*b2i(m.DType != kernels.F32)
+		h.grads = offload.NewF32Bytes(cb)
+		st.hostBytes += int64(len(h.master) + len(h.grads))
+		if o.DelayedUpdate {
+			h.spareW, h.spareG = offload.NewF32Bytes(cb), offload.NewF32Bytes(cb)
+			st.hostBytes += 2 * cb
+		}
 		if st.disk != nil {
 			for _, cl := range []offload.Class{offload.AdamM, offload.AdamV} {
 				if err = st.disk.Create(offload.Key{Layer: i, Class: cl}, 4*np); err != nil {
@@ -447,6 +506,30 @@ func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o Offloa
 	st.statBuf = make([]byte, 8*n)
 	st.train = buildSchedule(m, &st.opts, B, T, to.Accum, true)
 	st.eval = buildSchedule(m, &st.opts, B, T, 1, false)
+	for _, iv := range st.train.ivs {
+		if iv.class == tcActs && iv.evict {
+			iv.host = offload.NewF32Bytes(4 * actElems(iv))
+			st.hostBytes += int64(len(iv.host))
+		}
+	}
+	for _, iv := range st.train.ivs {
+		if iv.src != nil {
+			iv.host = iv.src.host
+		}
+	}
+	work := make(chan func(), n)
+	st.work = work
+	for range max(1, runtime.GOMAXPROCS(0)) {
+		go func() {
+			for fn := range work {
+				fn()
+				// Let the goroutine driving the schedule run: with as
+				// many workers as processors and a full queue it would
+				// otherwise wait for preemption to enqueue the compute.
+				runtime.Gosched()
+			}
+		}()
+	}
 	// Persistent tensors are allocated now, for good, and shared by the
 	// training and evaluation schedules.
 	resident := map[[2]int]*offload.Block{}
@@ -466,11 +549,13 @@ func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o Offloa
 	return t, nil
 }
 
-func b2i(b bool) int64 {
-	if b {
-		return 1
-	}
-	return 0
+// actElems is the activation interval's size in float32 words (the
+// activations are copied to the host as raw words).
+func actElems(iv *interval) int64 { return (iv.bytes + 3) / 4 }
+
+// actView is an offloaded activation block as raw float32 words.
+func actView(iv *interval) kernels.Tensor {
+	return kernels.View(iv.block.Buffer(), 0, kernels.F32, int(actElems(iv)))
 }
 
 func ivClass(iv *interval) offload.Class {
@@ -516,6 +601,10 @@ func (st *offloadState) close(be kernels.Backend) {
 			<-st.host[i].done
 		}
 	}
+	if st.work != nil {
+		close(st.work)
+		st.work = nil
+	}
 	if st.streams != nil {
 		_ = st.streams.Synchronize(context.Background())
 		st.streams.Close()
@@ -547,15 +636,31 @@ func (st *offloadState) close(be kernels.Backend) {
 func (st *offloadState) waitUpdates() error {
 	var errs []error
 	for i := range st.host {
-		if st.host[i].done == nil {
-			continue
-		}
-		<-st.host[i].done
-		if st.host[i].err != nil {
-			errs = append(errs, st.host[i].err)
+		if err := st.waitLayer(context.Background(), i); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// waitLayer waits for layer i's update and makes the weights it wrote
+// (DelayedUpdate) the ones fetches read. It runs on the goroutine that
+// drives the trainer.
+func (st *offloadState) waitLayer(ctx context.Context, i int) error {
+	h := &st.host[i]
+	select {
+	case <-h.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if h.next != nil {
+		h.weights, h.spareW, h.next = h.next, h.weights, nil
+		k := offload.Key{Layer: i, Class: offload.Weights}
+		if r, _ := st.table.Get(k); r.Valid.Has(offload.TierDevice) {
+			_ = st.table.Modified(k, offload.TierHost) // the device copy is stale
+		}
+	}
+	return h.err
 }
 
 // run executes schedule s: it uploads micro-batch k from st.hbs[k] at the
@@ -605,13 +710,13 @@ func (t *Trainer) runSchedule(ctx context.Context, s *schedule, train bool) (err
 			if r, _ := st.table.Get(k); iv.persistent && r.Valid.Has(offload.TierDevice) {
 				return nil
 			}
-			select {
-			case <-h.done: // the host optimizer has updated the layer
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			if h.err != nil {
-				return h.err
+			// Wait until the host optimizer has updated the layer, except
+			// with delayed updates, which run during this step and write
+			// the other buffer.
+			if !st.opts.DelayedUpdate {
+				if err := st.waitLayer(ctx, iv.layer); err != nil {
+					return err
+				}
 			}
 			if iv.persistent {
 				if err := st.table.BeginCopy(k, offload.TierHost, offload.TierDevice); err != nil {
@@ -652,6 +757,21 @@ func (t *Trainer) runSchedule(ctx context.Context, s *schedule, train bool) (err
 		}
 		return nil
 	}
+	// fetchActs brings offloaded activations back, after their copy out.
+	fetchActs := func(iv *interval) error {
+		if err := ss.H2D.Wait(iv.src.evictEv); err != nil {
+			return err
+		}
+		view := actView(iv)
+		if err := ss.H2D.Enqueue("fetch acts "+m.Layers[iv.layer].Name(), func(q kernels.Queue) {
+			be.CopyToDevice(q, view, iv.host)
+		}); err != nil {
+			return err
+		}
+		ev, err := ss.H2D.Record()
+		iv.fetchEv = ev
+		return err
+	}
 	release := func(before int) error {
 		keep, keepEv := 0, 0
 		for i, iv := range pending {
@@ -667,6 +787,16 @@ func (t *Trainer) runSchedule(ctx context.Context, s *schedule, train bool) (err
 			iv.block = nil
 		}
 		pending, pendEv = pending[:keep], pendEv[:keepEv]
+		return nil
+	}
+	allocate0 := allocate
+	allocate = func(iv *interval) error {
+		if err := allocate0(iv); err != nil {
+			return err
+		}
+		if iv.class == tcActs && iv.src != nil {
+			return fetchActs(iv)
+		}
 		return nil
 	}
 	for _, iv := range s.allocs[0] {
@@ -757,7 +887,21 @@ func (t *Trainer) runSchedule(ctx context.Context, s *schedule, train bool) (err
 		// Tensors whose residency ends here: gradients go to the host.
 		for _, iv := range s.ends[j+1] {
 			done := ev
-			if iv.evict && train {
+			if iv.evict && iv.class == tcActs {
+				if err := ss.D2H.Wait(ev); err != nil {
+					return err
+				}
+				view := actView(iv)
+				if err := ss.D2H.Enqueue("evict acts "+m.Layers[iv.layer].Name(), func(q kernels.Queue) {
+					be.CopyToHost(q, iv.host, view)
+				}); err != nil {
+					return err
+				}
+				if done, err = ss.D2H.Record(); err != nil {
+					return err
+				}
+				iv.evictEv = done
+			} else if iv.evict && train {
 				if err := ss.D2H.Wait(ev); err != nil {
 					return err
 				}
@@ -771,6 +915,10 @@ func (t *Trainer) runSchedule(ctx context.Context, s *schedule, train bool) (err
 					return err
 				}
 				h.gradEv = done
+				if iv.final && st.eager != nil {
+					t.launchUpdate(ctx, iv.layer, *st.eager, true)
+					st.launched++
+				}
 			}
 			if !iv.persistent {
 				pending = append(pending, iv)
@@ -800,6 +948,19 @@ func (iv *interval) view(m *Model) kernels.Tensor {
 }
 
 // offloadStep is TrainStep for an out-of-core trainer.
+//
+// Without gradient clipping, fp16 loss scaling or DelayedUpdate, each
+// layer's host AdamW starts as soon as its final gradients have landed on
+// the host, overlapped with the backward of the layers before it
+// (ZeRO-Offload); the arithmetic is the resident trainer's. Such an eager
+// update checks its layer's gradients first and leaves a layer whose
+// gradients are not finite unchanged, but it cannot wait for the other
+// layers' verdict: a step with non-finite gradients reports Skipped, as
+// the resident trainer does, yet the layers whose gradients were finite
+// have been updated. Otherwise the updates wait for the global norm, which
+// is ready when the last backward is done (each layer's sum of squares is
+// taken on the device as its gradients become final), and start in layer
+// order, the order the next forward fetches them in.
 func (t *Trainer) offloadStep(ctx context.Context, src BatchSource) (StepResult, error) {
 	st := t.off
 	o := t.opts
@@ -809,13 +970,36 @@ func (t *Trainer) offloadStep(ctx context.Context, src BatchSource) (StepResult,
 			return r, err
 		}
 	}
-	// Zero the gradient statistics; wait for the last update of the
-	// weights before anything is fetched (per layer, in allocate).
+	hp := kernels.AdamWParams{
+		LR: float32(r.LR), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2), Eps: float32(o.Eps),
+		Step: t.Step + 1, WeightDecay: float32(o.WeightDecay),
+	}
+	st.eager = nil
+	if o.GradClip <= 0 && !t.Scaler.Enabled && !st.opts.DelayedUpdate {
+		e := hp
+		e.GradScale = float32(1 / r.LossScale)
+		st.eager = &e
+	}
+	// Zero the gradient statistics; the weights of each layer are fetched
+	// once its last update is done (allocate).
 	t.pass.LossGrad = float32(t.lossMul * t.Scaler.Scale / float64(t.TokensPerStep()))
 	t.be.Zero(t.q, t.stats)
-	// Grads of the step start on the device (zeroed): drop their host state.
-	if err := t.runSchedule(ctx, st.train, true); err != nil {
+	eager := st.eager != nil
+	st.launched = 0
+	err := t.runSchedule(ctx, st.train, true)
+	st.eager = nil
+	if st.launched > 0 {
+		// Updates have started: the step counts, whatever happens next.
+		t.Step++
+	}
+	if err != nil {
 		return r, err
+	}
+	if st.opts.DelayedUpdate {
+		// The update of the last step ran during this one.
+		if err := st.waitUpdates(); err != nil {
+			return r, err
+		}
 	}
 	var sum float64
 	for k := range st.losses {
@@ -842,54 +1026,71 @@ func (t *Trainer) offloadStep(ctx context.Context, src BatchSource) (StepResult,
 	if overflow {
 		r.GradNorm = math.Inf(1)
 	}
-	if r.Skipped = t.Scaler.Update(overflow); r.Skipped {
-		t.Step++
+	r.Skipped = t.Scaler.Update(overflow)
+	if eager { // the updates are running
+		return r, nil
+	}
+	t.Step++
+	if r.Skipped {
 		return r, nil
 	}
 	coef := 1.0
 	if o.GradClip > 0 && r.GradNorm > o.GradClip {
 		coef = o.GradClip / r.GradNorm
 	}
-	t.Step++
-	t.startUpdates(ctx, kernels.AdamWParams{
-		LR: float32(r.LR), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2), Eps: float32(o.Eps),
-		Step: t.Step, GradScale: float32(coef / r.LossScale), WeightDecay: float32(o.WeightDecay),
-	})
+	hp.GradScale = float32(coef / r.LossScale)
+	for i := range st.host {
+		t.launchUpdate(ctx, i, hp, false)
+	}
 	return r, nil
 }
 
-// startUpdates runs the host optimizer over every layer, in layer order
-// on a bounded set of goroutines, without waiting: layer i's weights are
-// fetched by the next step as soon as its own update is done.
-func (t *Trainer) startUpdates(ctx context.Context, hp kernels.AdamWParams) {
+// launchUpdate queues the host optimizer of layer i with hp, after the
+// layer's previous update; the next fetch of its weights waits for it.
+// eager updates wait for the copy of the gradients to the host and skip a
+// layer whose gradients are not finite. With DelayedUpdate the update
+// writes the spare weights buffer and the next evictions land in the
+// spare gradients buffer.
+func (t *Trainer) launchUpdate(ctx context.Context, i int, hp kernels.AdamWParams, eager bool) {
 	st := t.off
-	for i := range st.host {
-		st.host[i].done = make(chan struct{})
-		st.host[i].err = nil
-		if r, _ := st.table.Get(offload.Key{Layer: i, Class: offload.Weights}); r.Valid.Has(offload.TierDevice) {
-			_ = st.table.Modified(r.Key, offload.TierHost) // the device copy is stale
-		}
+	h := &st.host[i]
+	<-h.done
+	grads, out := h.grads, h.weights
+	switch {
+	case st.opts.DelayedUpdate:
+		out, h.next = h.spareW, h.spareW
+		h.spareW = nil
+		h.grads, h.spareG = h.spareG, h.grads
+	case t.model.DType == kernels.F32:
+		out = nil // the weights are the master
 	}
-	var g errgroup.Group
-	g.SetLimit(max(1, runtime.GOMAXPROCS(0)))
-	go func() {
-		for i := range st.host {
-			i := i
-			g.Go(func() error {
-				h := &st.host[i]
-				defer close(h.done)
-				end := st.opts.Recorder.Begin("optimizer", stream.Optimizer, "adamw "+t.model.Layers[i].Name())
-				h.err = t.updateLayer(ctx, i, hp)
-				end()
-				return nil
-			})
+	done := make(chan struct{})
+	h.done, h.err, h.nonFinite = done, nil, false
+	if r, _ := st.table.Get(offload.Key{Layer: i, Class: offload.Weights}); r.Valid.Has(offload.TierDevice) {
+		_ = st.table.Modified(r.Key, offload.TierHost) // the device copy is stale
+	}
+	gradEv := h.gradEv
+	st.work <- func() {
+		defer close(done)
+		if eager && gradEv != nil {
+			if h.err = gradEv.Synchronize(ctx); h.err != nil {
+				return
+			}
+			if !offload.HostFinite(grads, t.model.DType) {
+				h.nonFinite = true
+				return
+			}
 		}
-		_ = g.Wait()
-	}()
+		end := st.opts.Recorder.Begin("optimizer", stream.Optimizer, "adamw "+t.model.Layers[i].Name())
+		h.err = t.updateLayer(ctx, i, hp, grads, out)
+		end()
+	}
 }
 
-// updateLayer is AdamW on layer i's host state.
-func (t *Trainer) updateLayer(ctx context.Context, i int, hp kernels.AdamWParams) error {
+// updateLayer is AdamW on layer i's host state with gradients grads,
+// writing the compute-dtype weights to out (nil: the master is the
+// compute copy).
+func (t *Trainer) updateLayer(ctx context.Context, i int, hp kernels.AdamWParams, grads, out []byte) error {
 	st := t.off
 	h := &st.host[i]
 	l := t.model.Layers[i]
@@ -900,34 +1101,43 @@ func (t *Trainer) updateLayer(ctx context.Context, i int, hp kernels.AdamWParams
 		mb, vb = offload.NewF32Bytes(4*np), offload.NewF32Bytes(4*np)
 		km, kv := offload.Key{Layer: i, Class: offload.AdamM}, offload.Key{Layer: i, Class: offload.AdamV}
 		if err := errors.Join(st.disk.Load(ctx, km, mb).Wait(ctx), st.disk.Load(ctx, kv, vb).Wait(ctx)); err != nil {
-			return err
+			return fmt.Errorf("engine: host optimizer, layer %s: %w", l.Name(), err)
 		}
 	}
 	master, m, v := offload.F32s(h.master), offload.F32s(mb), offload.F32s(vb)
 	es := int(dt.Size())
 	for _, ps := range l.Params() {
 		p := hp
-		if ps.Decay {
-			p.WeightDecay = hp.WeightDecay
-		} else {
+		if !ps.Decay {
 			p.WeightDecay = 0
 		}
 		lo, hi := ps.Offset, ps.Offset+ps.Elems()
-		var out []byte
-		if dt != kernels.F32 {
-			out = h.weights[lo*es : hi*es]
+		var o []byte
+		if out != nil {
+			o = out[lo*es : hi*es]
 		}
-		if err := offload.HostAdamW(master[lo:hi], h.grads[lo*es:hi*es], dt, m[lo:hi], v[lo:hi], out, dt, p); err != nil {
+		if err := offload.HostAdamW(master[lo:hi], grads[lo*es:hi*es], dt, m[lo:hi], v[lo:hi], o, dt, p); err != nil {
 			return err
 		}
 	}
 	if st.disk != nil {
 		km, kv := offload.Key{Layer: i, Class: offload.AdamM}, offload.Key{Layer: i, Class: offload.AdamV}
-		if err := errors.Join(st.disk.Store(ctx, km, mb).Wait(ctx), st.disk.Store(ctx, kv, vb).Wait(ctx)); err != nil {
+		if err := errors.Join(st.diskStore(ctx, km, mb), st.diskStore(ctx, kv, vb)); err != nil {
 			return fmt.Errorf("engine: host optimizer, layer %s: %w", l.Name(), err)
 		}
 	}
 	return nil
+}
+
+// diskStore writes an optimizer file of the disk tier (through
+// st.storeHook when a test sets one).
+func (st *offloadState) diskStore(ctx context.Context, k offload.Key, b []byte) error {
+	if st.storeHook != nil {
+		if err := st.storeHook(k); err != nil {
+			return err
+		}
+	}
+	return st.disk.Store(ctx, k, b).Wait(ctx)
 }
 
 // offloadMicroLoss runs one forward pass over hb through the eval schedule.
@@ -958,7 +1168,12 @@ func (t *Trainer) setHostMaster(i int, data []byte) error {
 	}
 	h := &st.host[i]
 	copy(h.master, data)
-	if t.model.DType != kernels.F32 {
+	switch {
+	case t.model.DType == kernels.F32:
+		if len(h.weights) > 0 && &h.weights[0] != &h.master[0] {
+			copy(h.weights, data)
+		}
+	default:
 		m := offload.F32s(h.master)
 		for lo := 0; lo < len(m); lo += 4096 {
 			hi := min(lo+4096, len(m))

@@ -1,9 +1,14 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/spill-ml/spill/kernels"
@@ -74,15 +79,20 @@ func recomputeBlocks(m *Model) []offload.ActPolicy {
 	return p
 }
 
-// runOOC trains the model out of core under a device budget of
-// stateBytes/8 and checks the budget and the predicted peak.
-func runOOC(t *testing.T, dt kernels.DType, o OffloadOptions, steps int) ([]float64, [][]float32) {
+// newOOC returns an out-of-core trainer of the test GPT under a device
+// budget of stateBytes/8 unless o.DeviceBudget is set (o.Activations
+// defaults to recomputed blocks),
+// and a check of the budget and of the predicted peak to run after use.
+func newOOC(t *testing.T, dt kernels.DType, to TrainerOptions, o OffloadOptions) (*Trainer, func()) {
 	t.Helper()
 	m, err := NewGPT(oocShape, dt)
 	if err != nil {
 		t.Fatal(err)
 	}
 	budget := stateBytes(m) / 8
+	if o.DeviceBudget > 0 {
+		budget = o.DeviceBudget
+	}
 	be, err := kernels.Open("cpu", kernels.Config{Threads: 2, MemoryLimit: budget})
 	if err != nil {
 		t.Fatal(err)
@@ -92,34 +102,56 @@ func runOOC(t *testing.T, dt kernels.DType, o OffloadOptions, steps int) ([]floa
 	if o.Activations == nil {
 		o.Activations = recomputeBlocks(m)
 	}
-	tr, err := NewOffloadTrainer(be, m, oocOptions(), o)
+	tr, err := NewOffloadTrainer(be, m, to, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tr.Close()
+	t.Cleanup(tr.Close)
+	check := func() {
+		t.Helper()
+		ms := be.MemStats()
+		if ms.Peak > budget {
+			t.Errorf("device peak %d exceeds the budget %d", ms.Peak, budget)
+		}
+		cs := tr.Cache().Stats()
+		pred := tr.PredictedDevicePeak()
+		if pred < cs.PeakAllocated || float64(pred) > 1.15*float64(cs.PeakAllocated) {
+			t.Errorf("predicted device peak %d, measured %d: want measured <= predicted <= 1.15 measured", pred, cs.PeakAllocated)
+		}
+		t.Logf("%v: state %s, budget %s, device peak %s (predicted %s), backend peak %s", dt,
+			kernels.FormatBytes(stateBytes(m)), kernels.FormatBytes(budget), kernels.FormatBytes(cs.PeakAllocated),
+			kernels.FormatBytes(pred), kernels.FormatBytes(ms.Peak))
+	}
+	return tr, check
+}
+
+// runOOC trains the model out of core under a device budget of
+// stateBytes/8 and checks the budget and the predicted peak.
+func runOOC(t *testing.T, dt kernels.DType, o OffloadOptions, steps int) ([]float64, [][]float32) {
+	t.Helper()
+	return runOOCWith(t, dt, oocOptions(), o, steps)
+}
+
+func runOOCWith(t *testing.T, dt kernels.DType, to TrainerOptions, o OffloadOptions, steps int) ([]float64, [][]float32) {
+	t.Helper()
+	tr, check := newOOC(t, dt, to, o)
 	losses, w := trainSteps(t, tr, steps)
-	ms := be.MemStats()
-	if ms.Peak > budget {
-		t.Errorf("device peak %d exceeds the budget %d", ms.Peak, budget)
-	}
-	cs := tr.Cache().Stats()
-	pred := tr.PredictedDevicePeak()
-	if pred < cs.PeakAllocated || float64(pred) > 1.15*float64(cs.PeakAllocated) {
-		t.Errorf("predicted device peak %d, measured %d: want measured <= predicted <= 1.15 measured", pred, cs.PeakAllocated)
-	}
-	t.Logf("%v: state %s, budget %s, device peak %s (predicted %s), backend peak %s", dt,
-		kernels.FormatBytes(stateBytes(m)), kernels.FormatBytes(budget), kernels.FormatBytes(cs.PeakAllocated),
-		kernels.FormatBytes(pred), kernels.FormatBytes(ms.Peak))
+	check()
 	return losses, w
 }
 
 func runResident(t *testing.T, dt kernels.DType, steps int) ([]float64, [][]float32) {
 	t.Helper()
+	return runResidentWith(t, dt, oocOptions(), steps)
+}
+
+func runResidentWith(t *testing.T, dt kernels.DType, to TrainerOptions, steps int) ([]float64, [][]float32) {
+	t.Helper()
 	m, err := NewGPT(oocShape, dt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := NewTrainer(openCPU(t), m, oocOptions())
+	tr, err := NewTrainer(openCPU(t), m, to)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,5 +246,266 @@ func TestOutOfCoreDiskOptimizer(t *testing.T) {
 	_, err = NewOffloadTrainer(openCPU(t), m, oocOptions(), o)
 	if !errors.Is(err, offload.ErrBudget) {
 		t.Errorf("disk budget too small: got %v, want an offload.ErrBudget", err)
+	}
+}
+
+// sameRun fails unless two runs' losses and weights are bitwise equal.
+func sameRun(t *testing.T, what string, wantL, gotL []float64, wantW, gotW [][]float32) {
+	t.Helper()
+	for s := range wantL {
+		if math.Float64bits(gotL[s]) != math.Float64bits(wantL[s]) {
+			t.Errorf("step %d: loss %v, %s %v", s, gotL[s], what, wantL[s])
+		}
+	}
+	for l := range wantW {
+		for i := range wantW[l] {
+			if math.Float32bits(gotW[l][i]) != math.Float32bits(wantW[l][i]) {
+				t.Fatalf("layer %d param %d: %v, %s %v", l, i, gotW[l][i], what, wantW[l][i])
+			}
+		}
+	}
+}
+
+// TestOutOfCoreEagerUpdate: without clipping (fp32), each layer's host
+// AdamW starts as soon as its gradients land, during the backward of the
+// layers before it, and the run still matches the resident one bit for
+// bit.
+func TestOutOfCoreEagerUpdate(t *testing.T) {
+	const steps = 3
+	to := oocOptions()
+	to.GradClip = 0
+	wantL, wantW := runResidentWith(t, kernels.F32, to, steps)
+	m, err := NewGPT(oocShape, kernels.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resident := OffloadOptions{Weights: offload.TierDevice, Grads: offload.TierHost, Optimizer: offload.TierHost,
+		DeviceBudget: stateBytes(m) / 3}
+	for name, o := range map[string]OffloadOptions{"streamed": streamed(), "resident-weights": resident} {
+		t.Run(name, func(t *testing.T) {
+			tr, check := newOOC(t, kernels.F32, to, o)
+			gotL, gotW := trainSteps(t, tr, steps)
+			check()
+			sameRun(t, "resident", wantL, gotL, wantW, gotW)
+			if tr.off.launched != len(tr.model.Layers) {
+				t.Errorf("%d layer updates started during the backward, want all %d", tr.off.launched, len(tr.model.Layers))
+			}
+			if tr.Step != steps {
+				t.Errorf("Step %d after %d steps", tr.Step, steps)
+			}
+		})
+	}
+}
+
+// TestOutOfCoreEagerNonFinite: an eager update never applies non-finite
+// gradients: the step reports Skipped and the layers keep their weights.
+func TestOutOfCoreEagerNonFinite(t *testing.T) {
+	to := oocOptions()
+	to.GradClip = 0
+	tr, check := newOOC(t, kernels.F32, to, streamed())
+	ctx := context.Background()
+	if err := tr.InitWeights(ctx, 7); err != nil {
+		t.Fatal(err)
+	}
+	// A NaN in layer 0's wpe row 0 makes the loss, and with it every
+	// gradient, NaN.
+	before, err := tr.MasterWeights(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before[0][tr.model.Layers[0].Params()[1].Offset] = float32(math.NaN())
+	if err := tr.setHostMaster(0, f32Bytes(before[0])); err != nil {
+		t.Fatal(err)
+	}
+	r, err := tr.TrainStep(ctx, oocFeed())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Skipped || !math.IsInf(r.GradNorm, 1) || tr.Step != 1 {
+		t.Errorf("step with NaN gradients: skipped %v, grad norm %v, Step %d", r.Skipped, r.GradNorm, tr.Step)
+	}
+	after, err := tr.MasterWeights(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range after {
+		for i := range after[l] {
+			if math.Float32bits(after[l][i]) != math.Float32bits(before[l][i]) {
+				t.Fatalf("layer %d param %d changed from %v to %v by a non-finite update", l, i, before[l][i], after[l][i])
+			}
+		}
+	}
+	check()
+}
+
+// TestOutOfCoreOffloadActivations: activations copied to the host after
+// the forward and fetched back for the backward give the resident run's
+// losses and weights bit for bit, alone and mixed with recompute.
+func TestOutOfCoreOffloadActivations(t *testing.T) {
+	const steps = 2
+	wantL, wantW := runResident(t, kernels.F32, steps)
+	for _, tc := range []struct {
+		name  string
+		every int // every layer offloads when 1; alternate with recompute when 2
+		depth int
+	}{{"offload", 1, 1}, {"mixed-depth2", 2, 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := streamed()
+			o.Prefetch = tc.depth
+			o.Activations = make([]offload.ActPolicy, oocShape.Layers+2)
+			for i := range o.Activations {
+				o.Activations[i] = offload.OffloadTo
+				if tc.every == 2 && i%2 == 0 {
+					o.Activations[i] = offload.Recompute
+				}
+			}
+			tr, check := newOOC(t, kernels.F32, oocOptions(), o)
+			gotL, gotW := trainSteps(t, tr, steps)
+			check()
+			sameRun(t, "resident", wantL, gotL, wantW, gotW)
+			var offloaded int
+			for _, iv := range tr.off.train.ivs {
+				if iv.class == tcActs && iv.evict {
+					offloaded++
+				}
+			}
+			if offloaded == 0 {
+				t.Error("no activations were offloaded")
+			}
+		})
+	}
+}
+
+// TestOutOfCoreDelayedUpdate: with DelayedUpdate the first step matches
+// the synchronous run (nothing to delay yet), the second already differs
+// (it computes on stale weights), the loss still goes down, and streamed
+// and device-resident weights give the same run bit for bit.
+func TestOutOfCoreDelayedUpdate(t *testing.T) {
+	const steps = 9
+	to := oocOptions()
+	to.Schedule = LRSchedule{Peak: 3e-3, Min: 3e-3, Warmup: 0, Steps: steps}
+	syncL, _ := runOOCWith(t, kernels.F32, to, streamed(), 2)
+	m, err := NewGPT(oocShape, kernels.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resident := OffloadOptions{Weights: offload.TierDevice, Grads: offload.TierHost, Optimizer: offload.TierHost,
+		DeviceBudget: stateBytes(m) / 3}
+	var firstL []float64
+	var firstW [][]float32
+	for _, o := range []OffloadOptions{streamed(), resident} {
+		t.Run(o.Weights.String()+"-weights", func(t *testing.T) {
+			o.DelayedUpdate = true
+			gotL, gotW := runOOCWith(t, kernels.F32, to, o, steps)
+			if firstL == nil {
+				firstL, firstW = gotL, gotW
+			} else {
+				// Where the weights live changes nothing.
+				sameRun(t, "streamed", firstL, gotL, firstW, gotW)
+			}
+			if math.Float64bits(gotL[0]) != math.Float64bits(syncL[0]) {
+				t.Errorf("step 0: loss %v, synchronous %v", gotL[0], syncL[0])
+			}
+			if gotL[1] == syncL[1] {
+				t.Errorf("step 1: loss %v equals the synchronous run's: the update was not delayed", gotL[1])
+			}
+			// The feed cycles every 3 steps: compare the same batches.
+			first, last := gotL[0]+gotL[1]+gotL[2], gotL[6]+gotL[7]+gotL[8]
+			if !(last < first) {
+				t.Errorf("delayed update does not converge: losses %v", gotL)
+			}
+		})
+	}
+}
+
+// TestOutOfCoreEvaluate: evaluation streams the weights through the eval
+// schedule and gives the resident trainer's loss bit for bit.
+func TestOutOfCoreEvaluate(t *testing.T) {
+	ctx := context.Background()
+	eval := func(tr *Trainer) float64 {
+		t.Helper()
+		trainSteps(t, tr, 2)
+		l, err := tr.Evaluate(ctx, oocFeed(), 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	m, err := NewGPT(oocShape, kernels.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := NewTrainer(openCPU(t), m, oocOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Close()
+	want := eval(res)
+	tr, check := newOOC(t, kernels.F32, oocOptions(), streamed())
+	got := eval(tr)
+	check()
+	if math.Float64bits(got) != math.Float64bits(want) {
+		t.Errorf("out-of-core eval loss %v, resident %v", got, want)
+	}
+}
+
+// TestOutOfCoreDiskWriteFailure: when a write of the optimizer's disk
+// tier fails mid-run, the error names the file and the cause, and the
+// checkpoint saved before is intact.
+func TestOutOfCoreDiskWriteFailure(t *testing.T) {
+	ctx := context.Background()
+	diskDir, ckDir := t.TempDir(), t.TempDir()
+	o := streamed()
+	o.Optimizer, o.DiskDir, o.DiskBudget = offload.TierDisk, diskDir, 64<<20
+	tr, check := newOOC(t, kernels.F32, oocOptions(), o)
+	trainSteps(t, tr, 1)
+	w, opt, err := tr.SaveTensors(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.EnsureDefaults()
+	ck := &Checkpoint{State: TrainState{Step: tr.Step, ConfigHash: cfg.Hash(), Config: cfg}, Weights: w, Optim: opt}
+	path, err := SaveCheckpoint(ckDir, ck, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The disk fills up: every write of layer 5's second moment fails.
+	bad := offload.Key{Layer: 5, Class: offload.AdamV}
+	badFile := filepath.Join(diskDir, bad.FileName())
+	tr.off.storeHook = func(k offload.Key) error {
+		if k == bad {
+			return &os.PathError{Op: "write", Path: badFile, Err: syscall.ENOSPC}
+		}
+		return nil
+	}
+	feed := oocFeed()
+	var stepErr error
+	for s := 0; s < 3 && stepErr == nil; s++ {
+		_, stepErr = tr.TrainStep(ctx, feed)
+	}
+	if stepErr == nil {
+		_, _, stepErr = tr.SaveTensors(ctx)
+	}
+	if stepErr == nil || !errors.Is(stepErr, syscall.ENOSPC) || !strings.Contains(stepErr.Error(), badFile) ||
+		!strings.Contains(stepErr.Error(), tr.model.Layers[5].Name()) {
+		t.Fatalf("after a failed write: error %v, want one naming %s, layer %s and ENOSPC", stepErr, badFile, tr.model.Layers[5].Name())
+	}
+	check()
+	got, err := LoadCheckpoint(path)
+	if err != nil {
+		t.Fatalf("the checkpoint saved before the failure: %v", err)
+	}
+	if got.State.Step != 1 || len(got.Weights) != len(w) || len(got.Optim) != len(opt) {
+		t.Fatalf("checkpoint holds step %d, %d weights, %d moments", got.State.Step, len(got.Weights), len(got.Optim))
+	}
+	saved := map[string][]byte{}
+	for _, x := range append(w, opt...) {
+		saved[x.Name] = x.Data
+	}
+	for _, x := range append(got.Weights, got.Optim...) {
+		if !bytes.Equal(saved[x.Name], x.Data) {
+			t.Fatalf("checkpoint tensor %s differs from what was saved", x.Name)
+		}
 	}
 }

@@ -130,3 +130,27 @@ func NewF32Bytes(n int64) []byte {
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), n)
 }
+
+// HostFinite reports whether every element of the host array b of float
+// dtype dt is finite (neither NaN nor ±Inf).
+func HostFinite(b []byte, dt kernels.DType) bool {
+	if dt == kernels.F32 {
+		for _, x := range F32s(b) {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				return false
+			}
+		}
+		return true
+	}
+	// bf16 and fp16: the exponent field all ones.
+	mask := uint16(0x7f80)
+	if dt == kernels.F16 {
+		mask = 0x7c00
+	}
+	for _, h := range u16s(b) {
+		if h&mask == mask {
+			return false
+		}
+	}
+	return true
+}

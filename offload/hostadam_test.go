@@ -127,3 +127,27 @@ func TestCacheWhole(t *testing.T) {
 		t.Errorf("peak reserved %d over the limit", s.PeakReserved)
 	}
 }
+
+func TestHostFinite(t *testing.T) {
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+		for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), 0} {
+			vals := []float32{1, -2.5, 65504, 1e-3, 0}
+			vals[2] = bad
+			b := offload.NewF32Bytes(int64(len(vals) * dt.Size()))
+			for i, x := range vals {
+				switch dt {
+				case kernels.F32:
+					binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+				case kernels.BF16:
+					binary.LittleEndian.PutUint16(b[2*i:], kernels.BF16FromF32(x))
+				default:
+					binary.LittleEndian.PutUint16(b[2*i:], kernels.F16FromF32(x))
+				}
+			}
+			want := bad == 0
+			if got := offload.HostFinite(b, dt); got != want {
+				t.Errorf("%v with %v: HostFinite = %v, want %v", dt, bad, got, want)
+			}
+		}
+	}
+}

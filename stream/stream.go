@@ -93,25 +93,39 @@ func (s *Stream) Enqueue(op string, fn func(q kernels.Queue)) error {
 	return nil
 }
 
-// watcher stamps traced ops in queue order. An op starts when the queue
-// passes its begin event. If the watcher finds it already passed (it was
-// busy), the op started when it was enqueued or when the previous op ended,
-// whichever is later.
+// PassedAter is an optional upgrade of kernels.Event: a backend whose
+// events know when their queue passed them (the CPU backend's do) lets the
+// watcher time ops exactly instead of by when it observed them.
+type PassedAter interface {
+	PassedAt() (time.Time, bool)
+}
+
+// watcher stamps traced ops in queue order. With events that implement
+// PassedAter (and a recorder on the wall clock) an op runs from its begin
+// event to its end event. Otherwise an op starts when the queue passes its
+// begin event; if the watcher finds it already passed (it was busy), the
+// op started when it was enqueued or when the previous op ended, whichever
+// is later.
 func (s *Stream) watcher() {
 	defer close(s.done)
 	ctx := context.Background()
 	var prevEnd time.Duration
 	for op := range s.watch {
-		var start time.Duration
-		var beginErr error
+		var start, end time.Duration
+		var beginErr, endErr error
 		if op.begin.Done() {
 			start = max(op.queued, prevEnd)
 		} else {
 			beginErr = op.begin.Synchronize(ctx)
 			start = s.rec.Now()
 		}
-		endErr := op.end.Synchronize(ctx)
-		end := max(s.rec.Now(), start)
+		endErr = op.end.Synchronize(ctx)
+		end = max(s.rec.Now(), start)
+		if t0, ok := s.rec.eventTime(op.begin); ok {
+			if t1, ok := s.rec.eventTime(op.end); ok {
+				start, end = t0, max(t1, t0)
+			}
+		}
 		if beginErr != nil || endErr != nil {
 			op.name += " (failed)"
 		}

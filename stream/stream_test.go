@@ -246,3 +246,63 @@ func TestIntervalHelpers(t *testing.T) {
 		t.Fatal("minus")
 	}
 }
+
+// stampBackend's events know when their queue passed them (PassedAter).
+type stampBackend struct {
+	fakeBackend
+	mu  sync.Mutex
+	evs []*stampEvent
+}
+
+type stampEvent struct {
+	fakeEvent
+	at time.Time
+}
+
+func (e *stampEvent) PassedAt() (time.Time, bool) {
+	if !e.Done() {
+		return time.Time{}, false
+	}
+	return e.at, true
+}
+
+func (b *stampBackend) RecordEvent(q kernels.Queue) (kernels.Event, error) {
+	e := &stampEvent{fakeEvent: fakeEvent{c: make(chan struct{})}}
+	b.mu.Lock()
+	b.evs = append(b.evs, e)
+	b.mu.Unlock()
+	q.(*fakeQueue).work <- func() { e.at = time.Now(); close(e.c) }
+	return e, nil
+}
+
+// TestStreamEventTimes: with events that know when they were passed, a
+// span runs exactly from its begin event to its end event, however late
+// the watcher looks at them.
+func TestStreamEventTimes(t *testing.T) {
+	be := &stampBackend{}
+	rec := NewRecorder()
+	s, err := New(be, "h2d", H2D, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := s.Enqueue("copy", sleepOn(5*time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(20 * time.Millisecond) // both ops are done before the watcher is asked
+	s.Close()
+	spans := rec.Spans()
+	if len(spans) != 2 || len(be.evs) != 4 {
+		t.Fatalf("%d spans from %d events, want 2 from 4", len(spans), len(be.evs))
+	}
+	for i, sp := range spans {
+		b, e := be.evs[2*i].at.Sub(rec.t0), be.evs[2*i+1].at.Sub(rec.t0)
+		if sp.Start != b || sp.End != e {
+			t.Errorf("span %d: [%v, %v], events passed at [%v, %v]", i, sp.Start, sp.End, b, e)
+		}
+		if sp.End-sp.Start < 5*time.Millisecond {
+			t.Errorf("span %d lasted %v, the op sleeps 5ms", i, sp.End-sp.Start)
+		}
+	}
+}

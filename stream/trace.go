@@ -39,13 +39,28 @@ type Span struct {
 	Step       int // the step the span belongs to, -1 if none
 }
 
+// eventTime is when e's queue passed it, on the recorder's time line, if
+// the backend says (PassedAter) and the recorder runs on the wall clock.
+func (r *Recorder) eventTime(e any) (time.Duration, bool) {
+	pa, ok := e.(PassedAter)
+	if !ok || !r.wall {
+		return 0, false
+	}
+	t, ok := pa.PassedAt()
+	if !ok {
+		return 0, false
+	}
+	return t.Sub(r.t0), true
+}
+
 // Recorder collects spans. The zero value is not usable; a nil *Recorder
 // records nothing, so callers need not check whether tracing is on. All
 // methods are safe for concurrent use.
 type Recorder struct {
-	t0  time.Time
-	now func() time.Time
-	mu  struct {
+	t0   time.Time
+	now  func() time.Time
+	wall bool // now is time.Now
+	mu   struct {
 		sync.Mutex
 		spans []Span
 		step  int
@@ -54,7 +69,7 @@ type Recorder struct {
 
 // NewRecorder returns a recorder whose time zero is now.
 func NewRecorder() *Recorder {
-	r := &Recorder{t0: time.Now(), now: time.Now}
+	r := &Recorder{t0: time.Now(), now: time.Now, wall: true}
 	r.mu.step = -1
 	return r
 }

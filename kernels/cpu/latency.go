@@ -1,6 +1,9 @@
 package cpu
 
-import "time"
+import (
+	"runtime"
+	"time"
+)
 
 // copyDelay simulates a host-device link: every CopyToDevice and
 // CopyToHost takes at least Fixed plus bytes/Bandwidth.
@@ -36,12 +39,25 @@ func (b *Backend) copyTime(n int) time.Duration {
 	return t
 }
 
-// simulateLink runs copy and then sleeps for what remains of the
-// simulated duration.
+// sleepGrain is how late a time.Sleep may wake: on an otherwise idle
+// process the runtime's timers fire with about a millisecond of
+// granularity, which would turn every simulated 100 µs copy into a 1 ms
+// one exactly when nothing else runs (the start and end of a step).
+const sleepGrain = 1200 * time.Microsecond
+
+// simulateLink runs copy and then waits for what remains of the simulated
+// duration: it sleeps for all but the last sleepGrain and yields the
+// processor in a loop for the rest, so that short copies take what they
+// should (within a few microseconds) while compute goroutines keep
+// running.
 func simulateLink(dur time.Duration, copy func()) {
 	start := time.Now()
 	copy()
-	if rest := dur - time.Since(start); rest > 0 {
-		time.Sleep(rest)
+	end := start.Add(dur)
+	if rest := time.Until(end); rest > sleepGrain {
+		time.Sleep(rest - sleepGrain)
+	}
+	for time.Now().Before(end) {
+		runtime.Gosched()
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // queue runs enqueued work in FIFO order on its own goroutine. The first
@@ -121,6 +122,7 @@ func (q *queue) record() *event {
 	ev := &event{q: q, done: make(chan struct{})}
 	q.marker(func() error {
 		ev.err = q.err()
+		ev.at = time.Now()
 		close(ev.done)
 		return nil
 	})
@@ -151,7 +153,17 @@ func (q *queue) close() error {
 type event struct {
 	q    *queue
 	done chan struct{}
-	err  error // written before done is closed
+	err  error     // written before done is closed
+	at   time.Time // when the queue passed the event; written before done is closed
+}
+
+// PassedAt is when the queue passed the event, and false if it has not
+// yet. Tracers use it to time ops exactly (as CUDA event timing does).
+func (e *event) PassedAt() (time.Time, bool) {
+	if !e.Done() {
+		return time.Time{}, false
+	}
+	return e.at, true
 }
 
 func (e *event) Synchronize(ctx context.Context) error {
