@@ -31,19 +31,10 @@ type csvSource struct {
 }
 
 func openCSV(path string, o *Options) (source, error) {
-	f, _, err := openFile(path)
-	if err != nil {
-		return nil, err
-	}
-	s, err := newCSVSource(path, f, o)
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	return s, nil
+	return openWith(path, o, newCSVSource)
 }
 
-func newCSVSource(path string, f *os.File, o *Options) (*csvSource, error) {
+func newCSVSource(path string, f *os.File, _ int64, o *Options) (*csvSource, error) {
 	r := csv.NewReader(bufio.NewReaderSize(countingReader{r: f, n: o.BytesRead}, 1<<20))
 	r.FieldsPerRecord = -1 // checked here, to report truncated rows with a position
 	r.ReuseRecord = true
@@ -81,20 +72,7 @@ func newCSVSource(path string, f *os.File, o *Options) (*csvSource, error) {
 	if s.labelIdx, err = o.pickLabel(s.names, s.ncols); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	lt := o.LabelType
-	if lt == "" {
-		lt = "float32"
-	}
-	s.s = dataset.Schema{Kind: dataset.KindRecords, FeatureDType: "float32", Features: s.ncols - 1, LabelDType: lt}
-	if s.names != nil {
-		for i, n := range s.names {
-			if i == s.labelIdx {
-				s.s.Label = n
-			} else {
-				s.s.Columns = append(s.s.Columns, n)
-			}
-		}
-	}
+	s.s = recordsSchema(s.names, s.ncols, s.labelIdx, o.LabelType)
 	return s, nil
 }
 

@@ -373,6 +373,39 @@ func (c countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// openWith opens path and builds a source on it with build, closing the
+// file if build fails.
+func openWith[S source](path string, o *Options, build func(path string, f *os.File, size int64, o *Options) (S, error)) (source, error) {
+	f, size, err := openFile(path)
+	if err != nil {
+		return nil, err
+	}
+	s, err := build(path, f, size, o)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// recordsSchema is the schema of float32 feature records whose columns are
+// named by names (nil when the input has no header), with the column
+// labelIdx as the label of dtype labelType ("" means float32).
+func recordsSchema(names []string, ncols, labelIdx int, labelType string) dataset.Schema {
+	if labelType == "" {
+		labelType = "float32"
+	}
+	s := dataset.Schema{Kind: dataset.KindRecords, FeatureDType: "float32", Features: ncols - 1, LabelDType: labelType}
+	for i, n := range names {
+		if i == labelIdx {
+			s.Label = n
+		} else {
+			s.Columns = append(s.Columns, n)
+		}
+	}
+	return s
+}
+
 // openFile opens path and returns it with its size.
 func openFile(path string) (*os.File, int64, error) {
 	f, err := os.Open(path)

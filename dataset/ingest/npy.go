@@ -241,16 +241,7 @@ type npySource struct {
 }
 
 func openNPY(path string, o *Options) (source, error) {
-	f, size, err := openFile(path)
-	if err != nil {
-		return nil, err
-	}
-	s, err := newNPYSource(path, f, size, o)
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	return s, nil
+	return openWith(path, o, newNPYSource)
 }
 
 func newNPYSource(path string, f *os.File, size int64, o *Options) (*npySource, error) {

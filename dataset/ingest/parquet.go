@@ -48,16 +48,7 @@ func (c countingReaderAt) ReadAt(p []byte, off int64) (int, error) {
 }
 
 func openParquet(path string, o *Options) (source, error) {
-	f, size, err := openFile(path)
-	if err != nil {
-		return nil, err
-	}
-	s, err := newParquetSource(path, f, size, o)
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	return s, nil
+	return openWith(path, o, newParquetSource)
 }
 
 func newParquetSource(path string, f *os.File, size int64, o *Options) (*parquetSource, error) {
@@ -100,18 +91,7 @@ func newParquetSource(path string, f *os.File, size int64, o *Options) (*parquet
 	if s.labelIdx, err = o.pickLabel(s.names, s.ncols); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	lt := o.LabelType
-	if lt == "" {
-		lt = "float32"
-	}
-	s.s = dataset.Schema{Kind: dataset.KindRecords, FeatureDType: "float32", Features: s.ncols - 1, LabelDType: lt}
-	for i, n := range s.names {
-		if i == s.labelIdx {
-			s.s.Label = n
-		} else {
-			s.s.Columns = append(s.s.Columns, n)
-		}
-	}
+	s.s = recordsSchema(s.names, s.ncols, s.labelIdx, o.LabelType)
 	return s, nil
 }
 
