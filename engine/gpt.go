@@ -181,22 +181,22 @@ func (k *block) Forward(q kernels.Queue, p *Pass, i int) {
 	B, T, C, NH := p.B, p.T, k.s.Embd, k.s.Heads
 	BT := B * T
 	a := k.acts(p.Table.Layers[i].Acts, B, T)
-	_, _, tmp, _, _ := k.scratch(p.Scratch, B, T)
 	x := p.In(i)
 
 	o.LayerNormForward(q, a.ln1, a.ln1Mean, a.ln1Rstd, x, param(w, k.ln1w), param(w, k.ln1b), BT, C)
 	o.MatmulForward(q, a.qkv, a.ln1, param(w, k.attnW), param(w, k.attnB), BT, C, 3*C)
 	o.AttentionForward(q, a.atty, a.lse, a.qkv, B, T, C, NH)
-	o.MatmulForward(q, tmp, a.atty, param(w, k.projW), param(w, k.projB), BT, C, C)
-	o.CopyDevice(q, a.res2, x)
-	o.Add(q, a.res2, tmp)
+	// The projections write straight into the residual stream, which then
+	// adds its input in place: proj + x rounds exactly as x + proj (one
+	// commutative float32 addition), without a copy of x or a temporary.
+	o.MatmulForward(q, a.res2, a.atty, param(w, k.projW), param(w, k.projB), BT, C, C)
+	o.Add(q, a.res2, x)
 
 	o.LayerNormForward(q, a.ln2, a.ln2Mean, a.ln2Rstd, a.res2, param(w, k.ln2w), param(w, k.ln2b), BT, C)
 	o.MatmulForward(q, a.fch, a.ln2, param(w, k.fcW), param(w, k.fcB), BT, C, 4*C)
 	o.GeluForward(q, a.fchGelu, a.fch, BT*4*C)
-	o.MatmulForward(q, tmp, a.fchGelu, param(w, k.fcProjW), param(w, k.fcProjB), BT, 4*C, C)
-	o.CopyDevice(q, a.out, a.res2)
-	o.Add(q, a.out, tmp)
+	o.MatmulForward(q, a.out, a.fchGelu, param(w, k.fcProjW), param(w, k.fcProjB), BT, 4*C, C)
+	o.Add(q, a.out, a.res2)
 }
 
 func (k *block) Backward(q kernels.Queue, p *Pass, i int) {
@@ -210,8 +210,13 @@ func (k *block) Backward(q kernels.Queue, p *Pass, i int) {
 	x := p.In(i)
 	dx := p.DIn // accumulates d(res2), then d(x)
 
-	// MLP branch: out = res2 + c_proj(gelu(c_fc(ln_2(res2)))).
-	o.CopyDevice(q, dx, p.DOut)
+	// MLP branch: out = res2 + c_proj(gelu(c_fc(ln_2(res2)))). The residual
+	// passes d(out) through unchanged; when the engine hands the block the
+	// same buffer as DOut and DIn (one residual gradient stream updated in
+	// place) it is already there, else it is copied.
+	if !sameView(dx, p.DOut) {
+		o.CopyDevice(q, dx, p.DOut)
+	}
 	dGelu := s4a.Slice(0, BT*4*C)
 	o.Zero(q, dGelu)
 	o.MatmulBackward(q, dGelu, param(g, k.fcProjW), param(g, k.fcProjB), p.DOut, a.fchGelu, param(w, k.fcProjW), BT, 4*C, C)
@@ -235,6 +240,11 @@ func (k *block) Backward(q kernels.Queue, p *Pass, i int) {
 	o.Zero(q, dln1)
 	o.MatmulBackward(q, dln1, param(g, k.attnW), param(g, k.attnB), dqkv, a.ln1, param(w, k.attnW), BT, C, 3*C)
 	o.LayerNormBackward(q, dx, param(g, k.ln1w), param(g, k.ln1b), dln1, x, param(w, k.ln1w), a.ln1Mean, a.ln1Rstd, BT, C)
+}
+
+// sameView reports whether a and b are the same elements of the same buffer.
+func sameView(a, b kernels.Tensor) bool {
+	return a.Buf == b.Buf && a.Off == b.Off && a.DType == b.DType && a.N == b.N
 }
 
 // head is the last GPT layer: ln_f, logits = ln_f(x)·wteᵀ (tied to the

@@ -186,6 +186,12 @@ func (m *Model) Backward(q kernels.Queue, p *Pass) {
 	cur := 0
 	for i := len(m.Layers) - 1; i >= 0; i-- {
 		if i > 0 {
+			if m.Kind == "gpt" {
+				// A GPT block's Backward updates the residual-stream
+				// gradient in place (DIn may alias DOut), so one buffer
+				// serves every layer.
+				cur = 0
+			}
 			n := m.Layers[i-1].OutputElems(p.B, p.T)
 			p.DIn = kernels.View(p.grad[cur], 0, m.DType, n)
 		} else {

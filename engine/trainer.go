@@ -75,9 +75,20 @@ type Trainer struct {
 	stats    kernels.Tensor // F32 [sum of squares, non-finite flag]
 	hb       HostBatch
 	lossHost []byte
-	statHost []byte
 	nLoss    int     // losses per micro-batch
 	lossMul  float64 // reported loss = lossMul * mean(losses)
+
+	// Resident path only (NewTrainer): one host synchronization per step.
+	// stepHost receives, by copies enqueued behind each forward pass, the
+	// losses of every micro-batch of a step (micro-batch k at bytes
+	// [4*k*nLoss, 4*(k+1)*nLoss)) and then the two gradient statistics;
+	// nothing waits for them until stepStats. Micro-batches are staged
+	// through the two-slot ring, each slot reused only after the event
+	// recorded behind its previous upload has passed.
+	stepHost []byte
+	ring     [2]HostBatch
+	ringEv   [2]kernels.Event
+	pinned   [][]byte // page-locked blocks behind ring and stepHost
 
 	// off is the out-of-core machinery (NewOffloadTrainer), nil when the
 	// whole state is resident on the device.
@@ -139,10 +150,37 @@ func NewTrainer(be kernels.Backend, m *Model, o TrainerOptions) (*Trainer, error
 		return nil, fmt.Errorf("engine: allocating trainer buffers: %w", err)
 	}
 	inBytes := pass.Input.N * 4 // int32 tokens or float32 features
-	t.hb = HostBatch{Input: make([]byte, inBytes), Targets: make([]byte, pass.Targets.Bytes())}
+	tgBytes := int(pass.Targets.Bytes())
+	t.hb = HostBatch{Input: make([]byte, inBytes), Targets: make([]byte, tgBytes)}
 	t.lossHost = make([]byte, pass.Losses.Bytes())
-	t.statHost = make([]byte, 8)
+	for k := range t.ring {
+		b, err := t.hostBytes(inBytes + tgBytes)
+		if err != nil {
+			t.Close()
+			return nil, err
+		}
+		t.ring[k] = HostBatch{Input: b[:inBytes:inBytes], Targets: b[inBytes:]}
+	}
+	if t.stepHost, err = t.hostBytes(o.Accum*int(pass.Losses.Bytes()) + int(t.stats.Bytes())); err != nil {
+		t.Close()
+		return nil, err
+	}
 	return t, nil
+}
+
+// hostBytes returns n bytes of host memory for copies: page-locked when the
+// backend offers it (copies from it are truly asynchronous), else Go memory.
+func (t *Trainer) hostBytes(n int) ([]byte, error) {
+	pa, ok := t.be.(kernels.PinnedAllocator)
+	if !ok {
+		return make([]byte, n), nil
+	}
+	b, err := pa.AllocPinned(n)
+	if err != nil {
+		return nil, fmt.Errorf("engine: pinned staging of %s: %w", kernels.FormatBytes(int64(n)), err)
+	}
+	t.pinned = append(t.pinned, b)
+	return b, nil
 }
 
 // Close frees the trainer's device memory (after synchronizing).
@@ -161,6 +199,12 @@ func (t *Trainer) Close() {
 		t.be.Free(b)
 	}
 	t.ioBufs = nil
+	if pa, ok := t.be.(kernels.PinnedAllocator); ok {
+		for _, b := range t.pinned {
+			_ = pa.FreePinned(b)
+		}
+	}
+	t.pinned, t.ring, t.ringEv, t.stepHost = nil, [2]HostBatch{}, [2]kernels.Event{}, nil
 	t.st = nil
 }
 
@@ -221,11 +265,7 @@ func (t *Trainer) forward(ctx context.Context) (float64, error) {
 	if err := t.q.Synchronize(ctx); err != nil {
 		return 0, err
 	}
-	var sum float64
-	for i := 0; i < t.nLoss; i++ {
-		sum += float64(math.Float32frombits(binary.LittleEndian.Uint32(t.lossHost[4*i:])))
-	}
-	return sum * t.lossMul, nil
+	return t.sumLosses(t.lossHost), nil
 }
 
 // MicroLoss runs a forward pass on hb and returns its mean loss.
@@ -244,67 +284,112 @@ func (t *Trainer) zeroGrads() {
 	}
 }
 
-// accumulate runs forward and backward over Accum micro-batches from src,
-// leaving the (loss-scaled) gradients in the state table, and returns the
-// mean loss.
-func (t *Trainer) accumulate(ctx context.Context, src BatchSource) (float64, error) {
+// accumulate enqueues forward and backward over Accum micro-batches from
+// src, leaving the (loss-scaled) gradients in the state table, and a copy
+// of micro-batch k's losses to its place in stepHost. It does not wait for
+// the device: the host only waits, before reusing a ring slot, for the
+// upload made from it two micro-batches earlier. stepStats reads the
+// results.
+func (t *Trainer) accumulate(ctx context.Context, src BatchSource) error {
 	t.zeroGrads()
 	t.pass.LossGrad = float32(t.lossMul * t.Scaler.Scale / float64(t.TokensPerStep()))
-	var sum float64
 	for k := 0; k < t.opts.Accum; k++ {
-		if err := src.Next(ctx, &t.hb); err != nil {
-			return 0, err
+		slot := k % len(t.ring)
+		if ev := t.ringEv[slot]; ev != nil {
+			// The slot's previous upload must have been copied before Next
+			// overwrites it (host memory handed to a copy stays unchanged).
+			if err := ev.Synchronize(ctx); err != nil {
+				return err
+			}
+			t.ringEv[slot] = nil
 		}
-		t.upload(&t.hb)
-		s, err := t.forward(ctx)
+		hb := &t.ring[slot]
+		if err := src.Next(ctx, hb); err != nil {
+			return err
+		}
+		t.upload(hb)
+		ev, err := t.be.RecordEvent(t.q)
 		if err != nil {
-			return 0, err
+			return err
 		}
-		sum += s
+		t.ringEv[slot] = ev
+		t.model.Forward(t.q, t.pass)
+		nb := int(t.pass.Losses.Bytes())
+		t.be.CopyToHost(t.q, t.stepHost[k*nb:(k+1)*nb], t.pass.Losses)
 		t.model.Backward(t.q, t.pass)
 	}
-	return sum / float64(t.TokensPerStep()), nil
+	return nil
 }
 
-// gradStats returns the global sum of squares of the gradients and whether
-// any was not finite.
-func (t *Trainer) gradStats(ctx context.Context) (sumsq float64, nonFinite bool, err error) {
-	t.be.Zero(t.q, t.stats)
-	for _, s := range t.st.Layers {
-		t.be.SumSquares(t.q, t.stats.Slice(0, 1), s.Grads)
-		t.be.CheckFinite(t.q, t.stats.Slice(1, 1), s.Grads)
+// stepStats waits for the work accumulate enqueued and returns, from one
+// read-back and one synchronization, the step's mean loss and, if grads,
+// the global sum of squares of the gradients and whether any was not
+// finite. The loss is summed on the host in float64 micro-batch by
+// micro-batch, in order, exactly as a per-micro-batch read-back would.
+func (t *Trainer) stepStats(ctx context.Context, grads bool) (loss, sumsq float64, nonFinite bool, err error) {
+	nl := t.opts.Accum * int(t.pass.Losses.Bytes())
+	if grads {
+		t.be.Zero(t.q, t.stats)
+		for _, s := range t.st.Layers {
+			t.be.SumSquares(t.q, t.stats.Slice(0, 1), s.Grads)
+			t.be.CheckFinite(t.q, t.stats.Slice(1, 1), s.Grads)
+		}
+		t.be.CopyToHost(t.q, t.stepHost[nl:], t.stats)
 	}
-	t.be.CopyToHost(t.q, t.statHost, t.stats)
 	if err := t.q.Synchronize(ctx); err != nil {
-		return 0, false, err
+		return 0, 0, false, err
 	}
-	ss := float64(math.Float32frombits(binary.LittleEndian.Uint32(t.statHost)))
-	flag := math.Float32frombits(binary.LittleEndian.Uint32(t.statHost[4:]))
-	return ss, flag != 0 || math.IsNaN(ss) || math.IsInf(ss, 0), nil
+	var sum float64
+	for k := 0; k < t.opts.Accum; k++ {
+		sum += t.sumLosses(t.stepHost[4*k*t.nLoss:])
+	}
+	loss = sum / float64(t.TokensPerStep())
+	if !grads {
+		return loss, 0, false, nil
+	}
+	ss := float64(math.Float32frombits(binary.LittleEndian.Uint32(t.stepHost[nl:])))
+	flag := math.Float32frombits(binary.LittleEndian.Uint32(t.stepHost[nl+4:]))
+	return loss, ss, flag != 0 || math.IsNaN(ss) || math.IsInf(ss, 0), nil
+}
+
+// sumLosses is lossMul times the float64 sum of the nLoss F32 losses at
+// the start of b.
+func (t *Trainer) sumLosses(b []byte) float64 {
+	var sum float64
+	for i := 0; i < t.nLoss; i++ {
+		sum += float64(math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])))
+	}
+	return sum * t.lossMul
 }
 
 // TrainStep runs one optimizer step: Accum micro-batches from src, loss
 // scaling, global-norm clipping and AdamW. On an error (ctx cancelled, bad
 // data) before the update, the weights and Step are unchanged; the update
 // itself is not interruptible.
+//
+// On the resident path the host waits for the device once per step, to
+// read the losses and gradient statistics together; the AdamW update is
+// enqueued and not waited for, so the host prepares the next step's
+// batches while it runs. An error the update hits is returned by the next
+// call that waits on the queue (the next TrainStep, a read of the weights,
+// Close).
 func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, error) {
 	if t.off != nil {
 		return t.offloadStep(ctx, src)
 	}
 	o := t.opts
 	r := StepResult{LR: o.Schedule.At(t.Step), LossScale: t.Scaler.Scale}
-	loss, err := t.accumulate(ctx, src)
+	if err := t.accumulate(ctx, src); err != nil {
+		return r, err
+	}
+	if t.gradHook != nil {
+		t.gradHook(t.Step)
+	}
+	loss, sumsq, overflow, err := t.stepStats(ctx, true)
 	if err != nil {
 		return r, err
 	}
 	r.Loss = loss
-	if t.gradHook != nil {
-		t.gradHook(t.Step)
-	}
-	sumsq, overflow, err := t.gradStats(ctx)
-	if err != nil {
-		return r, err
-	}
 	r.GradNorm = math.Sqrt(sumsq) / t.Scaler.Scale
 	if overflow {
 		r.GradNorm = math.Inf(1)
@@ -335,9 +420,6 @@ func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, e
 			t.be.AdamW(t.q, param(s.Master, ps), param(s.Grads, ps), param(s.M, ps), param(s.V, ps), out, p)
 		}
 	}
-	if err := t.q.Synchronize(context.Background()); err != nil {
-		return r, err
-	}
 	return r, nil
 }
 
@@ -348,7 +430,10 @@ func (t *Trainer) Gradients(ctx context.Context, src BatchSource) (loss float64,
 	if t.off != nil {
 		return 0, nil, fmt.Errorf("engine: Gradients needs a resident trainer")
 	}
-	if loss, err = t.accumulate(ctx, src); err != nil {
+	if err = t.accumulate(ctx, src); err != nil {
+		return 0, nil, err
+	}
+	if loss, _, _, err = t.stepStats(ctx, false); err != nil {
 		return 0, nil, err
 	}
 	for _, s := range t.st.Layers {

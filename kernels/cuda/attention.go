@@ -10,7 +10,9 @@ import (
 	"gorgonia.org/cu"
 )
 
-// Attention runs one of three implementations, chosen per call:
+// Attention runs one of three implementations, chosen per call (and the
+// forward pass, for bf16 with head size 64 or 128, a fourth: the
+// tensor-core flash kernel of flash.go, ahead of gemm):
 //
 //   - gemm (the default): the products QKᵀ, PV and the five of the
 //     backward pass as cuBLAS strided-batched GEMMs on the tensor cores,
@@ -40,6 +42,8 @@ const (
 	attnAuto    = iota // gemm, falling back to tiled, then rowwise
 	attnTiled          // tiled where it applies, else rowwise
 	attnRowwise        // rowwise only
+	attnFlash          // the flash forward wherever it applies, even if its self-check failed; else as attnAuto
+	attnNoFlash        // attnAuto without the flash forward
 )
 
 // attnImpl selects the implementation; tests set it to check each one.
@@ -181,8 +185,15 @@ func (b *Backend) AttentionForward(kq kernels.Queue, out, lse, qkv kernels.Tenso
 	l := b.typed(op, "lse", lse, kernels.F32, B*NH*T)
 	x := b.float(op, "qkv", qkv, B*T*3*C)
 	tiled := useTiled(B, C, NH)
+	impl := attnImpl
+	flash, useFlash := b.flashFunc(o, x, B, C, NH)
+	useFlash = useFlash && (impl == attnFlash || impl == attnAuto && b.flashErr == nil)
 	q.enqueue(func(q *queue) error {
-		if attnImpl == attnAuto {
+		if useFlash {
+			flashLaunches.Add(1)
+			return launchFlash(q.stream, flash, o.p, l, x.p, B, T, C, NH)
+		}
+		if impl == attnAuto || impl == attnFlash || impl == attnNoFlash {
 			if done, err := q.attnForwardGEMM(o, l, x, B, T, C, NH); done || err != nil {
 				return err
 			}
@@ -257,8 +268,9 @@ func (b *Backend) AttentionBackward(kq kernels.Queue, dqkv, dout, qkv, out, lse 
 	l := b.typed(op, "lse", lse, kernels.F32, B*NH*T)
 	nrows := B * NH * T
 	tiled := useTiled(B, C, NH)
+	impl := attnImpl
 	q.enqueue(func(q *queue) error {
-		if attnImpl == attnAuto {
+		if impl == attnAuto || impl == attnFlash || impl == attnNoFlash {
 			if done, err := q.attnBackwardGEMM(d, g, x, o, l, B, T, C, NH); done || err != nil {
 				return err
 			}

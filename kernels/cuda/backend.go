@@ -33,6 +33,9 @@ type Backend struct {
 	limit  int64
 	defq   *queue
 	closed atomic.Bool
+	// flashErr is why the tensor-core attention forward is not used (its
+	// kernels missing or its self-check at Open failed); nil when it is.
+	flashErr error
 
 	mem struct {
 		sync.Mutex
@@ -94,7 +97,13 @@ func Open(cfg kernels.Config) (*Backend, error) {
 		if b.alloc, err = cu.MakeStream(cu.NonBlocking); err != nil {
 			return err
 		}
-		return b.loadModules()
+		if err = b.loadModules(); err != nil {
+			return err
+		}
+		if b.flashErr == nil {
+			b.flashErr = b.checkFlash()
+		}
+		return nil
 	})
 	if err != nil {
 		b.release()

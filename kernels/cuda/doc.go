@@ -52,8 +52,12 @@
 // cuBLAS batched GEMMs with a second grow-only per-queue workspace for its
 // score matrices, tag "attention" (at most 1/16 of the budget per round of
 // score blocks; when it would take more than a quarter of the budget the
-// CUDA-core kernels run instead, see attention.go). cuBLAS's own
-// workspaces and the loaded modules are outside the budget.
+// CUDA-core kernels run instead, see attention.go). For bf16 with head
+// size 64 or 128 the forward pass runs a tensor-core flash kernel instead,
+// with no workspace (flash.go), once a self-check at Open has compared it
+// with the row-wise kernel. cuBLAS's own workspaces, the loaded modules and
+// that self-check's few hundred KiB (freed before Open returns) are outside
+// the budget.
 //
 // Copies accept any host memory. Pageable memory makes a copy synchronous
 // for the queue's goroutine (the driver stages it) but keeps the order;

@@ -22,6 +22,8 @@ type pair struct {
 	// nanOK lets check accept NaN where the reference has NaN; otherwise a
 	// NaN in the reference (a poisoned output left unwritten) fails.
 	nanOK bool
+	// drained is set once the cleanups have waited for both queues.
+	drained bool
 }
 
 // tp is one logical tensor on both backends.
@@ -92,7 +94,15 @@ func (p *pair) alloc(dt kernels.DType, n int) tp {
 	if err != nil {
 		p.t.Fatal(err)
 	}
-	p.t.Cleanup(func() { p.g.Free(gb); p.c.Free(cb) })
+	p.t.Cleanup(func() {
+		// The contract of Free: no queued work may still use the buffer.
+		// A test may end with work it never waited for (a last Zero), so
+		// drain both queues before the first Free. Freeing under a pending
+		// launch made that launch fail with InvalidValue, reported by Close.
+		p.drain()
+		p.g.Free(gb)
+		p.c.Free(cb)
+	})
 	return tp{kernels.View(gb, 0, dt, n), kernels.View(cb, 0, dt, n)}
 }
 
@@ -133,6 +143,21 @@ func (p *pair) poison(dt kernels.DType, n int) tp {
 	p.g.Fill(p.g.DefaultQueue(), x.g, float32(math.NaN()))
 	p.c.Fill(p.c.DefaultQueue(), x.c, float32(math.NaN()))
 	return x
+}
+
+// drain waits for both queues once, before the cleanups free buffers.
+func (p *pair) drain() {
+	if p.drained {
+		return
+	}
+	p.drained = true
+	ctx := context.Background()
+	if err := p.g.DefaultQueue().Synchronize(ctx); err != nil {
+		p.t.Errorf("cuda: draining before Free: %v", err)
+	}
+	if err := p.c.DefaultQueue().Synchronize(ctx); err != nil {
+		p.t.Errorf("cpu: draining before Free: %v", err)
+	}
 }
 
 func (p *pair) sync() {

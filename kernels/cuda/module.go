@@ -6,6 +6,7 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"maps"
 	"regexp"
 
 	"gorgonia.org/cu"
@@ -30,18 +31,16 @@ func (b *Backend) loadModules() error {
 		if err != nil {
 			return err
 		}
-		m, err := cu.LoadData(string(src))
+		fns, err := b.loadModule(f, string(src))
+		if err != nil && f == flashModule {
+			// Optional: without it attention takes the cuBLAS path.
+			b.flashErr = err
+			continue
+		}
 		if err != nil {
-			return fmt.Errorf("loading %s: %w", f, err)
+			return err
 		}
-		b.mods = append(b.mods, m)
-		for _, sub := range entryRE.FindAllStringSubmatch(string(src), -1) {
-			fn, err := m.Function(sub[1])
-			if err != nil {
-				return fmt.Errorf("%s: kernel %s: %w", f, sub[1], err)
-			}
-			b.fns[sub[1]] = fn
-		}
+		maps.Copy(b.fns, fns)
 	}
 	for _, name := range kernelNames {
 		if _, ok := b.fns[name]; !ok {
@@ -63,6 +62,27 @@ var kernelNames = []string{
 	"attention_forward", "attention_backward", "attention_backward_kv",
 	"attention_forward_tiled", "attention_backward_tiled", "attention_backward_kv_tiled",
 	"attn_split", "attn_merge_out", "attn_merge_grad", "attn_bwd_prep", "attn_softmax_fwd", "attn_softmax_bwd",
+}
+
+// flashModule holds the optional tensor-core attention kernels (flash.go).
+const flashModule = "ptx/flashattn.ptx"
+
+// loadModule loads one PTX module and returns its entry points.
+func (b *Backend) loadModule(f, src string) (map[string]cu.Function, error) {
+	m, err := cu.LoadData(src)
+	if err != nil {
+		return nil, fmt.Errorf("loading %s: %w", f, err)
+	}
+	b.mods = append(b.mods, m)
+	fns := map[string]cu.Function{}
+	for _, sub := range entryRE.FindAllStringSubmatch(src, -1) {
+		fn, err := m.Function(sub[1])
+		if err != nil {
+			return nil, fmt.Errorf("%s: kernel %s: %w", f, sub[1], err)
+		}
+		fns[sub[1]] = fn
+	}
+	return fns, nil
 }
 
 func (b *Backend) fn(name string) cu.Function {

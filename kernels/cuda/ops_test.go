@@ -208,8 +208,9 @@ func TestAttention(t *testing.T) {
 		qblock int
 		chunk  int64
 	}{
-		{"gemm", attnAuto, 256, 1 << 30},
-		{"gemm-blocked", attnAuto, 16, 1},
+		{"gemm", attnNoFlash, 256, 1 << 30},
+		{"gemm-blocked", attnNoFlash, 16, 1},
+		{"flash", attnFlash, 256, 1 << 30},
 		{"tiled", attnTiled, 256, 1 << 30},
 		{"rowwise", attnRowwise, 256, 1 << 30},
 	}
@@ -217,8 +218,42 @@ func TestAttention(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			defer func(impl, qb int, ch int64) { attnImpl, attnQBlock, attnChunkBytes = impl, qb, ch }(attnImpl, attnQBlock, attnChunkBytes)
 			attnImpl, attnQBlock, attnChunkBytes = c.impl, c.qblock, c.chunk
+			n0 := flashLaunches.Load()
 			testAttention(t)
+			// The shapes include bf16 with head sizes 128 and 64.
+			if ran := flashLaunches.Load() > n0; ran != (c.impl == attnFlash) {
+				t.Errorf("flash kernel ran: %v", ran)
+			}
 		})
+	}
+}
+
+// TestAttentionFlash checks the tensor-core forward kernel against the CPU
+// backend at tile edges (T of 1, 63, 64, 65, 129, 200; 16-row warp and
+// 64-row block boundaries) for both head sizes, and that the backend's
+// self-check at Open passed, which is what makes the kernel the default.
+func TestAttentionFlash(t *testing.T) {
+	defer func(impl int) { attnImpl = impl }(attnImpl)
+	attnImpl = attnFlash
+	p := openPair(t)
+	if err := p.g.(*Backend).flashErr; err != nil {
+		t.Errorf("flash self-check at Open: %v (the cuBLAS path is used instead)", err)
+	}
+	for _, sh := range [][4]int{{1, 1, 64, 1}, {2, 63, 128, 2}, {1, 64, 256, 2}, {2, 65, 256, 4}, {1, 129, 384, 3}, {2, 200, 512, 4}} {
+		B, T, C, NH := sh[0], sh[1], sh[2], sh[3]
+		name := fmt.Sprintf("B%d,T%d,C%d,NH%d", B, T, C, NH)
+		qkv := p.random(kernels.BF16, B*T*3*C, 2)
+		out := p.poison(kernels.BF16, B*T*C)
+		lse := p.poison(kernels.F32, B*NH*T)
+		n0 := flashLaunches.Load()
+		p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+			b.AttentionForward(q, s(out), s(lse), s(qkv), B, T, C, NH)
+		})
+		if flashLaunches.Load() == n0 {
+			t.Errorf("%s: the flash kernel did not run", name)
+		}
+		p.check(name+"/out", out, 1)
+		p.check(name+"/lse", lse, 2)
 	}
 }
 
@@ -229,7 +264,11 @@ func TestAttentionWorkspace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer be.Close()
+	defer func() {
+		if err := be.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}()
 	B, T, C, NH := 2, 64, 128, 4
 	alloc := func(dt kernels.DType, n int) kernels.Tensor {
 		buf, err := be.Alloc(int64(n*dt.Size()), "test")

@@ -199,6 +199,11 @@ type dim3 struct{ x, y, z int }
 // launch starts kernel name with grid and block sizes and the arguments,
 // each already encoded as 8 bytes (see the arg helpers).
 func (q *queue) launch(fn cu.Function, grid, block dim3, args ...uint64) error {
+	return launchOn(q.stream, fn, grid, block, args...)
+}
+
+// launchOn is launch on stream s (from any context goroutine).
+func launchOn(s cu.Stream, fn cu.Function, grid, block dim3, args ...uint64) error {
 	if grid.x == 0 {
 		return nil
 	}
@@ -206,7 +211,7 @@ func (q *queue) launch(fn cu.Function, grid, block dim3, args ...uint64) error {
 	for i := range args {
 		ptrs[i] = unsafe.Pointer(&args[i])
 	}
-	return fn.Launch(grid.x, max(grid.y, 1), max(grid.z, 1), block.x, max(block.y, 1), max(block.z, 1), 0, q.stream, ptrs)
+	return fn.Launch(grid.x, max(grid.y, 1), max(grid.z, 1), block.x, max(block.y, 1), max(block.z, 1), 0, s, ptrs)
 }
 
 // Kernel arguments, each in 8 bytes: the driver reads the parameter's own

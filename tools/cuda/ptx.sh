@@ -11,11 +11,22 @@ dst=$root/kernels/cuda/ptx
 nvcc=${NVCC:-nvcc}
 command -v "$nvcc" >/dev/null || { echo "ptx.sh: $nvcc not found (needs the CUDA toolkit)" >&2; exit 1; }
 mkdir -p "$dst"
+# Each file on its own: one that fails to compile keeps its committed PTX
+# (the others are still regenerated) and makes the script fail at the end.
+failed=()
 for f in "$src"/*.cu; do
   op=$(basename "$f" .cu)
   tmp=$(mktemp "$dst/.$op.XXXXXX")
-  "$nvcc" -ptx -arch=compute_80 -O3 -std=c++17 ${NVCC_FLAGS:-} -o "$tmp" "$f"
-  chmod 644 "$tmp"
-  mv "$tmp" "$dst/$op.ptx"
-  echo "ptx.sh: $op.ptx ($(wc -c <"$dst/$op.ptx") bytes)"
+  if "$nvcc" -ptx -arch=compute_80 -O3 -std=c++17 ${NVCC_FLAGS:-} -o "$tmp" "$f"; then
+    chmod 644 "$tmp"
+    mv "$tmp" "$dst/$op.ptx"
+    echo "ptx.sh: $op.ptx ($(wc -c <"$dst/$op.ptx") bytes)"
+  else
+    rm -f "$tmp"
+    failed+=("$op.cu")
+  fi
 done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "ptx.sh: failed to compile: ${failed[*]} (their committed PTX is kept)" >&2
+  exit 1
+fi

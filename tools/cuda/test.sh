@@ -27,7 +27,8 @@ step() {
   return $rc
 }
 if command -v nvcc >/dev/null; then
-  step ptx go generate ./kernels/cuda/ && tar -C kernels/cuda -cf "$out/ptx.tar" ptx
+  step ptx go generate ./kernels/cuda/
+  tar -C kernels/cuda -cf "$out/ptx.tar" ptx
 fi
 step vet go vet -tags cuda ./kernels/cuda/ ./cmd/spill/
 step test go test -tags cuda -count=1 -v -timeout 8m -run "${1:-.}" ./kernels/cuda/

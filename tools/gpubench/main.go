@@ -90,6 +90,8 @@ type attnResult struct {
 	FwdMs  float64 `json:"fwd_ms"`
 	BwdMs  float64 `json:"bwd_ms"`
 	TFLOPs float64 `json:"tflops_causal_3_5x_fwd"`
+	// Kernels names the implementation the backend chose, when it says.
+	Kernels string `json:"kernels,omitempty"`
 }
 
 type shapeReport struct {
@@ -425,7 +427,12 @@ func kernelBench(device string, s shape) ([]gemmResult, []attnResult, error) {
 	}
 	fl := 3.5 * 4 * float64(B) * float64(NH) * float64(T) * float64(T) / 2 * float64(C/NH)
 	a := attnResult{Name: s.Name, B: B, T: T, C: C, NH: NH, FwdMs: fwd, BwdMs: bwd, TFLOPs: fl / ((fwd + bwd) / 1e3) / 1e12}
-	fmt.Printf("   attention %s B%d T%d C%d NH%d: fwd %.3f ms, bwd %.3f ms, %.0f TFLOP/s (causal)\n", s.Name, B, T, C, NH, fwd, bwd, a.TFLOPs)
+	if ak, ok := be.(interface {
+		AttentionKernels(dt kernels.DType, C, NH int) string
+	}); ok {
+		a.Kernels = ak.AttentionKernels(kernels.BF16, C, NH)
+	}
+	fmt.Printf("   attention %s B%d T%d C%d NH%d: fwd %.3f ms, bwd %.3f ms, %.0f TFLOP/s (causal); %s\n", s.Name, B, T, C, NH, fwd, bwd, a.TFLOPs, a.Kernels)
 	return gs, []attnResult{a}, nil
 }
 

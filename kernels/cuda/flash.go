@@ -1,0 +1,165 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/spill-ml/spill/kernels"
+	"gorgonia.org/cu"
+)
+
+// The tensor-core forward kernel (kernels/flashattn.cu) computes causal
+// attention for bf16 qkv and out with head size 64 or 128, flash style: one
+// pass over the keys with the softmax online, mma.sync bf16 products with
+// float32 accumulation, nothing but out and lse written, no workspace.
+//
+// It is used by AttentionForward in place of the cuBLAS path when it
+// applies (flashFunc) and when the backend's self-check at Open passed
+// (checkFlash: the kernel against the row-wise CUDA-core kernel on a small
+// problem per head size). A kernel missing from the embedded PTX or
+// failing the check leaves Backend.flashErr set and the cuBLAS path in use;
+// TestAttention reports it. The backward pass is unchanged (cuBLAS).
+
+// flashRows is the number of query rows per block of the flash kernel;
+// flashThreads its block size.
+const (
+	flashRows    = 64
+	flashThreads = 128
+)
+
+// flashLaunches counts launches of the flash kernel by AttentionForward,
+// not by the self-check (tests check that the variant they select ran).
+var flashLaunches atomic.Int64
+
+func flashName(hs int) string { return fmt.Sprintf("flash_fwd_bf16_hs%d", hs) }
+
+// flashFunc returns the flash kernel for a forward call, or false when it
+// does not apply: dtypes other than bf16, a head size other than 64 or 128,
+// operands not aligned for its vector accesses (qkv to 16 bytes, out to 4),
+// or more than 65535 heads in all (the grid's y dimension).
+func (b *Backend) flashFunc(o, x operand, B, C, NH int) (cu.Function, bool) {
+	hs := C / NH
+	if o.dt != kernels.BF16 || x.dt != kernels.BF16 || (hs != 64 && hs != 128) || x.p%16 != 0 || o.p%4 != 0 || B*NH > 65535 {
+		return cu.Function{}, false
+	}
+	fn, ok := b.fns[flashName(hs)]
+	return fn, ok
+}
+
+// flashScale is log2(e)/sqrt(hs): the flash kernel works in base 2.
+func flashScale(hs int) float32 { return float32(math.Log2E / math.Sqrt(float64(hs))) }
+
+// launchFlash launches fn for out, lse, qkv on stream s.
+func launchFlash(s cu.Stream, fn cu.Function, o, lse, x cu.DevicePtr, B, T, C, NH int) error {
+	return launchOn(s, fn, dim3{x: (T + flashRows - 1) / flashRows, y: B * NH}, dim3{x: flashThreads},
+		aPtr(o), aPtr(lse), aPtr(x), aI32(T), aI32(C), aI32(NH), aF32(flashScale(C/NH)))
+}
+
+// AttentionKernels describes, for diagnostics and benchmarks, the
+// attention kernels this backend runs for dtype dt and C, NH under the
+// default selection (operand alignment aside; workspace permitting).
+func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
+	hs := C / NH
+	switch {
+	case dt != kernels.BF16 || (hs != 64 && hs != 128):
+		return "forward and backward: cuBLAS batched GEMMs"
+	case b.flashErr != nil:
+		return fmt.Sprintf("forward and backward: cuBLAS batched GEMMs (flash forward off: %v)", b.flashErr)
+	}
+	return "forward: tensor-core flash kernel; backward: cuBLAS batched GEMMs"
+}
+
+// checkFlash runs the flash kernel of each head size beside the row-wise
+// kernel on pseudo-random bf16 data (two key tiles, the second partial) on
+// the backend's allocation stream and compares out and lse. Called on a
+// context goroutine at Open; nil means the kernels may be used.
+func (b *Backend) checkFlash() error {
+	const B, T, NH = 2, 80, 2
+	for _, hs := range []int{64, 128} {
+		name := flashName(hs)
+		fn, ok := b.fns[name]
+		if !ok {
+			return fmt.Errorf("kernel %s missing from the embedded PTX", name)
+		}
+		if err := b.checkFlashShape(fn, B, T, NH*hs, NH); err != nil {
+			return fmt.Errorf("%s self-check (B%d T%d C%d NH%d): %w", name, B, T, NH*hs, NH, err)
+		}
+	}
+	return nil
+}
+
+func (b *Backend) checkFlashShape(fn cu.Function, B, T, C, NH int) error {
+	nx, no, nl := B*T*3*C, B*T*C, B*NH*T
+	host := make([]byte, 2*nx)
+	seed := uint32(12345)
+	for i := 0; i < nx; i++ {
+		seed = seed*1664525 + 1013904223
+		v := float32(seed>>8)/float32(1<<24)*4 - 2 // [-2, 2): peaked rows, far from uniform
+		binary.LittleEndian.PutUint16(host[2*i:], kernels.BF16FromF32(v))
+	}
+	offX := int64(0)
+	offO1 := align256(int64(2 * nx))
+	offO2 := offO1 + align256(int64(2*no))
+	offL1 := offO2 + align256(int64(2*no))
+	offL2 := offL1 + align256(int64(4*nl))
+	total := offL2 + align256(int64(4*nl))
+	base, err := cu.MemAlloc(total)
+	if err != nil {
+		return err
+	}
+	s := b.alloc
+	defer func() {
+		_ = s.Synchronize() // nothing in flight when the area is freed
+		_ = cu.MemFree(base)
+	}()
+	dx, do1, do2, dl1, dl2 := base+cu.DevicePtr(offX), base+cu.DevicePtr(offO1), base+cu.DevicePtr(offO2),
+		base+cu.DevicePtr(offL1), base+cu.DevicePtr(offL2)
+	if err := cu.MemsetD8Async(base, 0, total, s); err != nil {
+		return err
+	}
+	if err := cu.MemcpyHtoDAsync(dx, unsafe.Pointer(&host[0]), int64(len(host)), s); err != nil {
+		return err
+	}
+	if err := launchFlash(s, fn, do1, dl1, dx, B, T, C, NH); err != nil {
+		return err
+	}
+	if err := launchOn(s, b.fn("attention_forward"), rows(B*NH*T), block, aPtr(do2), aDT(kernels.BF16), aPtr(dl2),
+		aPtr(dx), aDT(kernels.BF16), aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {
+		return err
+	}
+	got := make([]byte, 2*no)
+	want := make([]byte, 2*no)
+	gotL := make([]byte, 4*nl)
+	wantL := make([]byte, 4*nl)
+	for _, c := range []struct {
+		dst []byte
+		src cu.DevicePtr
+	}{{got, do1}, {want, do2}, {gotL, dl1}, {wantL, dl2}} {
+		if err := cu.MemcpyDtoHAsync(unsafe.Pointer(&c.dst[0]), c.src, int64(len(c.dst)), s); err != nil {
+			return err
+		}
+	}
+	if err := s.Synchronize(); err != nil {
+		return err
+	}
+	for i := 0; i < no; i++ {
+		g := float64(kernels.F32FromBF16(binary.LittleEndian.Uint16(got[2*i:])))
+		w := float64(kernels.F32FromBF16(binary.LittleEndian.Uint16(want[2*i:])))
+		if !(math.Abs(g-w) <= 2e-2+1.6e-2*math.Abs(w)) {
+			return fmt.Errorf("out[%d] = %g, row-wise kernel %g", i, g, w)
+		}
+	}
+	for i := 0; i < nl; i++ {
+		g := float64(math.Float32frombits(binary.LittleEndian.Uint32(gotL[4*i:])))
+		w := float64(math.Float32frombits(binary.LittleEndian.Uint32(wantL[4*i:])))
+		if !(math.Abs(g-w) <= 1e-2+1e-3*math.Abs(w)) {
+			return fmt.Errorf("lse[%d] = %g, row-wise kernel %g", i, g, w)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,121 @@
+// flashattn_emu.cpp: runs flash_fwd of kernels/cuda/kernels/flashattn.cu on
+// the host, to check the kernel's index arithmetic without a GPU: each block
+// is 128 std::threads, __syncthreads a barrier, and mma.m16n8k16 and the
+// shuffles are emulated warp-collectively from the fragment layouts of the
+// PTX ISA. Out and lse are compared with a float64 reference; built with
+// AddressSanitizer it also checks every global and shared access is in
+// bounds. Run with tools/cuda/emu.sh (g++ only, no CUDA toolkit).
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+#include <random>
+#include <algorithm>
+typedef long long i64;
+struct __nv_bfloat16 { uint16_t bits; };
+struct __nv_bfloat162 { __nv_bfloat16 x, y; };
+struct uint4 { uint32_t x, y, z, w; };
+static uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
+static uint16_t f2bf(float f) { uint32_t u; memcpy(&u, &f, 4); if ((u & 0x7fffffff) > 0x7f800000) return 0x7fc0; u += 0x7fff + ((u >> 16) & 1); return u >> 16; }
+static float bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {{f2bf(a)}, {f2bf(b)}}; }
+struct dim { int x, y; };
+thread_local dim threadIdx, blockIdx;
+dim gridDim;
+#define __device__
+#define __forceinline__
+#define __restrict__
+#define FA_BQ 64
+#define FA_BK 64
+#define FA_THREADS 128
+#define FA_LN2 0.6931471805599453f
+std::barrier<>* blockBar;
+std::barrier<>* warpBar[4];
+static void __syncthreads() { blockBar->arrive_and_wait(); }
+float shf[4][32];
+static float __shfl_xor_sync(unsigned, float v, int o) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  shf[w][l] = v; warpBar[w]->arrive_and_wait();
+  float r = shf[w][l ^ o]; warpBar[w]->arrive_and_wait();
+  return r;
+}
+static uint32_t fa_pack(float lo, float hi) { return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16); }
+static uint32_t fa_ld32(const uint16_t* p) { uint32_t v; memcpy(&v, p, 4); return v; }
+uint32_t ma[4][32][4], mb[4][32][2];
+static float half(uint32_t r, int h) { return bf2f(h ? r >> 16 : r & 0xffff); }
+static void fa_mma(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  for (int i = 0; i < 4; i++) ma[w][l][i] = a[i];
+  mb[w][l][0] = b0; mb[w][l][1] = b1;
+  warpBar[w]->arrive_and_wait();
+  int g = l >> 2, c = l & 3;
+  for (int i = 0; i < 4; i++) {
+    int row = g + 8 * (i / 2), col = 2 * c + (i % 2);
+    float acc = d[i];
+    for (int k = 0; k < 16; k++) {
+      float A = half(ma[w][(row % 8) * 4 + (k % 8) / 2][(row / 8) + 2 * (k / 8)], k % 2);
+      float B = half(mb[w][col * 4 + (k % 8) / 2][k / 8], k % 2);
+      acc += A * B;
+    }
+    d[i] = acc;
+  }
+  warpBar[w]->arrive_and_wait();
+}
+using std::min;
+#include "flashattn_body.inc" // extracted from flashattn.cu by emu.sh
+
+template <int HS> void run(int B, int T, int NH, unsigned seed, int& bad) {
+  int C = NH * HS;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> U(-2, 2);
+  std::vector<uint16_t> qkv((size_t)B * T * 3 * C), out((size_t)B * T * C, 0x7fc0);
+  std::vector<float> lse((size_t)B * NH * T, NAN);
+  for (auto& x : qkv) x = f2bf(U(rng));
+  float sl2 = (float)(1.4426950408889634 / std::sqrt((double)HS));
+  gridDim = {(T + 63) / 64, B * NH};
+  std::vector<uint16_t> Ks(64 * (HS + 8)), Vt(HS * 72);
+  for (int by = 0; by < B * NH; by++)
+    for (int bx = 0; bx < gridDim.x; bx++) {
+      std::barrier<> bb(128), w0(32), w1(32), w2(32), w3(32);
+      blockBar = &bb; warpBar[0] = &w0; warpBar[1] = &w1; warpBar[2] = &w2; warpBar[3] = &w3;
+      std::vector<std::thread> th;
+      for (int t = 0; t < 128; t++)
+        th.emplace_back([&, t] {
+          threadIdx = {t, 0}; blockIdx = {bx, by};
+          flash_fwd<HS>(out.data(), lse.data(), qkv.data(), T, C, NH, sl2, Ks.data(), Vt.data());
+        });
+      for (auto& x : th) x.join();
+    }
+  // reference in double
+  double worst = 0, worstL = 0;
+  for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
+    auto at = [&](int tok, int which, int d) { return (double)bf2f(qkv[((size_t)b * T + tok) * 3 * C + which * C + h * HS + d]); };
+    std::vector<double> s(t + 1);
+    double m = -INFINITY;
+    for (int j = 0; j <= t; j++) { double acc = 0; for (int d = 0; d < HS; d++) acc += at(t, 0, d) * at(j, 1, d); s[j] = acc / std::sqrt((double)HS); m = std::max(m, s[j]); }
+    double l = 0; for (int j = 0; j <= t; j++) l += std::exp(s[j] - m);
+    double L = m + std::log(l);
+    double gl = lse[((size_t)b * NH + h) * T + t];
+    double el = std::fabs(gl - L); worstL = std::max(worstL, el);
+    if (!(el <= 1e-3 + 1e-4 * std::fabs(L))) { if (bad++ < 5) printf("lse b%d h%d t%d: %g vs %g\n", b, h, t, gl, L); }
+    for (int d = 0; d < HS; d++) {
+      double o = 0; for (int j = 0; j <= t; j++) o += std::exp(s[j] - L) * at(j, 2, d);
+      double g = bf2f(out[((size_t)b * T + t) * C + h * HS + d]);
+      double e = std::fabs(g - o); worst = std::max(worst, e / (2e-2 + 1.6e-2 * std::fabs(o)));
+      if (!(e <= 2e-2 + 1.6e-2 * std::fabs(o))) { if (bad++ < 5) printf("out b%d h%d t%d d%d: %g vs %g\n", b, h, t, d, g, o); }
+    }
+  }
+  printf("HS%d B%d T%d NH%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", HS, B, T, NH, worst, worstL, bad);
+}
+int main() {
+  int bad = 0;
+  run<64>(1, 1, 1, 1, bad);
+  run<64>(2, 65, 2, 2, bad);
+  run<128>(1, 63, 1, 3, bad);
+  run<128>(1, 130, 2, 4, bad);
+  run<64>(1, 200, 1, 5, bad);
+  return bad != 0;
+}
