@@ -155,8 +155,16 @@ type Config struct {
 	// Activations is the policy of every recomputable layer: "keep",
 	// "recompute" or "offload"; "" = the planner's choice per layer.
 	Activations string `toml:"activations" json:"activations"`
-	// HostMemory is the host memory budget for offloaded state in bytes;
-	// 0 = 80% of MemAvailable. In TOML it may be a string with a unit.
+	// DelayedUpdate runs the host optimizer of step t during step t+1
+	// (DeepSpeed's delayed parameter update): each step computes on the
+	// weights of two steps back, one step stale, and the update is off
+	// the critical path. It changes the math (it is part of the resume
+	// hash) and needs the out-of-core trainer: the run is planned out of
+	// core even when the state would fit the device. Default false.
+	DelayedUpdate bool `toml:"delayed_update" json:"delayed_update"`
+	// HostMemory is the host memory budget for offloaded state in bytes:
+	// the budget of the pool of pinned memory that holds it; 0 = 80% of
+	// MemAvailable. In TOML it may be a string with a unit.
 	HostMemory int64 `toml:"host_memory" json:"host_memory"`
 	// DiskDir is the directory of the disk tier (optimizer state on
 	// disk); "" = no disk tier.
@@ -525,7 +533,7 @@ func (c *Config) Validate() error {
 var mathFields = []string{
 	"eval_fraction", "model", "layers", "heads", "embd", "vocab", "max_seq", "hidden", "task", "classes",
 	"batch", "seq_len", "accum", "lr", "min_lr", "warmup", "weight_decay", "beta1", "beta2", "eps",
-	"grad_clip", "precision", "loss_scale", "scale_window", "seed",
+	"grad_clip", "precision", "loss_scale", "scale_window", "seed", "delayed_update",
 }
 
 // mathMap returns the math-defining fields by TOML key, as JSON values.
@@ -545,6 +553,9 @@ func (c *Config) mathMap() map[string]json.RawMessage {
 	m := make(map[string]json.RawMessage, len(mathFields))
 	for _, k := range mathFields {
 		m[k] = all[k]
+	}
+	if !c.DelayedUpdate {
+		delete(m, "delayed_update") // hashes from before the option stay valid
 	}
 	return m
 }
@@ -622,6 +633,12 @@ func (c *Config) validateOffload(bad func(key, format string, args ...any)) {
 		}
 	default:
 		bad("activations", "unknown policy %q (want keep, recompute or offload)", c.Activations)
+	}
+	if c.DelayedUpdate && c.Offload == OffloadNone {
+		bad("delayed_update", "conflicts with offload = none (the resident trainer updates on the device, in step)")
+	}
+	if c.DelayedUpdate && c.OffloadOptimizer == "device" {
+		bad("delayed_update", "needs the optimizer off the device (offload_optimizer host or disk)")
 	}
 	if c.HostMemory < 0 {
 		bad("host_memory", "must be >= 0, got %d", c.HostMemory)

@@ -56,6 +56,21 @@ type OffloadOptions struct {
 	// the compute-dtype weights and of the gradients. Default off: every
 	// step sees the weights of the previous update, as NewTrainer's do.
 	DelayedUpdate bool
+	// HostBudget is the budget of the host pool that holds the layer
+	// state (master weights, moments, gradient and weight buffers,
+	// offloaded activations) in pinned memory; 0 means what the state
+	// needs (OffloadHostBytes). The pool checks RLIMIT_MEMLOCK (when its
+	// memory counts against it) and MemAvailable first: when it would
+	// degrade, or the state does not fit its budget, the state is kept in
+	// ordinary Go memory instead and HostPinning says why.
+	HostBudget int64
+	// HostPinner supplies the pinned memory; nil means the backend's own
+	// allocator when it has one (kernels.PinnedAllocator, CUDA's
+	// cuMemHostAlloc), else unlocked anonymous mappings off the Go heap
+	// (offload.MmapPinner).
+	HostPinner offload.Pinner
+	// HostLimits, if set, replaces offload.ReadLimits (tests).
+	HostLimits func() (offload.Limits, error)
 }
 
 func (o *OffloadOptions) validate(m *Model) error {
@@ -371,6 +386,88 @@ type offloadState struct {
 	fixedBytes int64
 	hostBytes  int64
 	cur        int // which of the pass's two gradient buffers is DIn
+	// Host memory: the pool and its buffers when the state is pinned
+	// (hostPinned), and what was decided.
+	pool       *offload.HostPool
+	hostBufs   []*offload.HostBuf
+	hostPinned bool
+	hostNote   string
+}
+
+// hostAlloc returns n zeroed bytes of host state, from the pinned pool
+// when there is one (else, or when the pool's budget is spent, Go memory).
+func (st *offloadState) hostAlloc(n int64) []byte {
+	st.hostBytes += n
+	if n <= 0 || st.pool == nil {
+		return offload.NewF32Bytes(n)
+	}
+	pins := st.pool.Stats().Pins
+	b, ok, err := st.pool.TryAcquire(n)
+	if err != nil || !ok {
+		if st.hostPinned {
+			why := "its budget is spent"
+			if err != nil {
+				why = err.Error()
+			}
+			st.hostPinned = false
+			st.hostNote += fmt.Sprintf("; the pool could not hold a buffer of %s (%s): the rest is unpinned",
+				kernels.FormatBytes(n), why)
+		}
+		return offload.NewF32Bytes(n)
+	}
+	st.hostBufs = append(st.hostBufs, b)
+	if st.pool.Stats().Pins == pins {
+		clear(b.Bytes()) // reused memory (fresh pins are zeroed)
+	}
+	return b.Bytes()
+}
+
+// openHostPool decides where the host state lives: in a pool of pinned
+// memory of o.HostBudget bytes (need when 0), or, when the system cannot
+// pin that much (the pool would degrade to a staging ring), in Go memory.
+func (st *offloadState) openHostPool(be kernels.Backend, need int64, nbufs int) error {
+	o := &st.opts
+	budget := o.HostBudget
+	if budget <= 0 {
+		budget = need + int64(nbufs)*(4<<10) // the pool rounds buffers to pages
+	}
+	cfg := offload.HostConfig{Budget: max(budget, 1), Pinner: o.HostPinner, ReadLimits: o.HostLimits}
+	if cfg.Pinner == nil {
+		cfg.Pinner = offload.PinnerFor(be, false)
+	}
+	kind := "page-locked"
+	if mp, ok := cfg.Pinner.(offload.MmapPinner); ok {
+		kind = "anonymous mmap off the Go heap, not locked"
+		if mp.Lock {
+			kind = "anonymous mmap off the Go heap, mlocked"
+		}
+	}
+	d, err := offload.DecideHost(cfg)
+	if err != nil || d.Degraded {
+		why := d.String()
+		if err != nil {
+			why = err.Error()
+		}
+		st.hostNote = fmt.Sprintf("host state (%s) in unpinned Go memory: %s", kernels.FormatBytes(need), why)
+		return nil
+	}
+	if st.pool, err = offload.NewHostPool(cfg); err != nil {
+		return err
+	}
+	st.hostPinned = true
+	st.hostNote = fmt.Sprintf("host state (%s) in the host pool (%s); %s", kernels.FormatBytes(need), kind, d)
+	return nil
+}
+
+// HostPinning reports how an out-of-core trainer holds its host state:
+// pinned is true when all of it is in the host pool's buffers (page-locked,
+// or on the CPU backend anonymous mappings off the Go heap); note says what
+// the pool decided and why. A resident trainer returns false, "".
+func (t *Trainer) HostPinning() (pinned bool, note string) {
+	if t.off == nil {
+		return false, ""
+	}
+	return t.off.hostPinned, t.off.hostNote
 }
 
 // NewOffloadTrainer returns a Trainer that keeps the model's state where o
@@ -460,23 +557,24 @@ func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o Offloa
 	if err != nil {
 		return t, fmt.Errorf("engine: allocating trainer buffers: %w", err)
 	}
-	// Host state.
+	// Host state, in the pinned pool when it fits.
+	hostNeed := byteClasses(OffloadHostBytes(m, B, T, o)).total()
+	if err = st.openHostPool(be, hostNeed, 8*n+2); err != nil {
+		return t, err
+	}
 	st.host = make([]hostLayer, n)
 	for i, l := range m.Layers {
 		h := &st.host[i]
 		np := int64(l.NumParams())
-		h.master = offload.NewF32Bytes(4 * np)
+		h.master = st.hostAlloc(4 * np)
 		h.weights = h.master
 		cb := np * int64(m.DType.Size())
 		if m.DType != kernels.F32 || o.DelayedUpdate {
-			h.weights = offload.NewF32Bytes(cb)
-			st.hostBytes += cb
+			h.weights = st.hostAlloc(cb)
 		}
-		h.grads = offload.NewF32Bytes(cb)
-		st.hostBytes += int64(len(h.master) + len(h.grads))
+		h.grads = st.hostAlloc(cb)
 		if o.DelayedUpdate {
-			h.spareW, h.spareG = offload.NewF32Bytes(cb), offload.NewF32Bytes(cb)
-			st.hostBytes += 2 * cb
+			h.spareW, h.spareG = st.hostAlloc(cb), st.hostAlloc(cb)
 		}
 		if st.disk != nil {
 			for _, cl := range []offload.Class{offload.AdamM, offload.AdamV} {
@@ -485,8 +583,7 @@ func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o Offloa
 				}
 			}
 		} else {
-			h.m, h.v = offload.NewF32Bytes(4*np), offload.NewF32Bytes(4*np)
-			st.hostBytes += 8 * np
+			h.m, h.v = st.hostAlloc(4*np), st.hostAlloc(4*np)
 		}
 		h.done = make(chan struct{})
 		close(h.done)
@@ -506,10 +603,16 @@ func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o Offloa
 	st.statBuf = make([]byte, 8*n)
 	st.train = buildSchedule(m, &st.opts, B, T, to.Accum, true)
 	st.eval = buildSchedule(m, &st.opts, B, T, 1, false)
+	// Offloaded activations: one host buffer per layer, shared by the
+	// micro-batches (micro-batch k+1's copy out follows k's copy back,
+	// through the backward that waits for it).
+	actHost := map[int][]byte{}
 	for _, iv := range st.train.ivs {
 		if iv.class == tcActs && iv.evict {
-			iv.host = offload.NewF32Bytes(4 * actElems(iv))
-			st.hostBytes += int64(len(iv.host))
+			if actHost[iv.layer] == nil {
+				actHost[iv.layer] = st.hostAlloc(4 * actElems(iv))
+			}
+			iv.host = actHost[iv.layer]
 		}
 	}
 	for _, iv := range st.train.ivs {
@@ -629,6 +732,15 @@ func (st *offloadState) close(be kernels.Backend) {
 	_ = st.cache.Close()
 	if st.disk != nil {
 		_ = st.disk.Close()
+	}
+	// No copy or update uses the host state any more.
+	for _, b := range st.hostBufs {
+		b.Release()
+	}
+	st.hostBufs, st.host = nil, nil
+	if st.pool != nil {
+		_ = st.pool.Close()
+		st.pool = nil
 	}
 }
 

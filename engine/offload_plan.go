@@ -13,9 +13,9 @@ import (
 
 // ActOffloadSupported says whether NewOffloadTrainer executes the
 // "offload" activation policy (activations copied to the host and back);
-// until it does, the planner is not offered it and OffloadTo placements
-// are not chosen.
-var ActOffloadSupported = false
+// when false, the planner is not offered it and OffloadTo placements are
+// not chosen.
+var ActOffloadSupported = true
 
 // PlanShape is m as offload.Plan sees it when it trains on sequences of T
 // positions (T is 1 for record models): every layer's exact parameter count
@@ -202,6 +202,45 @@ func OffloadDeviceBytes(m *Model, B, T, accum int, o OffloadOptions) map[offload
 	return by
 }
 
+// OffloadHostBytes is the host memory NewOffloadTrainer(be, m, to, o)
+// holds for layer state, by class, computed without allocating: the same
+// figure as the trainer's HostBytes. Per layer: the fp32 master, the
+// compute-dtype weights the fetches read (the master itself in fp32 runs
+// without DelayedUpdate), the gradients' landing buffer, the Adam moments
+// unless they are on disk, and with DelayedUpdate a second compute-dtype
+// copy of the weights and of the gradients; per offloaded layer, its
+// activations of one micro-batch (the micro-batches share the buffer).
+func OffloadHostBytes(m *Model, B, T int, o OffloadOptions) map[offload.Class]int64 {
+	by := byteClasses{}
+	es := int64(m.DType.Size())
+	for i, l := range m.Layers {
+		np := int64(l.NumParams())
+		cb := np * es
+		by[offload.Master] += 4 * np
+		if m.DType != kernels.F32 || o.DelayedUpdate {
+			by[offload.Weights] += cb
+		}
+		by[offload.Grads] += cb
+		if o.DelayedUpdate {
+			by[offload.Weights] += cb
+			by[offload.Grads] += cb
+		}
+		if o.Optimizer != offload.TierDisk {
+			by[offload.AdamM] += 4 * np
+			by[offload.AdamV] += 4 * np
+		}
+		if o.policy(m, i) == offload.OffloadTo {
+			by[offload.Activations] += 4 * ((l.ActivationBytes(B, T) + 3) / 4)
+		}
+	}
+	for k, v := range by {
+		if v == 0 {
+			delete(by, k)
+		}
+	}
+	return by
+}
+
 // PlanRequest is what PlanTrainer plans for. Zero override fields leave the
 // choice to the planner.
 type PlanRequest struct {
@@ -220,6 +259,9 @@ type PlanRequest struct {
 	Weights, Grads, Optimizer offload.Tier
 	Prefetch                  int
 	Activations               string
+	// DelayedUpdate plans for OffloadOptions.DelayedUpdate: the resident
+	// trainer is never chosen (it has no delayed update).
+	DelayedUpdate bool
 }
 
 // TrainerPlan is a placement and what the engine builds from it.
@@ -243,7 +285,10 @@ type TrainerPlan struct {
 // it fits. It fails with the planner's *offload.InfeasibleError when
 // nothing fits.
 func PlanTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
-	if !req.Resident && req.Weights == 0 && req.Grads == 0 && req.Optimizer == 0 && req.Prefetch == 0 && req.Activations == "" {
+	if req.DelayedUpdate && req.Resident {
+		return nil, errors.New("engine: plan: the resident trainer has no delayed update")
+	}
+	if !req.Resident && !req.DelayedUpdate && req.Weights == 0 && req.Grads == 0 && req.Optimizer == 0 && req.Prefetch == 0 && req.Activations == "" {
 		r := req
 		r.Resident = true
 		if p, err := planTrainer(m, r); err == nil {
@@ -280,6 +325,9 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 			return false
 		}
 		if req.Resident && (!resident || p.MicroBatch != req.B) {
+			return false
+		}
+		if req.DelayedUpdate && resident {
 			return false
 		}
 		if p.Optimizer == offload.TierDisk && !hasDisk {
@@ -326,9 +374,16 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 		cache[k] = by
 		return by
 	}
+	hostPeak := func(p *offload.Placement) map[offload.Class]int64 {
+		if p.Optimizer == offload.TierDevice {
+			return nil
+		}
+		return OffloadHostBytes(m, p.MicroBatch, req.T, optionsFor(p, req, budgets))
+	}
 	pl, err := offload.Plan(offload.Request{
 		Model: PlanShape(req.Name, m, req.T), Batch: req.B * req.Accum, Precision: PrecisionOf(m.DType),
-		Budgets: budgets, Hardware: req.Hardware, Allow: allow, DevicePeak: peak,
+		Budgets: budgets, Hardware: req.Hardware, Allow: allow, DevicePeak: peak, HostPeak: hostPeak,
+		DelayedUpdate: req.DelayedUpdate,
 	})
 	if err != nil {
 		return nil, err
@@ -346,6 +401,7 @@ func optionsFor(p *offload.Placement, req PlanRequest, b offload.Budgets) Offloa
 	o := OffloadOptions{
 		Weights: p.Weights, Grads: p.Grads, Optimizer: p.Optimizer,
 		Prefetch: max(p.PrefetchDepth, req.Prefetch, 1), DeviceBudget: b.Device,
+		DelayedUpdate: req.DelayedUpdate, HostBudget: b.Host,
 	}
 	if p.Optimizer == offload.TierDisk {
 		o.DiskDir, o.DiskBudget = req.DiskDir, b.Disk
@@ -444,7 +500,8 @@ func deviceBudget(cfg *Config, be kernels.Backend) int64 {
 // planRequest is the PlanRequest of a run.
 func planRequest(cfg *Config, be kernels.Backend, B, T int, budget int64) PlanRequest {
 	req := PlanRequest{Name: cfg.Model, B: B, T: T, Accum: cfg.Accum, DiskDir: cfg.DiskDir,
-		Resident: cfg.Offload == OffloadNone, Prefetch: cfg.Prefetch, Activations: cfg.Activations}
+		Resident: cfg.Offload == OffloadNone, Prefetch: cfg.Prefetch, Activations: cfg.Activations,
+		DelayedUpdate: cfg.DelayedUpdate}
 	req.Budgets.Device = budget
 	req.Budgets.Host = cfg.HostMemory
 	if req.Budgets.Host == 0 {
@@ -494,7 +551,8 @@ func planHint(m *Model, req PlanRequest) string {
 
 // hasOverrides reports whether cfg pins any placement choice.
 func (c *Config) hasOverrides() bool {
-	return c.OffloadWeights != "" || c.OffloadGrads != "" || c.OffloadOptimizer != "" || c.Prefetch != 0 || c.Activations != ""
+	return c.OffloadWeights != "" || c.OffloadGrads != "" || c.OffloadOptimizer != "" || c.Prefetch != 0 || c.Activations != "" ||
+		c.DelayedUpdate
 }
 
 // newRunTrainer builds the trainer a run uses: resident, as without a
@@ -524,9 +582,17 @@ func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int) (*Traine
 		}
 		return tr, tp, nil
 	}
+	if budget <= 0 {
+		// Overrides without a device budget: plan as if the device were
+		// unbounded and leave the cache without a limit.
+		req.Budgets.Device = 1 << 60
+	}
 	tp, err := PlanTrainer(m, req)
 	if err != nil {
 		return nil, nil, fmt.Errorf("engine: planning for a device budget of %s: %w", kernels.FormatBytes(budget), err)
+	}
+	if budget <= 0 {
+		tp.Options.DeviceBudget = 0
 	}
 	to := trainerOptions(cfg, tp.B, T)
 	to.Accum = tp.Accum

@@ -39,6 +39,9 @@ type Summary struct {
 	PredictedDevicePeak, MeasuredDevicePeak int64
 	PredictedHostBytes, HostBytes           int64
 	PredictedStepTime, MeanStepTime         float64
+	// HostPinning says where the out-of-core trainer holds its host
+	// state (pinned pool or unpinned memory) and why ("" when resident).
+	HostPinning string
 	// MemorySummary is the device memory summary at the end (the offload
 	// cache's table, or the backend's allocations by class).
 	MemorySummary string
@@ -138,6 +141,10 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (*Summary, error) {
 			_ = plan.Placement.WriteTable(opts.Log)
 		}
 	}
+	_, hostNote := tr.HostPinning()
+	if hostNote != "" {
+		logf("%s", hostNote)
+	}
 	B = plan.B // the micro-batch the plan chose
 
 	hash := cfg.Hash()
@@ -185,7 +192,7 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (*Summary, error) {
 	dec := newDecoder(model, ds.Schema(), B, T, dataDir)
 	feed := &loaderFeed{l: loader, dec: dec}
 
-	sum := &Summary{Plan: plan, PredictedDevicePeak: plan.DevicePeak}
+	sum := &Summary{Plan: plan, PredictedDevicePeak: plan.DevicePeak, HostPinning: hostNote}
 	if plan.Placement != nil {
 		sum.PredictedStepTime = plan.Placement.StepTime
 		if !plan.Resident {

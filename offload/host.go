@@ -238,6 +238,31 @@ func (p *HostPool) Acquire(ctx context.Context, n int64) (*HostBuf, error) {
 	return &HostBuf{p: p, mem: mem, n: n, cost: cost}, nil
 }
 
+// TryAcquire is Acquire without waiting: it returns ok false when the
+// budget is taken by other buffers now.
+func (p *HostPool) TryAcquire(n int64) (b *HostBuf, ok bool, err error) {
+	cost := roundUp(n, 4<<10)
+	limit := p.dec.Granted
+	if p.dec.Degraded {
+		cost, limit = p.dec.StagingSize, p.dec.StagingSize
+	}
+	if n <= 0 {
+		return nil, false, fmt.Errorf("offload: host buffer of %d bytes", n)
+	}
+	if roundUp(n, 4<<10) > limit {
+		return nil, false, p.budgetError(n)
+	}
+	if !p.sem.TryAcquire(cost) {
+		return nil, false, nil
+	}
+	mem, err := p.take(cost)
+	if err != nil {
+		p.sem.Release(cost)
+		return nil, false, err
+	}
+	return &HostBuf{p: p, mem: mem, n: n, cost: cost}, true, nil
+}
+
 func (p *HostPool) budgetError(n int64) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -339,4 +364,47 @@ func (p *HostPool) Close() error {
 	}
 	clear(p.mu.cache)
 	return first
+}
+
+// AllocatorPinner is the Pinner of a backend that allocates page-locked
+// memory itself (kernels.PinnedAllocator, e.g. CUDA's cuMemHostAlloc). The
+// driver pins it: it does not count against RLIMIT_MEMLOCK.
+type AllocatorPinner struct{ A kernels.PinnedAllocator }
+
+type allocatorMem struct {
+	a kernels.PinnedAllocator
+	b []byte
+}
+
+func (m *allocatorMem) Bytes() []byte { return m.b }
+
+func (m *allocatorMem) Free() error {
+	if m.b == nil {
+		return fmt.Errorf("offload: host memory freed twice")
+	}
+	b := m.b
+	m.b = nil
+	return m.a.FreePinned(b)
+}
+
+// Pin allocates n bytes from the backend.
+func (p AllocatorPinner) Pin(n int64) (HostMemory, error) {
+	b, err := p.A.AllocPinned(int(n))
+	if err != nil {
+		return nil, err
+	}
+	return &allocatorMem{a: p.A, b: b}, nil
+}
+
+// CountsAgainstMemlock is false: the driver pins the memory.
+func (p AllocatorPinner) CountsAgainstMemlock() bool { return false }
+
+// PinnerFor is the Pinner of backend be: its own allocator when it has
+// one (kernels.PinnedAllocator), else anonymous mappings off the Go heap
+// (MmapPinner) locked into RAM when lock is set.
+func PinnerFor(be kernels.Backend, lock bool) Pinner {
+	if a, ok := be.(kernels.PinnedAllocator); ok {
+		return AllocatorPinner{A: a}
+	}
+	return MmapPinner{Lock: lock}
 }

@@ -201,3 +201,56 @@ func TestMmapPinnerAndLimits(t *testing.T) {
 		t.Fatalf("meminfo: %d %v", n, err)
 	}
 }
+
+// fakeAllocator is a kernels.PinnedAllocator that counts its buffers.
+type fakeAllocator struct{ live map[*byte]int }
+
+func (a *fakeAllocator) AllocPinned(n int) ([]byte, error) {
+	b := make([]byte, n)
+	a.live[&b[0]] = n
+	return b, nil
+}
+
+func (a *fakeAllocator) FreePinned(b []byte) error {
+	if _, ok := a.live[&b[0]]; !ok {
+		return errors.New("not allocated here")
+	}
+	delete(a.live, &b[0])
+	return nil
+}
+
+// TestHostPoolTryAcquireAndAllocatorPinner: TryAcquire never waits (it
+// says the budget is taken instead), and a pool over a backend's allocator
+// frees everything it pinned through it on Close.
+func TestHostPoolTryAcquireAndAllocatorPinner(t *testing.T) {
+	a := &fakeAllocator{live: map[*byte]int{}}
+	pin := AllocatorPinner{A: a}
+	if pin.CountsAgainstMemlock() {
+		t.Error("driver-pinned memory counts against RLIMIT_MEMLOCK")
+	}
+	p, err := NewHostPool(HostConfig{Budget: 64 * KiB, Pinner: pin, ReadLimits: limitsOf(Limits{Memlock: 4 * KiB, MemAvailable: -1})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Decision().Degraded {
+		t.Fatalf("memlock applied to driver-pinned memory: %v", p.Decision())
+	}
+	b1, ok, err := p.TryAcquire(40 * KiB)
+	if err != nil || !ok {
+		t.Fatalf("TryAcquire: %v %v", ok, err)
+	}
+	if _, ok, err := p.TryAcquire(40 * KiB); ok || err != nil {
+		t.Fatalf("second TryAcquire over budget: ok %v, err %v; want not ok, no error", ok, err)
+	}
+	var be *BudgetError
+	if _, _, err := p.TryAcquire(100 * KiB); !errors.As(err, &be) {
+		t.Fatalf("TryAcquire larger than the budget: %v", err)
+	}
+	if len(a.live) != 1 {
+		t.Fatalf("%d buffers allocated, want 1", len(a.live))
+	}
+	b1.Release()
+	if err := p.Close(); err != nil || len(a.live) != 0 {
+		t.Fatalf("Close: %v, %d buffers still allocated", err, len(a.live))
+	}
+}

@@ -37,6 +37,15 @@ type Request struct {
 	// is added to it. It sees the same fields as Allow and is called only
 	// for allowed candidates.
 	DevicePeak func(p *Placement) map[Class]int64
+	// HostPeak, if set, is the exact host memory a placement's trainer
+	// holds, by class: it replaces the planner's host estimate (the
+	// profile's HostReserve is still added). Like DevicePeak it is called
+	// only for allowed candidates.
+	HostPeak func(p *Placement) map[Class]int64
+	// DelayedUpdate: the host optimizer of step t runs during step t+1
+	// (off the critical path), and the host holds a second compute-dtype
+	// copy of the weights and of the gradients.
+	DelayedUpdate bool
 }
 
 // ActPolicy is what a layer does with its saved activations.
@@ -316,6 +325,10 @@ func (pl *planner) evaluate(c choice, perMB perMB) eval {
 		host[AdamM] += 2 * 4 * pl.Pmax
 		host[AdamV] += 2 * 4 * pl.Pmax
 	}
+	if pl.req.DelayedUpdate && c.o != TierDevice {
+		host[Weights] += s * P // the update in flight writes the other copy
+		host[Grads] += s * P
+	}
 	// activations, for one micro-batch of m tokens
 	a := (pl.fixedAct + actKeep + ckpt) * m
 	if c.off > 0 {
@@ -376,6 +389,10 @@ func (pl *planner) evaluate(c choice, perMB perMB) eval {
 		// Layer-wise: a layer's update starts when its gradients are final
 		// in the last micro-batch's backward (two thirds of it).
 		exposed := max(phase-tmb*2/3, phase/float64(pl.nLayers))
+		if pl.req.DelayedUpdate {
+			// The update runs during the next step's micro-batches.
+			exposed = max(phase-A*tmb, 0)
+		}
 		ev.step = A*tmb + exposed
 	}
 	ev.busy.Compute += A * tc
@@ -542,7 +559,7 @@ func (pl *planner) search() (*Placement, error) {
 // refine applies Request.Allow and Request.DevicePeak to a candidate; it
 // reports false when Allow rejects it.
 func (pl *planner) refine(c choice, ev *eval) bool {
-	if pl.req.Allow == nil && pl.req.DevicePeak == nil {
+	if pl.req.Allow == nil && pl.req.DevicePeak == nil && pl.req.HostPeak == nil {
 		return true
 	}
 	p := pl.candidate(c)
@@ -557,6 +574,16 @@ func (pl *planner) refine(c choice, ev *eval) bool {
 			}
 		}
 		ev.exact = true
+	}
+	if pl.req.HostPeak != nil {
+		ev.by[1] = [numClasses]int64{}
+		for cl, n := range pl.req.HostPeak(p) {
+			if cl < numClasses {
+				ev.by[1][cl] = n
+			}
+		}
+	}
+	if pl.req.DevicePeak != nil || pl.req.HostPeak != nil {
 		pl.peaks(ev)
 	}
 	return true

@@ -214,3 +214,33 @@ func TestParseBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanDelayedUpdate: the delayed update costs each host-optimizer
+// placement a second compute-dtype copy of the weights and of the
+// gradients in host memory, and never predicts a slower step.
+func TestPlanDelayedUpdate(t *testing.T) {
+	m := gpt(t, "gpt2-1.3b")
+	allow := func(p *Placement) bool {
+		return p.Weights == TierHost && p.Grads == TierHost && p.Optimizer == TierHost && p.MicroBatch == 8
+	}
+	req := Request{Model: m, Batch: 8, Precision: BF16, Budgets: Budgets{Device: 12 * GiB, Host: 128 * GiB}, Allow: allow}
+	sync, err := Plan(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.DelayedUpdate = true
+	delayed, err := Plan(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkPlan(t, delayed, req)
+	sh, dh := sync.Memory[1], delayed.Memory[1]
+	s := int64(2) * m.Params()
+	if dh.ByClass[Weights]-sh.ByClass[Weights] != s || dh.ByClass[Grads]-sh.ByClass[Grads] != s {
+		t.Errorf("host weights %d -> %d, grads %d -> %d: want +%d each", sh.ByClass[Weights], dh.ByClass[Weights],
+			sh.ByClass[Grads], dh.ByClass[Grads], s)
+	}
+	if delayed.StepTime > sync.StepTime*(1+1e-9) {
+		t.Errorf("delayed update predicts %.4fs, slower than %.4fs", delayed.StepTime, sync.StepTime)
+	}
+}

@@ -133,10 +133,12 @@ func newConfigFlags(fs *flag.FlagSet) *configFlags {
 	str("offload-grads", func(c *engine.Config) *string { return &c.OffloadGrads }, "", "pin the gradients to device or host (default: the planner's choice)")
 	str("offload-optimizer", func(c *engine.Config) *string { return &c.OffloadOptimizer }, "", "pin master weights and Adam state to device, host or disk (default: the planner's choice)")
 	num("prefetch", func(c *engine.Config) *int { return &c.Prefetch }, 0, "layers fetched ahead of the compute when streaming (default: the planner's choice)")
-	str("activations", func(c *engine.Config) *string { return &c.Activations }, "", "activation policy of every block: keep, recompute or offload (default: the planner's choice per layer)")
+	str("activations", func(c *engine.Config) *string { return &c.Activations }, "", "activation policy of every block: keep, recompute or offload (copied to host memory and back) (default: the planner's choice per layer)")
+	bind(f, "delayed-update", func(c *engine.Config) *bool { return &c.DelayedUpdate }, false,
+		"run each step's host optimizer during the next step (one step stale weights; trains out of core)", fs.BoolVar)
 	hostMem := &byteSizeFlag{}
 	bindValue(f, "host-memory", hostMem, func(c *engine.Config) { c.HostMemory = hostMem.n },
-		"host memory budget for offloaded state, e.g. 64GiB (default: 80% of MemAvailable)")
+		"host memory budget for offloaded state, pinned when the system allows, e.g. 64GiB (default: 80% of MemAvailable)")
 	str("disk-dir", func(c *engine.Config) *string { return &c.DiskDir }, "", "directory of the disk tier for optimizer state (default: no disk tier)")
 	diskMem := &byteSizeFlag{}
 	bindValue(f, "disk-memory", diskMem, func(c *engine.Config) { c.DiskMemory = diskMem.n },
@@ -310,6 +312,9 @@ func printMemoryReport(w io.Writer, s *engine.Summary) {
 		fmt.Fprintf(w, "  %-18s %16s %16s %9s\n", "host (state)", formatBytes(s.PredictedHostBytes), formatBytes(s.HostBytes),
 			pct(float64(s.PredictedHostBytes), float64(s.HostBytes)))
 	}
+	if s.HostPinning != "" {
+		fmt.Fprintf(w, "  %s\n", s.HostPinning)
+	}
 	if s.PredictedStepTime > 0 {
 		fmt.Fprintf(w, "  %-18s %15.3fs %15.3fs %9s\n", "step time", s.PredictedStepTime, s.MeanStepTime, pct(s.PredictedStepTime, s.MeanStepTime))
 	}
@@ -333,7 +338,11 @@ func printTrainSummary(w io.Writer, s *engine.Summary, interrupted bool) {
 		pl := p.Placement
 		mode := "resident"
 		if !p.Resident {
-			mode = fmt.Sprintf("out of core: weights %s, grads %s, optimizer %s, recompute %d", pl.Weights, pl.Grads, pl.Optimizer, pl.Recompute)
+			mode = fmt.Sprintf("out of core: weights %s, grads %s, optimizer %s, recompute %d, offload %d", pl.Weights, pl.Grads,
+				pl.Optimizer, pl.Recompute, pl.Offload)
+			if p.Options.DelayedUpdate {
+				mode += ", delayed update"
+			}
 		}
 		fmt.Fprintf(w, "  plan          %s, micro-batch %d x %d\n", mode, p.B, p.Accum)
 		fmt.Fprintf(w, "  device peak   %s predicted, %s measured\n", formatBytes(s.PredictedDevicePeak), formatBytes(s.MeasuredDevicePeak))
