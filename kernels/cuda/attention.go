@@ -188,9 +188,13 @@ func (b *Backend) AttentionForward(kq kernels.Queue, out, lse, qkv kernels.Tenso
 	impl := attnImpl
 	flash, useFlash := b.flashFunc(o, x, B, C, NH)
 	useFlash = useFlash && (impl == attnFlash || impl == attnAuto && b.flashErr == nil)
+	if useFlash {
+		// Counted when enqueued, so that a test sees it without waiting
+		// for the queue.
+		flashLaunches.Add(1)
+	}
 	q.enqueue(func(q *queue) error {
 		if useFlash {
-			flashLaunches.Add(1)
 			return launchFlash(q.stream, flash, o.p, l, x.p, B, T, C, NH)
 		}
 		if impl == attnAuto || impl == attnFlash || impl == attnNoFlash {
