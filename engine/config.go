@@ -174,6 +174,12 @@ type Config struct {
 	DiskMemory int64 `toml:"disk_memory" json:"disk_memory"`
 	// Metrics is a JSONL file that receives one line per step; "" = none.
 	Metrics string `toml:"metrics" json:"metrics"`
+	// Trace is a file that receives, at the end of the run (and on
+	// interruption), a Chrome trace JSON of every device op per queue, the
+	// host optimizer and the data loader (it opens in Perfetto), and turns
+	// on the per-step time breakdown in the metrics and the summary; "" =
+	// no tracing (and no tracing overhead).
+	Trace string `toml:"trace" json:"trace"`
 }
 
 // Model preset names that are not GPT shapes.
@@ -521,6 +527,9 @@ func (c *Config) Validate() error {
 	}
 	if c.EvalData != "" && c.EvalData == c.Data {
 		bad("eval_data", "is the same dataset as data (%s); leave it empty to hold out eval_fraction", c.Data)
+	}
+	if c.Trace != "" && c.Trace == c.Metrics {
+		bad("trace", "is the same file as metrics (%s)", c.Metrics)
 	}
 	return errors.Join(errs...)
 }

@@ -36,6 +36,13 @@ type StepMetrics struct {
 	PeakError           float64 `json:"peak_error,omitempty"`
 	PredictedStepTime   float64 `json:"predicted_step_time_s,omitempty"`
 	StepTimeError       float64 `json:"step_time_error,omitempty"`
+	// Trace is the step's time breakdown when tracing (Config.Trace), nil
+	// otherwise; in JSON the fields trace_wall_s, trace_compute_s,
+	// trace_exposed_transfer_s, trace_optimizer_s and trace_loader_wait_s.
+	// It counts the ops that had finished when the step was reported (an
+	// update the trainer did not wait for counts in the next step's, or
+	// only in the final Summary.Breakdowns).
+	Trace *StepTrace `json:"-"`
 }
 
 // Reporter receives the metrics of every step. The training loop calls
@@ -173,6 +180,13 @@ func AppendMetricsJSON(b []byte, m StepMetrics) []byte {
 	if m.PredictedStepTime > 0 {
 		b = num(b, "predicted_step_time_s", m.PredictedStepTime)
 		b = num(b, "step_time_error", m.StepTimeError)
+	}
+	if tr := m.Trace; tr != nil {
+		b = num(b, "trace_wall_s", tr.Wall.Seconds())
+		b = num(b, "trace_compute_s", tr.Compute.Seconds())
+		b = num(b, "trace_exposed_transfer_s", tr.ExposedTransfer.Seconds())
+		b = num(b, "trace_optimizer_s", tr.Optimizer.Seconds())
+		b = num(b, "trace_loader_wait_s", tr.LoaderWait.Seconds())
 	}
 	return append(b, '}')
 }
@@ -411,6 +425,11 @@ type metricsLine struct {
 	PeakDeviceBytes int64    `json:"peak_device_bytes"`
 	ElapsedNS       int64    `json:"elapsed_ns"`
 	EvalLoss        *float64 `json:"eval_loss"`
+	TraceWall       *float64 `json:"trace_wall_s"`
+	TraceCompute    *float64 `json:"trace_compute_s"`
+	TraceExposed    *float64 `json:"trace_exposed_transfer_s"`
+	TraceOptimizer  *float64 `json:"trace_optimizer_s"`
+	TraceLoader     *float64 `json:"trace_loader_wait_s"`
 }
 
 func parseMetricsLine(s string) (StepMetrics, error) {
@@ -424,7 +443,18 @@ func parseMetricsLine(s string) (StepMetrics, error) {
 		}
 		return *p
 	}
-	return StepMetrics{Step: l.Step, Loss: f(l.Loss), LR: f(l.LR), GradNorm: f(l.GradNorm), LossScale: f(l.LossScale),
+	m := StepMetrics{Step: l.Step, Loss: f(l.Loss), LR: f(l.LR), GradNorm: f(l.GradNorm), LossScale: f(l.LossScale),
 		Skipped: l.Skipped, TokensPerSec: f(l.TokensPerSec), SamplesPerSec: f(l.SamplesPerSec),
-		PeakDeviceBytes: l.PeakDeviceBytes, Elapsed: time.Duration(l.ElapsedNS), EvalLoss: l.EvalLoss}, nil
+		PeakDeviceBytes: l.PeakDeviceBytes, Elapsed: time.Duration(l.ElapsedNS), EvalLoss: l.EvalLoss}
+	if l.TraceCompute != nil {
+		d := func(p *float64) time.Duration {
+			if p == nil {
+				return 0
+			}
+			return time.Duration(math.Round(*p * 1e9))
+		}
+		m.Trace = &StepTrace{Wall: d(l.TraceWall), Compute: d(l.TraceCompute), ExposedTransfer: d(l.TraceExposed),
+			Optimizer: d(l.TraceOptimizer), LoaderWait: d(l.TraceLoader)}
+	}
+	return m, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/stream"
 )
 
 // ActOffloadSupported says whether NewOffloadTrainer executes the
@@ -558,8 +559,9 @@ func (c *Config) hasOverrides() bool {
 // newRunTrainer builds the trainer a run uses: resident, as without a
 // budget, when the state fits the device budget (or offload is "none"),
 // else as PlanTrainer plans. The plan it returns has B and Accum set to
-// what the trainer uses and DevicePeak to its exact device peak.
-func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int) (*Trainer, *TrainerPlan, error) {
+// what the trainer uses and DevicePeak to its exact device peak. rec, if
+// not nil, is the out-of-core trainer's recorder (OffloadOptions.Recorder).
+func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *stream.Recorder) (*Trainer, *TrainerPlan, error) {
 	budget := deviceBudget(cfg, be)
 	residentPeak := byteClasses(ResidentDeviceBytes(m, B, T)).total()
 	req := planRequest(cfg, be, B, T, budget)
@@ -600,6 +602,7 @@ func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int) (*Traine
 		tr, err := NewTrainer(be, m, to)
 		return tr, tp, err
 	}
+	tp.Options.Recorder = rec
 	tr, err := NewOffloadTrainer(be, m, to, tp.Options)
 	if err != nil {
 		return nil, nil, err

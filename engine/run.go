@@ -14,6 +14,7 @@ import (
 	"github.com/spill-ml/spill/kernels"
 	_ "github.com/spill-ml/spill/kernels/cpu" // the default backend
 	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/stream"
 )
 
 // Summary describes a finished (or interrupted) Run.
@@ -45,6 +46,12 @@ type Summary struct {
 	// MemorySummary is the device memory summary at the end (the offload
 	// cache's table, or the backend's allocations by class).
 	MemorySummary string
+	// Trace is the Chrome trace JSON file written (Config.Trace; "" when
+	// not tracing), Breakdowns the per-step time breakdown from the whole
+	// trace and MeanTrace their mean (nil when not tracing).
+	Trace      string
+	Breakdowns []stream.Breakdown
+	MeanTrace  *StepTrace
 
 	tokens   int64 // targets trained on in this run
 	stepTime float64
@@ -67,7 +74,13 @@ type RunOptions struct {
 // abandoned: its micro-batches are read again on resume), saves a
 // checkpoint of the last completed step when cfg.CheckpointDir is set and
 // returns an error wrapping ctx.Err() (context.Canceled for Ctrl-C).
-func Run(ctx context.Context, cfg Config, opts RunOptions) (*Summary, error) {
+//
+// With cfg.Trace set, Run records every op of the trainer's queues, the
+// optimizer, the data loader and each step, writes them to cfg.Trace as
+// Chrome trace JSON when it returns (interrupted or not, once the trainer
+// has been built), reports each step's breakdown in StepMetrics.Trace and
+// the whole run's in Summary.Breakdowns.
+func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err error) {
 	logf := func(format string, args ...any) {
 		if opts.Log != nil {
 			fmt.Fprintf(opts.Log, format+"\n", args...)
@@ -123,9 +136,31 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (*Summary, error) {
 	if !cfg.IsGPT() {
 		T = 1
 	}
-	tr, plan, err := newRunTrainer(&cfg, be, model, B, T)
+	var rec *stream.Recorder // nil: no tracing
+	if cfg.Trace != "" {
+		rec = stream.NewRecorder()
+	}
+	tr, plan, err := newRunTrainer(&cfg, be, model, B, T, rec)
 	if err != nil {
 		return nil, err
+	}
+	tr.traceResident(rec)
+	var sum *Summary
+	if rec != nil {
+		// Runs after tr.Close, which waits for every traced op.
+		defer func() {
+			spans := rec.Spans()
+			if werr := writeTrace(cfg.Trace, spans); werr != nil {
+				err = errors.Join(err, werr)
+				return
+			}
+			if sum != nil {
+				sum.Trace = cfg.Trace
+				sum.Breakdowns = stepBreakdowns(spans, func(int) bool { return true })
+				mt := MeanStepTrace(sum.Breakdowns)
+				sum.MeanTrace = &mt
+			}
+		}()
 	}
 	defer tr.Close()
 	logf("model %s: %d layers, %.2fM parameters, %s on %s", cfg.Model, len(model.Layers),
@@ -191,8 +226,12 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (*Summary, error) {
 	defer loader.Close()
 	dec := newDecoder(model, ds.Schema(), B, T, dataDir)
 	feed := &loaderFeed{l: loader, dec: dec}
+	var src BatchSource = feed
+	if rec != nil {
+		src = &tracedSource{src: feed, rec: rec}
+	}
 
-	sum := &Summary{Plan: plan, PredictedDevicePeak: plan.DevicePeak, HostPinning: hostNote}
+	sum = &Summary{Plan: plan, PredictedDevicePeak: plan.DevicePeak, HostPinning: hostNote}
 	if plan.Placement != nil {
 		sum.PredictedStepTime = plan.Placement.StepTime
 		if !plan.Resident {
@@ -252,7 +291,9 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (*Summary, error) {
 			return interrupted(err)
 		}
 		t0 := time.Now()
-		r, err := tr.TrainStep(ctx, feed)
+		endStep := rec.BeginStep(tr.Step + 1)
+		r, err := tr.TrainStep(ctx, src)
+		endStep()
 		if err != nil {
 			if ctx.Err() != nil {
 				return interrupted(ctx.Err())
@@ -281,6 +322,9 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (*Summary, error) {
 			m.PeakError = relErr(float64(m.PredictedDevicePeak), float64(m.MeasuredDevicePeak))
 			m.PredictedStepTime = plan.Placement.StepTime
 			m.StepTimeError = relErr(m.PredictedStepTime, dt)
+		}
+		if rec != nil {
+			m.Trace = lastStepTrace(rec, tr.Step)
 		}
 		if dt > 0 {
 			m.SamplesPerSec = float64(B*plan.Accum) / dt

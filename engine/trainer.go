@@ -94,6 +94,9 @@ type Trainer struct {
 	// whole state is resident on the device.
 	off *offloadState
 
+	// trace, if not nil, times the resident trainer's ops (traceResident).
+	trace *residentTrace
+
 	// gradHook, if set, runs after the gradients of a step are complete
 	// and before they are checked (tests inject overflows with it).
 	gradHook func(step int)
@@ -194,6 +197,10 @@ func (t *Trainer) Close() {
 		return
 	}
 	_ = t.q.Synchronize(context.Background())
+	if t.trace != nil {
+		t.trace.close()
+		t.trace = nil
+	}
 	FreeState(t.be, t.st, t.pass)
 	for _, b := range t.ioBufs {
 		t.be.Free(b)
@@ -307,6 +314,12 @@ func (t *Trainer) accumulate(ctx context.Context, src BatchSource) error {
 		if err := src.Next(ctx, hb); err != nil {
 			return err
 		}
+		if t.trace != nil {
+			if err := t.tracedMicroBatch(k, slot, hb); err != nil {
+				return err
+			}
+			continue
+		}
 		t.upload(hb)
 		ev, err := t.be.RecordEvent(t.q)
 		if err != nil {
@@ -328,13 +341,12 @@ func (t *Trainer) accumulate(ctx context.Context, src BatchSource) error {
 // micro-batch, in order, exactly as a per-micro-batch read-back would.
 func (t *Trainer) stepStats(ctx context.Context, grads bool) (loss, sumsq float64, nonFinite bool, err error) {
 	nl := t.opts.Accum * int(t.pass.Losses.Bytes())
-	if grads {
-		t.be.Zero(t.q, t.stats)
-		for _, s := range t.st.Layers {
-			t.be.SumSquares(t.q, t.stats.Slice(0, 1), s.Grads)
-			t.be.CheckFinite(t.q, t.stats.Slice(1, 1), s.Grads)
+	if grads && t.trace != nil {
+		if err := t.trace.compute.Enqueue("gradient statistics", func(kernels.Queue) { t.gradStats(nl) }); err != nil {
+			return 0, 0, false, err
 		}
-		t.be.CopyToHost(t.q, t.stepHost[nl:], t.stats)
+	} else if grads {
+		t.gradStats(nl)
 	}
 	if err := t.q.Synchronize(ctx); err != nil {
 		return 0, 0, false, err
@@ -350,6 +362,17 @@ func (t *Trainer) stepStats(ctx context.Context, grads bool) (loss, sumsq float6
 	ss := float64(math.Float32frombits(binary.LittleEndian.Uint32(t.stepHost[nl:])))
 	flag := math.Float32frombits(binary.LittleEndian.Uint32(t.stepHost[nl+4:]))
 	return loss, ss, flag != 0 || math.IsNaN(ss) || math.IsInf(ss, 0), nil
+}
+
+// gradStats enqueues the global sum of squares and non-finite flag of the
+// gradients and their copy to stepHost[nl:].
+func (t *Trainer) gradStats(nl int) {
+	t.be.Zero(t.q, t.stats)
+	for _, s := range t.st.Layers {
+		t.be.SumSquares(t.q, t.stats.Slice(0, 1), s.Grads)
+		t.be.CheckFinite(t.q, t.stats.Slice(1, 1), s.Grads)
+	}
+	t.be.CopyToHost(t.q, t.stepHost[nl:], t.stats)
 }
 
 // sumLosses is lossMul times the float64 sum of the nLoss F32 losses at
@@ -404,23 +427,35 @@ func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, e
 	}
 	t.Step++
 	for i, l := range t.model.Layers {
-		s := t.st.Layers[i]
-		for _, ps := range l.Params() {
-			p := kernels.AdamWParams{
-				LR: float32(r.LR), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2), Eps: float32(o.Eps),
-				Step: t.Step, GradScale: float32(coef / r.LossScale),
+		if t.trace != nil {
+			if err := t.trace.opt.Enqueue("adamw "+l.Name(), func(kernels.Queue) { t.adamWLayer(i, l, r, coef) }); err != nil {
+				return r, err
 			}
-			if ps.Decay {
-				p.WeightDecay = float32(o.WeightDecay)
-			}
-			out := kernels.Tensor{}
-			if s.Weights.Buf != s.Master.Buf {
-				out = param(s.Weights, ps)
-			}
-			t.be.AdamW(t.q, param(s.Master, ps), param(s.Grads, ps), param(s.M, ps), param(s.V, ps), out, p)
+			continue
 		}
+		t.adamWLayer(i, l, r, coef)
 	}
 	return r, nil
+}
+
+// adamWLayer enqueues the AdamW update of layer i.
+func (t *Trainer) adamWLayer(i int, l Layer, r StepResult, coef float64) {
+	o := t.opts
+	s := t.st.Layers[i]
+	for _, ps := range l.Params() {
+		p := kernels.AdamWParams{
+			LR: float32(r.LR), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2), Eps: float32(o.Eps),
+			Step: t.Step, GradScale: float32(coef / r.LossScale),
+		}
+		if ps.Decay {
+			p.WeightDecay = float32(o.WeightDecay)
+		}
+		out := kernels.Tensor{}
+		if s.Weights.Buf != s.Master.Buf {
+			out = param(s.Weights, ps)
+		}
+		t.be.AdamW(t.q, param(s.Master, ps), param(s.Grads, ps), param(s.M, ps), param(s.V, ps), out, p)
+	}
 }
 
 // Gradients computes the fp32 gradients of the mean loss over Accum

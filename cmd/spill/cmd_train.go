@@ -43,6 +43,7 @@ Examples:
   spill train --data data/corpus --model gpt2-124m --batch 4 --accum 8 \
       --device cuda --device-memory 8GiB --checkpoint-dir ckpt
   spill train --config run.toml --resume
+  spill train --steps 20 --trace trace.json   # open trace.json in Perfetto
   spill export --from ckpt --out model.safetensors --format hf`
 
 // configFlags binds one flag per Config field. Values land in src; after
@@ -144,6 +145,8 @@ func newConfigFlags(fs *flag.FlagSet) *configFlags {
 	bindValue(f, "disk-memory", diskMem, func(c *engine.Config) { c.DiskMemory = diskMem.n },
 		"disk tier budget, e.g. 1TiB (default: 90% of the free space of --disk-dir)")
 	str("metrics", func(c *engine.Config) *string { return &c.Metrics }, "", "write one JSON line of metrics per step to this file (appended to with --resume)")
+	str("trace", func(c *engine.Config) *string { return &c.Trace }, "",
+		"record every device op, the optimizer and the data loader and write them to this file as Chrome trace JSON (open in Perfetto); adds a per-step time breakdown to the metrics and the summary")
 	return f
 }
 
@@ -346,6 +349,10 @@ func printTrainSummary(w io.Writer, s *engine.Summary, interrupted bool) {
 		}
 		fmt.Fprintf(w, "  plan          %s, micro-batch %d x %d\n", mode, p.B, p.Accum)
 		fmt.Fprintf(w, "  device peak   %s predicted, %s measured\n", formatBytes(s.PredictedDevicePeak), formatBytes(s.MeasuredDevicePeak))
+	}
+	if s.MeanTrace != nil {
+		fmt.Fprintf(w, "  trace         %s (%d steps; open in https://ui.perfetto.dev)\n", s.Trace, len(s.Breakdowns))
+		fmt.Fprintf(w, "  mean per step %s\n", engine.FormatStepTrace(*s.MeanTrace))
 	}
 	if s.Skipped > 0 {
 		fmt.Fprintf(w, "  skipped steps %d (non-finite gradients)\n", s.Skipped)
