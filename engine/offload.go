@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"sync"
 
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/offload"
@@ -62,7 +63,9 @@ type OffloadOptions struct {
 	// needs (OffloadHostBytes). The pool checks RLIMIT_MEMLOCK (when its
 	// memory counts against it) and MemAvailable first: when it would
 	// degrade, or the state does not fit its budget, the state is kept in
-	// ordinary Go memory instead and HostPinning says why.
+	// ordinary Go memory instead and HostPinning says why. When it
+	// degrades, the copies of that state to and from the device pass
+	// through the degraded pool's small ring of pinned staging buffers.
 	HostBudget int64
 	// HostPinner supplies the pinned memory; nil means the backend's own
 	// allocator when it has one (kernels.PinnedAllocator, CUDA's
@@ -392,6 +395,117 @@ type offloadState struct {
 	hostBufs   []*offload.HostBuf
 	hostPinned bool
 	hostNote   string
+	// stage, when the pool degraded, is the ring of pinned staging
+	// buffers the copies of the unpinned state pass through.
+	stage *stagingRing
+	// Residency: devRefs counts the live device blocks of each tensor
+	// (intervals of one tensor overlap with tied weights and deep
+	// prefetch); tabErr is the first transition the table refused.
+	devRefs map[offload.Key]int
+	tabMu   sync.Mutex
+	tabErr  error
+	// accessHook, if set, runs after each access of a schedule is
+	// enqueued and the blocks around it freed and allocated (tests).
+	accessHook func(j int)
+}
+
+// rec keeps the first residency transition the table refused: the table
+// is the record of where tensors are, a refusal is a bookkeeping bug, not
+// a reason to fail the step.
+func (st *offloadState) rec(err error) {
+	if err == nil {
+		return
+	}
+	st.tabMu.Lock()
+	if st.tabErr == nil {
+		st.tabErr = err
+	}
+	st.tabMu.Unlock()
+}
+
+// ivKey is the residency table's key of an interval's tensor.
+func ivKey(iv *interval) offload.Key {
+	k := offload.Key{Layer: iv.layer, Class: ivClass(iv)}
+	if iv.class == tcCkpt {
+		k.Part = offload.PartCheckpoint
+	}
+	return k
+}
+
+// landed completes k's copy from the device to the host if one is in
+// flight: called once the copy's event has passed, or from a queue
+// ordered after it.
+func (st *offloadState) landed(k offload.Key) {
+	if r, ok := st.table.Get(k); ok && r.InFlight && r.Moving.From == offload.TierDevice {
+		st.rec(st.table.EndCopy(k))
+	}
+}
+
+// onDevice records that a block of interval iv's tensor is live on the
+// device: fetched from the host (copied), or written there afresh.
+func (st *offloadState) onDevice(iv *interval, copied bool) {
+	k := ivKey(iv)
+	r, ok := st.table.Get(k)
+	switch {
+	case !ok:
+		st.rec(st.table.Add(k, iv.bytes, offload.TierDevice))
+	case !copied:
+		st.landed(k)
+		st.rec(st.table.Overwrite(k, offload.TierDevice))
+	case r.InFlight || !r.Valid.Has(offload.TierDevice):
+		st.landed(k) // the fetch is queued after the copy out
+		if r, _ = st.table.Get(k); !r.Valid.Has(offload.TierDevice) {
+			st.rec(st.table.BeginCopy(k, offload.TierHost, offload.TierDevice))
+			st.rec(st.table.EndCopy(k)) // valid for the queues ordered after the fetch
+		}
+	}
+	if !iv.persistent {
+		st.devRefs[k]++
+	}
+}
+
+// offDevice records that interval iv's block is freed (its copy to the
+// host, if any, has landed): the last block of a tensor evicts its device
+// copy, or drops activations that the backward has consumed.
+func (st *offloadState) offDevice(iv *interval) {
+	k := ivKey(iv)
+	st.landed(k)
+	if st.devRefs[k]--; st.devRefs[k] > 0 {
+		return
+	}
+	delete(st.devRefs, k)
+	r, ok := st.table.Get(k)
+	switch {
+	case !ok || !r.Valid.Has(offload.TierDevice):
+	case iv.class == tcActs && iv.evict:
+		st.rec(st.table.Evict(k, offload.TierDevice))
+	case iv.class == tcActs || iv.class == tcCkpt:
+		st.rec(st.table.Drop(k))
+	default:
+		st.rec(st.table.Evict(k, offload.TierDevice))
+	}
+}
+
+// Residency is a snapshot of the out-of-core trainer's residency table:
+// where each tensor of each layer has a valid copy (nil for a resident
+// trainer). Between steps activations have no entries; during a step
+// each live one has.
+func (t *Trainer) Residency() []offload.Residency {
+	if t.off == nil {
+		return nil
+	}
+	return t.off.table.Snapshot()
+}
+
+// ResidencyErr is the first residency transition the table refused (a
+// bookkeeping bug: the table no longer says where tensors are), or nil.
+func (t *Trainer) ResidencyErr() error {
+	if t.off == nil {
+		return nil
+	}
+	t.off.tabMu.Lock()
+	defer t.off.tabMu.Unlock()
+	return t.off.tabErr
 }
 
 // hostAlloc returns n zeroed bytes of host state, from the pinned pool
@@ -449,6 +563,13 @@ func (st *offloadState) openHostPool(be kernels.Backend, need int64, nbufs int) 
 			why = err.Error()
 		}
 		st.hostNote = fmt.Sprintf("host state (%s) in unpinned Go memory: %s", kernels.FormatBytes(need), why)
+		if err == nil {
+			if st.stage, err = newStagingRing(cfg); err != nil {
+				st.hostNote += fmt.Sprintf("; copies unstaged: %v", err)
+				return nil
+			}
+			st.hostNote += "; copies pass through the staging ring"
+		}
 		return nil
 	}
 	if st.pool, err = offload.NewHostPool(cfg); err != nil {
@@ -456,6 +577,129 @@ func (st *offloadState) openHostPool(be kernels.Backend, need int64, nbufs int) 
 	}
 	st.hostPinned = true
 	st.hostNote = fmt.Sprintf("host state (%s) in the host pool (%s); %s", kernels.FormatBytes(need), kind, d)
+	return nil
+}
+
+// stagingRing is the few pinned buffers of a degraded host pool through
+// which the copies of unpinned host state pass: a buffer is reused only
+// once the copy that last used it has passed its event.
+type stagingRing struct {
+	pool *offload.HostPool
+	bufs []*offload.HostBuf
+	evs  []kernels.Event
+	next int
+	uses int64 // chunks staged
+}
+
+func newStagingRing(cfg offload.HostConfig) (*stagingRing, error) {
+	pool, err := offload.NewHostPool(cfg)
+	if err != nil {
+		return nil, err
+	}
+	d := pool.Decision()
+	r := &stagingRing{pool: pool}
+	for range d.StagingBuffers {
+		b, ok, err := pool.TryAcquire(d.StagingSize)
+		if err != nil || !ok {
+			r.close()
+			return nil, fmt.Errorf("engine: staging buffer %d of %d: %v", len(r.bufs)+1, d.StagingBuffers, err)
+		}
+		r.bufs = append(r.bufs, b)
+	}
+	r.evs = make([]kernels.Event, len(r.bufs))
+	return r, nil
+}
+
+// take returns the next staging buffer once its last copy has passed.
+func (r *stagingRing) take(ctx context.Context) (int, []byte, error) {
+	i := r.next
+	r.next = (i + 1) % len(r.bufs)
+	r.uses++
+	if ev := r.evs[i]; ev != nil {
+		if err := ev.Synchronize(ctx); err != nil {
+			return 0, nil, err
+		}
+		r.evs[i] = nil
+	}
+	return i, r.bufs[i].Bytes(), nil
+}
+
+// bytes is the pinned memory the ring holds.
+func (r *stagingRing) bytes() int64 {
+	var n int64
+	for _, b := range r.bufs {
+		n += int64(len(b.Bytes()))
+	}
+	return n
+}
+
+// close releases the buffers; no queued copy may use them any more.
+func (r *stagingRing) close() {
+	for _, b := range r.bufs {
+		b.Release()
+	}
+	r.bufs = nil
+	_ = r.pool.Close()
+}
+
+// copyIn enqueues on s the copy of host state src into dst: directly, or
+// chunk by chunk through the staging ring (src is read now).
+func (st *offloadState) copyIn(ctx context.Context, be kernels.Backend, s *stream.Stream, name string, dst kernels.Tensor, src []byte) error {
+	r := st.stage
+	if r == nil {
+		return s.Enqueue(name, func(q kernels.Queue) { be.CopyToDevice(q, dst, src) })
+	}
+	es := int(dst.DType.Size())
+	per := len(r.bufs[0].Bytes()) / es
+	for off := 0; off < dst.N; off += per {
+		n := min(per, dst.N-off)
+		i, buf, err := r.take(ctx)
+		if err != nil {
+			return err
+		}
+		buf = buf[:n*es]
+		copy(buf, src[off*es:(off+n)*es])
+		part := kernels.View(dst.Buf, dst.Off+int64(off*es), dst.DType, n)
+		if err := s.Enqueue(name, func(q kernels.Queue) { be.CopyToDevice(q, part, buf) }); err != nil {
+			return err
+		}
+		if r.evs[i], err = s.Record(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyOut enqueues on s the copy of src into host state dst: directly, or
+// chunk by chunk through the staging ring, in which case dst is written
+// before copyOut returns (it waits for each chunk).
+func (st *offloadState) copyOut(ctx context.Context, be kernels.Backend, s *stream.Stream, name string, dst []byte, src kernels.Tensor) error {
+	r := st.stage
+	if r == nil {
+		return s.Enqueue(name, func(q kernels.Queue) { be.CopyToHost(q, dst, src) })
+	}
+	es := int(src.DType.Size())
+	per := len(r.bufs[0].Bytes()) / es
+	for off := 0; off < src.N; off += per {
+		n := min(per, src.N-off)
+		_, buf, err := r.take(ctx)
+		if err != nil {
+			return err
+		}
+		buf = buf[:n*es]
+		part := kernels.View(src.Buf, src.Off+int64(off*es), src.DType, n)
+		if err := s.Enqueue(name, func(q kernels.Queue) { be.CopyToHost(q, buf, part) }); err != nil {
+			return err
+		}
+		ev, err := s.Record()
+		if err != nil {
+			return err
+		}
+		if err := ev.Synchronize(ctx); err != nil {
+			return err
+		}
+		copy(dst[off*es:(off+n)*es], buf)
+	}
 	return nil
 }
 
@@ -482,7 +726,7 @@ func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o Offloa
 		return nil, err
 	}
 	o.Prefetch = max(o.Prefetch, 1)
-	st := &offloadState{opts: o, table: offload.NewTable()}
+	st := &offloadState{opts: o, table: offload.NewTable(), devRefs: map[offload.Key]int{}}
 	st.cache = offload.NewCache(be, offload.CacheConfig{Limit: o.DeviceBudget, Whole: true})
 	t = &Trainer{be: be, model: m, opts: to, lossMul: 1, off: st}
 	t.Scaler = NewLossScaler(m.DType, to.LossScale, to.ScaleWindow)
@@ -576,7 +820,9 @@ func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o Offloa
 		if o.DelayedUpdate {
 			h.spareW, h.spareG = st.hostAlloc(cb), st.hostAlloc(cb)
 		}
+		optTier := offload.TierHost
 		if st.disk != nil {
+			optTier = offload.TierDisk
 			for _, cl := range []offload.Class{offload.AdamM, offload.AdamV} {
 				if err = st.disk.Create(offload.Key{Layer: i, Class: cl}, 4*np); err != nil {
 					return t, err
@@ -587,8 +833,22 @@ func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o Offloa
 		}
 		h.done = make(chan struct{})
 		close(h.done)
-		if err = st.table.Add(offload.Key{Layer: i, Class: offload.Weights}, int64(len(h.weights)), offload.TierHost); err != nil {
-			return t, err
+		// The residency table records every class of the layer; the
+		// executor moves the weights, gradients and activations.
+		for _, e := range []struct {
+			cl offload.Class
+			n  int64
+			at offload.Tier
+		}{
+			{offload.Weights, cb, offload.TierHost},
+			{offload.Master, 4 * np, offload.TierHost},
+			{offload.Grads, cb, offload.TierHost},
+			{offload.AdamM, 4 * np, optTier},
+			{offload.AdamV, 4 * np, optTier},
+		} {
+			if err = st.table.Add(offload.Key{Layer: i, Class: e.cl}, e.n, e.at); err != nil {
+				return t, err
+			}
 		}
 	}
 	inBytes := p.Input.N * 4
@@ -734,6 +994,10 @@ func (st *offloadState) close(be kernels.Backend) {
 		_ = st.disk.Close()
 	}
 	// No copy or update uses the host state any more.
+	if st.stage != nil {
+		st.stage.close()
+		st.stage = nil
+	}
 	for _, b := range st.hostBufs {
 		b.Release()
 	}
@@ -786,11 +1050,16 @@ func (t *Trainer) runSchedule(ctx context.Context, s *schedule, train bool) (err
 	be := t.be
 	var pending []*interval // ended, to free at the next iteration
 	var pendEv []kernels.Event
+	var landAtEnd []offload.Key // copies of resident gradients to the host
 	defer func() {
 		if err != nil {
 			_ = ss.Synchronize(context.Background())
+			for _, k := range landAtEnd {
+				st.landed(k)
+			}
 			for _, iv := range s.ivs {
 				if iv.block != nil && !iv.persistent {
+					st.offDevice(iv) // the queues are idle
 					st.cache.Free(iv.block)
 					iv.block = nil
 				}
@@ -808,12 +1077,16 @@ func (t *Trainer) runSchedule(ctx context.Context, s *schedule, train bool) (err
 		h := &st.host[iv.layer]
 		iv.fetchEv = nil
 		if iv.class != tcWeights && iv.class != tcGrads {
+			if iv.src == nil { // offloaded ones are recorded by fetchActs
+				st.onDevice(iv, false)
+			}
 			return nil
 		}
 		view := iv.view(m)
 		switch {
 		case iv.zero:
 			be.Zero(ss.Compute.Queue(), view)
+			st.onDevice(iv, false)
 		case iv.fetch && iv.class == tcWeights:
 			// Resident weights are fetched only when the host optimizer
 			// has updated them (the residency table says the device copy
@@ -830,21 +1103,10 @@ func (t *Trainer) runSchedule(ctx context.Context, s *schedule, train bool) (err
 					return err
 				}
 			}
-			if iv.persistent {
-				if err := st.table.BeginCopy(k, offload.TierHost, offload.TierDevice); err != nil {
-					return err
-				}
-			}
-			if err := ss.H2D.Enqueue("fetch w "+m.Layers[iv.layer].Name(), func(q kernels.Queue) {
-				be.CopyToDevice(q, view, h.weights)
-			}); err != nil {
+			if err := st.copyIn(ctx, be, ss.H2D, "fetch w "+m.Layers[iv.layer].Name(), view, h.weights); err != nil {
 				return err
 			}
-			if iv.persistent {
-				if err := st.table.EndCopy(k); err != nil {
-					return err
-				}
-			}
+			st.onDevice(iv, true)
 			ev, err := ss.H2D.Record()
 			if err != nil {
 				return err
@@ -856,11 +1118,10 @@ func (t *Trainer) runSchedule(ctx context.Context, s *schedule, train bool) (err
 					return err
 				}
 			}
-			if err := ss.H2D.Enqueue("fetch g "+m.Layers[iv.layer].Name(), func(q kernels.Queue) {
-				be.CopyToDevice(q, view, h.grads)
-			}); err != nil {
+			if err := st.copyIn(ctx, be, ss.H2D, "fetch g "+m.Layers[iv.layer].Name(), view, h.grads); err != nil {
 				return err
 			}
+			st.onDevice(iv, true)
 			ev, err := ss.H2D.Record()
 			if err != nil {
 				return err
@@ -875,11 +1136,10 @@ func (t *Trainer) runSchedule(ctx context.Context, s *schedule, train bool) (err
 			return err
 		}
 		view := actView(iv)
-		if err := ss.H2D.Enqueue("fetch acts "+m.Layers[iv.layer].Name(), func(q kernels.Queue) {
-			be.CopyToDevice(q, view, iv.host)
-		}); err != nil {
+		if err := st.copyIn(ctx, be, ss.H2D, "fetch acts "+m.Layers[iv.layer].Name(), view, iv.host); err != nil {
 			return err
 		}
+		st.onDevice(iv, true)
 		ev, err := ss.H2D.Record()
 		iv.fetchEv = ev
 		return err
@@ -895,6 +1155,7 @@ func (t *Trainer) runSchedule(ctx context.Context, s *schedule, train bool) (err
 			if err := pendEv[i].Synchronize(ctx); err != nil {
 				return err
 			}
+			st.offDevice(iv)
 			st.cache.Free(iv.block)
 			iv.block = nil
 		}
@@ -1004,9 +1265,8 @@ func (t *Trainer) runSchedule(ctx context.Context, s *schedule, train bool) (err
 					return err
 				}
 				view := actView(iv)
-				if err := ss.D2H.Enqueue("evict acts "+m.Layers[iv.layer].Name(), func(q kernels.Queue) {
-					be.CopyToHost(q, iv.host, view)
-				}); err != nil {
+				st.rec(st.table.BeginCopy(ivKey(iv), offload.TierDevice, offload.TierHost))
+				if err := st.copyOut(ctx, be, ss.D2H, "evict acts "+m.Layers[iv.layer].Name(), iv.host, view); err != nil {
 					return err
 				}
 				if done, err = ss.D2H.Record(); err != nil {
@@ -1018,9 +1278,15 @@ func (t *Trainer) runSchedule(ctx context.Context, s *schedule, train bool) (err
 					return err
 				}
 				view, h := iv.view(m), &st.host[iv.layer]
-				if err := ss.D2H.Enqueue("evict g "+m.Layers[iv.layer].Name(), func(q kernels.Queue) {
-					be.CopyToHost(q, h.grads, view)
-				}); err != nil {
+				// The backward wrote the gradients on the device; they
+				// go back to the host.
+				k := ivKey(iv)
+				st.rec(st.table.Modified(k, offload.TierDevice))
+				st.rec(st.table.BeginCopy(k, offload.TierDevice, offload.TierHost))
+				if iv.persistent {
+					landAtEnd = append(landAtEnd, k)
+				}
+				if err := st.copyOut(ctx, be, ss.D2H, "evict g "+m.Layers[iv.layer].Name(), h.grads, view); err != nil {
 					return err
 				}
 				if done, err = ss.D2H.Record(); err != nil {
@@ -1046,11 +1312,20 @@ func (t *Trainer) runSchedule(ctx context.Context, s *schedule, train bool) (err
 				return err
 			}
 		}
+		if st.accessHook != nil {
+			st.accessHook(j)
+		}
 	}
 	if err := release(len(s.acc)); err != nil {
 		return err
 	}
-	return ss.Synchronize(ctx)
+	if err := ss.Synchronize(ctx); err != nil {
+		return err
+	}
+	for _, k := range landAtEnd {
+		st.landed(k)
+	}
+	return nil
 }
 
 // view is the interval's block as the tensor of its class.
@@ -1178,8 +1453,14 @@ func (t *Trainer) launchUpdate(ctx context.Context, i int, hp kernels.AdamWParam
 	}
 	done := make(chan struct{})
 	h.done, h.err, h.nonFinite = done, nil, false
-	if r, _ := st.table.Get(offload.Key{Layer: i, Class: offload.Weights}); r.Valid.Has(offload.TierDevice) {
-		_ = st.table.Modified(r.Key, offload.TierHost) // the device copy is stale
+	// The update writes the master, the moments and (in place, or with
+	// DelayedUpdate once waitLayer swaps the buffers) the weights on the
+	// host: any device copy of the weights is stale.
+	for _, cl := range []offload.Class{offload.Weights, offload.Master, offload.AdamM, offload.AdamV} {
+		k := offload.Key{Layer: i, Class: cl}
+		if r, _ := st.table.Get(k); r.Valid.Has(offload.TierHost) {
+			st.rec(st.table.Modified(k, offload.TierHost))
+		}
 	}
 	gradEv := h.gradEv
 	st.work <- func() {
@@ -1212,9 +1493,13 @@ func (t *Trainer) updateLayer(ctx context.Context, i int, hp kernels.AdamWParams
 		np := int64(l.NumParams())
 		mb, vb = offload.NewF32Bytes(4*np), offload.NewF32Bytes(4*np)
 		km, kv := offload.Key{Layer: i, Class: offload.AdamM}, offload.Key{Layer: i, Class: offload.AdamV}
-		if err := errors.Join(st.disk.Load(ctx, km, mb).Wait(ctx), st.disk.Load(ctx, kv, vb).Wait(ctx)); err != nil {
+		st.rec(errors.Join(st.table.BeginCopy(km, offload.TierDisk, offload.TierHost), st.table.BeginCopy(kv, offload.TierDisk, offload.TierHost)))
+		err := errors.Join(st.disk.Load(ctx, km, mb).Wait(ctx), st.disk.Load(ctx, kv, vb).Wait(ctx))
+		if err != nil {
+			st.rec(errors.Join(st.table.AbortCopy(km), st.table.AbortCopy(kv)))
 			return fmt.Errorf("engine: host optimizer, layer %s: %w", l.Name(), err)
 		}
+		st.rec(errors.Join(st.table.EndCopy(km), st.table.EndCopy(kv)))
 	}
 	master, m, v := offload.F32s(h.master), offload.F32s(mb), offload.F32s(vb)
 	es := int(dt.Size())
@@ -1234,7 +1519,21 @@ func (t *Trainer) updateLayer(ctx context.Context, i int, hp kernels.AdamWParams
 	}
 	if st.disk != nil {
 		km, kv := offload.Key{Layer: i, Class: offload.AdamM}, offload.Key{Layer: i, Class: offload.AdamV}
-		if err := errors.Join(st.diskStore(ctx, km, mb), st.diskStore(ctx, kv, vb)); err != nil {
+		// Written on the host, stored back, and the host copy freed.
+		for _, k := range []offload.Key{km, kv} {
+			st.rec(errors.Join(st.table.Modified(k, offload.TierHost), st.table.BeginCopy(k, offload.TierHost, offload.TierDisk)))
+		}
+		err := errors.Join(st.diskStore(ctx, km, mb), st.diskStore(ctx, kv, vb))
+		for _, k := range []offload.Key{km, kv} {
+			if err != nil {
+				// The files may be torn: the host copy, dropped with mb
+				// and vb, was the only good one.
+				st.rec(st.table.AbortCopy(k))
+				continue
+			}
+			st.rec(errors.Join(st.table.EndCopy(k), st.table.Evict(k, offload.TierHost)))
+		}
+		if err != nil {
 			return fmt.Errorf("engine: host optimizer, layer %s: %w", l.Name(), err)
 		}
 	}
@@ -1292,9 +1591,13 @@ func (t *Trainer) setHostMaster(i int, data []byte) error {
 			offloadStore(h.weights, t.model.DType, lo, m[lo:hi])
 		}
 	}
-	k := offload.Key{Layer: i, Class: offload.Weights}
-	if r, _ := st.table.Get(k); r.Valid.Has(offload.TierDevice) {
-		return st.table.Modified(k, offload.TierHost)
+	for _, cl := range []offload.Class{offload.Weights, offload.Master} {
+		k := offload.Key{Layer: i, Class: cl}
+		if r, _ := st.table.Get(k); r.Valid.Has(offload.TierHost) {
+			if err := st.table.Modified(k, offload.TierHost); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

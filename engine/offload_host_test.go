@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/stream"
 )
 
 // TestPlannerHostBytesCoverTrainer: for placements with streamed or
@@ -155,5 +157,94 @@ func TestConfigDelayedUpdate(t *testing.T) {
 	}
 	if len(losses) != 3 || sum.HostBytes == 0 || sum.PredictedHostBytes < sum.HostBytes || sum.HostPinning == "" {
 		t.Errorf("losses %v, host bytes %d predicted %d, pinning %q", losses, sum.HostBytes, sum.PredictedHostBytes, sum.HostPinning)
+	}
+}
+
+// TestOutOfCoreStagingRing: when the pool degrades (MemAvailable far below
+// the state), the state stays in Go memory and every copy of it to and
+// from the device passes through the pool's small ring of staging buffers:
+// the run, with offloaded activations, is the resident one bit for bit, and
+// the ring is within the pinned budget the pool granted.
+func TestOutOfCoreStagingRing(t *testing.T) {
+	const steps = 2
+	wantL, wantW := runResident(t, kernels.F32, steps)
+	o := streamed()
+	o.Activations = make([]offload.ActPolicy, oocShape.Layers+2)
+	for i := range o.Activations {
+		o.Activations[i] = offload.OffloadTo
+	}
+	o.HostPinner = offload.MmapPinner{}
+	o.HostLimits = func() (offload.Limits, error) { return offload.Limits{Memlock: -1, MemAvailable: 170 << 10}, nil }
+	tr, check := newOOC(t, kernels.F32, oocOptions(), o)
+	pinned, note := tr.HostPinning()
+	if pinned || !strings.Contains(note, "staging ring") {
+		t.Fatalf("HostPinning = %v, %q; want unpinned state copied through the staging ring", pinned, note)
+	}
+	r := tr.off.stage
+	d := r.pool.Decision()
+	if !d.Degraded || len(r.bufs) != d.StagingBuffers || len(r.bufs) < 2 || r.bytes() > d.Granted {
+		t.Fatalf("ring of %d buffers, %d bytes; pool decided %v", len(r.bufs), r.bytes(), d)
+	}
+	gotL, gotW := trainSteps(t, tr, steps)
+	check()
+	sameRun(t, "resident", wantL, gotL, wantW, gotW)
+	// Per step at least: every layer's weights in, gradients out.
+	if want := int64(steps * 2 * len(tr.model.Layers)); r.uses < want {
+		t.Errorf("%d chunks went through the staging ring, want at least %d", r.uses, want)
+	}
+}
+
+// TestStagingRingChunks: a tensor larger than a staging buffer goes to the
+// device and back in chunks, reusing the ring's buffers, unchanged.
+func TestStagingRingChunks(t *testing.T) {
+	be, err := kernels.Open("cpu", kernels.Config{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	r, err := newStagingRing(offload.HostConfig{Budget: 1 << 30, StagingSize: 64 << 10, Pinner: offload.MmapPinner{},
+		ReadLimits: func() (offload.Limits, error) { return offload.Limits{Memlock: -1, MemAvailable: 200 << 10}, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &offloadState{stage: r}
+	defer r.close()
+	ss, err := stream.NewSet(be, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	const n = 3*(64<<10)/2 + 7 // bf16 elements: over four chunks
+	buf, err := be.Alloc(2*n, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Free(buf)
+	dev := kernels.View(buf, 0, kernels.BF16, n)
+	src, back := make([]byte, 2*n), make([]byte, 2*n)
+	for i := range src {
+		src[i] = byte(i*7 + i/251)
+	}
+	ctx := context.Background()
+	if err := st.copyIn(ctx, be, ss.H2D, "in", dev, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := ss.D2H.WaitFor(ss.H2D); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.copyOut(ctx, be, ss.D2H, "out", back, dev); err != nil {
+		t.Fatal(err)
+	}
+	if err := ss.Synchronize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if string(back) != string(src) {
+		t.Fatal("the round trip through the staging ring changed the data")
+	}
+	if r.uses != 8 {
+		t.Errorf("%d chunks staged, want 4 each way", r.uses)
+	}
+	if len(r.bufs) != 2 || r.bytes() > r.pool.Decision().Granted {
+		t.Fatalf("ring of %d buffers, %d bytes; granted %d", len(r.bufs), r.bytes(), r.pool.Decision().Granted)
 	}
 }

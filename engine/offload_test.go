@@ -109,6 +109,9 @@ func newOOC(t *testing.T, dt kernels.DType, to TrainerOptions, o OffloadOptions)
 	t.Cleanup(tr.Close)
 	check := func() {
 		t.Helper()
+		if err := tr.ResidencyErr(); err != nil {
+			t.Errorf("residency table: %v", err)
+		}
 		ms := be.MemStats()
 		if ms.Peak > budget {
 			t.Errorf("device peak %d exceeds the budget %d", ms.Peak, budget)
@@ -508,4 +511,169 @@ func TestOutOfCoreDiskWriteFailure(t *testing.T) {
 			t.Fatalf("checkpoint tensor %s differs from what was saved", x.Name)
 		}
 	}
+}
+
+// TestOutOfCoreResidencyTable: the residency table records every class of
+// every layer and follows the executor. During each access every tensor
+// the table places on the device has a live cache block of its class;
+// offloaded activations and recompute checkpoints appear and go. After each
+// step nothing is in flight, no activation is recorded, the master and
+// the moments are where the options put them, streamed weights and
+// gradients are on the host only, resident gradients on the device and the
+// host, and the host bytes of the table are the trainer's HostBytes.
+func TestOutOfCoreResidencyTable(t *testing.T) {
+	offloadActs := func(o OffloadOptions) OffloadOptions {
+		o.Activations = make([]offload.ActPolicy, oocShape.Layers+2)
+		for i := range o.Activations {
+			o.Activations[i] = offload.OffloadTo
+			if i%2 == 0 {
+				o.Activations[i] = offload.Recompute
+			}
+		}
+		return o
+	}
+	for _, tc := range []struct {
+		name string
+		o    func(t *testing.T) OffloadOptions
+	}{
+		{"stream", func(*testing.T) OffloadOptions { return streamed() }},
+		{"offload-depth2", func(*testing.T) OffloadOptions { o := offloadActs(streamed()); o.Prefetch = 2; return o }},
+		{"disk", func(t *testing.T) OffloadOptions {
+			o := streamed()
+			o.Optimizer, o.DiskDir, o.DiskBudget = offload.TierDisk, t.TempDir(), 64<<20
+			return o
+		}},
+		{"resident", func(*testing.T) OffloadOptions {
+			o := streamed()
+			o.Weights, o.Grads = offload.TierDevice, offload.TierDevice
+			o.DeviceBudget = 4 * stateBytes(mustGPT(t))
+			return o
+		}},
+		{"delayed", func(*testing.T) OffloadOptions { o := streamed(); o.DelayedUpdate = true; return o }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := tc.o(t)
+			tr, _ := newOOC(t, kernels.F32, oocOptions(), o)
+			st := tr.off
+			n := len(tr.model.Layers)
+			var sawHostActs, sawCkpt, sawDevice bool
+			st.accessHook = func(j int) {
+				dev := map[offload.Class]int64{}
+				for _, r := range st.table.Snapshot() {
+					if r.Key.Class == offload.Activations && r.Valid.Has(offload.TierHost) {
+						sawHostActs = true
+					}
+					if r.Key.Part == offload.PartCheckpoint {
+						sawCkpt = true
+					}
+					if r.Valid.Has(offload.TierDevice) || (r.InFlight && r.Moving.To == offload.TierDevice) {
+						dev[r.Key.Class] += roundBlock(r.Bytes)
+						sawDevice = true
+					}
+				}
+				cs := st.cache.Stats()
+				for cl, b := range dev {
+					if got := cs.ByClass[cl].Allocated; b > got {
+						t.Fatalf("access %d: the table has %d bytes of %s on the device, the cache %d", j, b, cl, got)
+					}
+				}
+			}
+			ctx := context.Background()
+			if err := tr.InitWeights(ctx, 7); err != nil {
+				t.Fatal(err)
+			}
+			feed := oocFeed()
+			for step := 0; step < 3; step++ {
+				if _, err := tr.TrainStep(ctx, feed); err != nil {
+					t.Fatal(err)
+				}
+				if err := st.waitUpdates(); err != nil {
+					t.Fatal(err)
+				}
+				if err := tr.ResidencyErr(); err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+				snap := tr.Residency()
+				if len(snap) != 5*n {
+					t.Fatalf("step %d: %d entries, want 5 classes of %d layers: %v", step, len(snap), n, snap)
+				}
+				host := map[offload.Class]int64{}
+				for _, r := range snap {
+					want := "host"
+					switch r.Key.Class {
+					case offload.AdamM, offload.AdamV:
+						if o.Optimizer == offload.TierDisk {
+							want = "disk"
+						}
+					case offload.Grads:
+						if o.Grads == offload.TierDevice {
+							want = "device+host"
+						}
+					case offload.Activations:
+						t.Fatalf("step %d: %s still recorded after the step", step, r.Key)
+					}
+					if r.InFlight || r.Valid.String() != want {
+						t.Fatalf("step %d: %s valid on %s (in flight %v), want %s", step, r.Key, r.Valid, r.InFlight, want)
+					}
+					if r.Valid.Has(offload.TierHost) {
+						host[r.Key.Class] += r.Bytes
+					}
+				}
+				// fp32 without DelayedUpdate: the weights are the master's memory.
+				var total int64
+				for cl, b := range host {
+					if cl != offload.Weights || o.DelayedUpdate {
+						total += b
+					}
+				}
+				// Outside the table: one activation buffer per offloading
+				// layer, and the spare weights and gradients of DelayedUpdate.
+				var extra int64
+				seen := map[int]bool{}
+				for _, iv := range st.train.ivs {
+					if iv.class == tcActs && iv.evict && !seen[iv.layer] {
+						seen[iv.layer] = true
+						extra += 4 * actElems(iv)
+					}
+				}
+				if o.DelayedUpdate {
+					extra += host[offload.Weights] + host[offload.Grads]
+				}
+				if got := tr.HostBytes(); got != total+extra {
+					t.Errorf("step %d: host bytes %d, the table's %d + %d outside it", step, got, total, extra)
+				}
+				cs := st.cache.Stats()
+				var devGrads int64
+				for _, r := range snap {
+					if r.Key.Class == offload.Grads && r.Valid.Has(offload.TierDevice) {
+						devGrads += roundBlock(r.Bytes)
+					}
+				}
+				if want := cs.ByClass[offload.Grads].Allocated; devGrads != want {
+					t.Errorf("step %d: table has %d bytes of gradients on the device, the cache %d", step, devGrads, want)
+				}
+				if o.Weights == offload.TierHost && cs.ByClass[offload.Weights].Allocated != 0 {
+					t.Errorf("step %d: %d bytes of streamed weights left on the device", step, cs.ByClass[offload.Weights].Allocated)
+				}
+			}
+			if !sawDevice {
+				t.Error("the table never placed a tensor on the device")
+			}
+			if !sawCkpt {
+				t.Error("no recompute checkpoint was recorded")
+			}
+			if o.Activations != nil && !sawHostActs {
+				t.Error("no offloaded activations were recorded on the host")
+			}
+		})
+	}
+}
+
+func mustGPT(t *testing.T) *Model {
+	t.Helper()
+	m, err := NewGPT(oocShape, kernels.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

@@ -18,7 +18,7 @@ func TestDiskRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	keys := []Key{{1, Master}, {1, AdamM}, {2, AdamV}}
+	keys := []Key{{Layer: 1, Class: Master}, {Layer: 1, Class: AdamM}, {Layer: 2, Class: AdamV}}
 	var ops []*Op
 	var srcs [][]byte
 	for i, k := range keys {
@@ -47,7 +47,7 @@ func TestDiskRoundTrip(t *testing.T) {
 		}
 	}
 	// Over budget: a typed error naming the class and what is held.
-	err = d.Create(Key{3, Master}, 1)
+	err = d.Create(Key{Layer: 3, Class: Master}, 1)
 	var be *BudgetError
 	if !errors.As(err, &be) || be.Tier != TierDisk || !strings.Contains(err.Error(), "master 1.0 MiB") {
 		t.Fatalf("over-budget Create: %v", err)
@@ -58,7 +58,7 @@ func TestDiskRoundTrip(t *testing.T) {
 	if err := d.Store(ctx, keys[0], make([]byte, 10)).Wait(ctx); err == nil {
 		t.Fatal("short Store succeeded")
 	}
-	if err := d.Load(ctx, Key{9, Grads}, make([]byte, 10)).Wait(ctx); err == nil || !strings.Contains(err.Error(), "layer 9 grads") {
+	if err := d.Load(ctx, Key{Layer: 9, Class: Grads}, make([]byte, 10)).Wait(ctx); err == nil || !strings.Contains(err.Error(), "layer 9 grads") {
 		t.Fatalf("Load of unknown key: %v", err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
@@ -69,7 +69,7 @@ func TestDiskRoundTrip(t *testing.T) {
 	if err := d.Remove(keys[0]); err != nil || d.Used() != 2*MiB {
 		t.Fatalf("Remove: %v, used %d", err, d.Used())
 	}
-	if err := d.Create(Key{3, Master}, 1*MiB); err != nil {
+	if err := d.Create(Key{Layer: 3, Class: Master}, 1*MiB); err != nil {
 		t.Fatalf("Create after Remove: %v", err)
 	}
 	if err := d.Close(); err != nil {
@@ -98,7 +98,7 @@ func TestDiskReadOnlyDir(t *testing.T) {
 		}
 		defer os.Chmod(dir, 0o755)
 	}
-	err = d.Create(Key{4, AdamV}, 4*KiB)
+	err = d.Create(Key{Layer: 4, Class: AdamV}, 4*KiB)
 	if err == nil {
 		t.Fatal("Create in a read-only directory succeeded")
 	}
@@ -119,7 +119,7 @@ func TestDiskFull(t *testing.T) {
 	}
 	defer d.Close()
 	d.allocate = func(f *os.File, n int64) error { return syscall.ENOSPC }
-	err = d.Create(Key{0, Master}, 64*KiB)
+	err = d.Create(Key{Layer: 0, Class: Master}, 64*KiB)
 	if err == nil || !strings.Contains(err.Error(), "disk full") || !strings.Contains(err.Error(), "l0000-master.bin") {
 		t.Fatalf("full disk: %v", err)
 	}

@@ -12,12 +12,32 @@ import (
 type Key struct {
 	Layer int
 	Class Class
+	// Part tells apart tensors of one class of one layer: for
+	// Activations, PartCheckpoint is the output a recomputed layer keeps
+	// (its full activations are part 0). Zero for every other class.
+	Part uint8
 }
 
-func (k Key) String() string { return fmt.Sprintf("layer %d %s", k.Layer, k.Class) }
+// PartCheckpoint is the Part of a recomputed layer's checkpoint.
+const PartCheckpoint uint8 = 1
+
+func (k Key) String() string {
+	if k.Part == PartCheckpoint && k.Class == Activations {
+		return fmt.Sprintf("layer %d checkpoint", k.Layer)
+	}
+	if k.Part != 0 {
+		return fmt.Sprintf("layer %d %s part %d", k.Layer, k.Class, k.Part)
+	}
+	return fmt.Sprintf("layer %d %s", k.Layer, k.Class)
+}
 
 // FileName is the name of k's file in the disk tier.
-func (k Key) FileName() string { return fmt.Sprintf("l%04d-%s.bin", k.Layer, k.Class) }
+func (k Key) FileName() string {
+	if k.Part != 0 {
+		return fmt.Sprintf("l%04d-%s-p%d.bin", k.Layer, k.Class, k.Part)
+	}
+	return fmt.Sprintf("l%04d-%s.bin", k.Layer, k.Class)
+}
 
 // TierSet is a set of tiers.
 type TierSet uint8
@@ -83,6 +103,8 @@ func (e *TransitionError) Error() string {
 //     (device<->host, host<->disk), at most one copy of a tensor in flight;
 //     the destination becomes valid at EndCopy.
 //   - Modified: the tensor was written on one tier, the others become stale.
+//   - Overwrite: the tensor was written afresh on one tier without reading
+//     any copy (zeroed, recomputed): that tier becomes the only valid one.
 //   - Evict: drop the copy on one tier; the last copy cannot be evicted.
 //   - Drop: forget the tensor (activations after backward).
 //
@@ -192,6 +214,26 @@ func (t *Table) Modified(k Key, at Tier) error {
 	return nil
 }
 
+// Overwrite records that k was written afresh on tier at (zeroed, or
+// produced again by a forward) without reading any copy: at becomes the
+// only valid tier, whether or not it held a valid copy before. No copy may
+// be in flight.
+func (t *Table) Overwrite(k Key, at Tier) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, err := t.getLocked(k, "overwrite")
+	switch {
+	case err != nil:
+		return err
+	case at == TierNone || at >= numTiers:
+		return t.fail(k, "overwrite", fmt.Sprintf("cannot live on %s", at))
+	case r.InFlight:
+		return t.fail(k, "overwrite", "a copy is in flight")
+	}
+	r.Valid = TierSet(0).with(at)
+	return nil
+}
+
 // Evict drops k's copy on tier at. The last valid copy cannot be evicted
 // (use Drop), nor the source or destination of a copy in flight.
 func (t *Table) Evict(k Key, at Tier) error {
@@ -238,7 +280,7 @@ func (t *Table) Get(k Key) (Residency, bool) {
 	return *r, true
 }
 
-// Snapshot returns every entry, sorted by layer then class.
+// Snapshot returns every entry, sorted by layer, class and part.
 func (t *Table) Snapshot() []Residency {
 	t.mu.Lock()
 	out := make([]Residency, 0, len(t.entries))
@@ -250,7 +292,10 @@ func (t *Table) Snapshot() []Residency {
 		if out[i].Key.Layer != out[j].Key.Layer {
 			return out[i].Key.Layer < out[j].Key.Layer
 		}
-		return out[i].Key.Class < out[j].Key.Class
+		if out[i].Key.Class != out[j].Key.Class {
+			return out[i].Key.Class < out[j].Key.Class
+		}
+		return out[i].Key.Part < out[j].Key.Part
 	})
 	return out
 }

@@ -8,7 +8,7 @@ import (
 
 func TestResidencyTransitions(t *testing.T) {
 	tb := NewTable()
-	w := Key{3, Weights}
+	w := Key{Layer: 3, Class: Weights}
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
@@ -45,7 +45,7 @@ func TestResidencyTransitions(t *testing.T) {
 	refuse(tb.Evict(w, TierHost), "only valid copy")
 
 	// Gradients written on the device make older copies stale.
-	g := Key{3, Grads}
+	g := Key{Layer: 3, Class: Grads}
 	must(tb.Add(g, 50, TierDevice))
 	must(tb.BeginCopy(g, TierDevice, TierHost))
 	refuse(tb.Modified(g, TierDevice), "in flight")
@@ -62,9 +62,9 @@ func TestResidencyTransitions(t *testing.T) {
 		t.Fatal("aborted copy became valid")
 	}
 
-	must(tb.Add(Key{1, Master}, 400, TierDisk))
+	must(tb.Add(Key{Layer: 1, Class: Master}, 400, TierDisk))
 	snap := tb.Snapshot()
-	if len(snap) != 3 || snap[0].Key != (Key{1, Master}) || snap[2].Key != g {
+	if len(snap) != 3 || snap[0].Key != (Key{Layer: 1, Class: Master}) || snap[2].Key != g {
 		t.Fatalf("snapshot order: %+v", snap)
 	}
 	must(tb.Drop(g))
@@ -72,5 +72,24 @@ func TestResidencyTransitions(t *testing.T) {
 	if b := tb.Bytes(TierDisk); b[Master] != 400 || len(b) != 1 {
 		t.Fatalf("disk bytes %v", b)
 	}
-	refuse(tb.Add(Key{5, Activations}, 1, TierNone), "cannot live on none")
+	refuse(tb.Add(Key{Layer: 5, Class: Activations}, 1, TierNone), "cannot live on none")
+
+	// Overwrite: written afresh on a tier that held no valid copy.
+	a, c := Key{Layer: 2, Class: Activations}, Key{Layer: 2, Class: Activations, Part: PartCheckpoint}
+	must(tb.Add(a, 10, TierHost))
+	must(tb.Add(c, 5, TierDevice))
+	must(tb.Overwrite(a, TierDevice))
+	if r, _ := tb.Get(a); r.Valid.String() != "device" {
+		t.Fatalf("after overwrite: %v", r.Valid)
+	}
+	must(tb.BeginCopy(a, TierDevice, TierHost))
+	refuse(tb.Overwrite(a, TierDevice), "in flight")
+	refuse(tb.Overwrite(a, TierNone), "cannot live on none")
+	must(tb.EndCopy(a))
+	if b := tb.Bytes(TierDevice); b[Activations] != 15 {
+		t.Fatalf("device activations %d, want 15 (activations and checkpoint apart)", b[Activations])
+	}
+	if c.String() != "layer 2 checkpoint" || c.FileName() == a.FileName() {
+		t.Fatalf("checkpoint key %q, file %q", c, c.FileName())
+	}
 }
