@@ -320,7 +320,7 @@ func progressLine(m StepMetrics, steps int, eval string, eta time.Duration, etaO
 	}
 	fmt.Fprintf(&b, " %s tok/s", humanRate(m.TokensPerSec))
 	if etaOK {
-		fmt.Fprintf(&b, " ETA %s", humanDuration(eta))
+		fmt.Fprintf(&b, " ETA %s", FormatDuration(eta))
 	}
 	return b.String()
 }
@@ -355,7 +355,7 @@ func (r *LineReporter) Report(m StepMetrics) {
 	}
 	line += fmt.Sprintf(" %s tok/s", humanRate(m.TokensPerSec))
 	if etaOK {
-		line += " eta " + humanDuration(eta)
+		line += " eta " + FormatDuration(eta)
 	}
 	fmt.Fprintln(r.w, line)
 }
@@ -371,8 +371,8 @@ func humanRate(v float64) string {
 	return fmt.Sprintf("%.0f", v)
 }
 
-// humanDuration prints d as 42s, 3m05s or 1h02m.
-func humanDuration(d time.Duration) string {
+// FormatDuration prints d rounded for people: 42s, 3m05s or 1h02m.
+func FormatDuration(d time.Duration) string {
 	s := int64(d.Round(time.Second) / time.Second)
 	switch {
 	case s < 60:

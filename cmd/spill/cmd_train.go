@@ -328,7 +328,7 @@ func printTrainSummary(w io.Writer, s *engine.Summary, interrupted bool) {
 	if interrupted {
 		state = "interrupted"
 	}
-	fmt.Fprintf(w, "%s at step %d after %s\n", state, s.Steps, formatDuration(s.Elapsed))
+	fmt.Fprintf(w, "%s at step %d after %s\n", state, s.Steps, engine.FormatDuration(s.Elapsed))
 	if s.FirstLoss != 0 || s.LastLoss != 0 {
 		fmt.Fprintf(w, "  loss          %.4f -> %.4f (first and last step of this run)\n", s.FirstLoss, s.LastLoss)
 	}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/term"
+
+	"github.com/spill-ml/spill/engine"
 )
 
 // progressUnit says how a progress counter is printed.
@@ -155,7 +157,7 @@ func (p *progress) line(done, total int64, rate float64) string {
 		fmt.Fprintf(&b, " %s/s", p.amount(int64(rate)))
 		if total > done {
 			eta := time.Duration(float64(total-done) / rate * float64(time.Second))
-			fmt.Fprintf(&b, " ETA %s", formatDuration(eta))
+			fmt.Fprintf(&b, " ETA %s", engine.FormatDuration(eta))
 		}
 	}
 	return b.String()
@@ -188,16 +190,4 @@ func formatBytes(n int64) string {
 		return fmt.Sprintf("%.1f %s", v, units[i])
 	}
 	return fmt.Sprintf("%.2f %s", v, units[i])
-}
-
-// formatDuration prints d rounded for humans: 42s, 3m05s, 1h02m.
-func formatDuration(d time.Duration) string {
-	s := int64(d.Round(time.Second) / time.Second)
-	switch {
-	case s < 60:
-		return fmt.Sprintf("%ds", s)
-	case s < 3600:
-		return fmt.Sprintf("%dm%02ds", s/60, s%60)
-	}
-	return fmt.Sprintf("%dh%02dm", s/3600, (s%3600)/60)
 }

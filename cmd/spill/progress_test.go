@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/spill-ml/spill/engine"
 )
 
 func TestProgressLine(t *testing.T) {
@@ -66,8 +68,8 @@ func TestFormatting(t *testing.T) {
 	}
 	durCases := map[time.Duration]string{42 * time.Second: "42s", 185 * time.Second: "3m05s", 3720 * time.Second: "1h02m"}
 	for d, want := range durCases {
-		if got := formatDuration(d); got != want {
-			t.Errorf("formatDuration(%v) = %q, want %q", d, got, want)
+		if got := engine.FormatDuration(d); got != want {
+			t.Errorf("engine.FormatDuration(%v) = %q, want %q", d, got, want)
 		}
 	}
 }
