@@ -777,26 +777,7 @@ func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o Offloa
 	p.Scratch = fixed(scratch, offload.Workspace)
 	p.grad[0] = fixed(grad, offload.Workspace)
 	p.grad[1] = fixed(grad, offload.Workspace)
-	switch m.Kind {
-	case "gpt":
-		t.nLoss = B * T
-		p.Input = tensor(B*T, kernels.I32)
-		p.Targets = tensor(B*T, kernels.I32)
-	default:
-		t.nLoss = B
-		F := m.MLP.In
-		p.Input = tensor(B*F, m.DType)
-		if m.DType != kernels.F32 {
-			t.feat32 = tensor(B*F, kernels.F32)
-		}
-		if m.MLP.Task == TaskRegression {
-			p.Targets = tensor(B, kernels.F32)
-			t.lossMul = 2
-		} else {
-			p.Targets = tensor(B, kernels.I32)
-		}
-	}
-	p.Losses = tensor(t.nLoss, kernels.F32)
+	t.allocIO(m, p, B, T, tensor)
 	t.stats = tensor(2*n, kernels.F32)
 	if err != nil {
 		return t, fmt.Errorf("engine: allocating trainer buffers: %w", err)

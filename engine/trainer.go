@@ -102,6 +102,31 @@ type Trainer struct {
 	gradHook func(step int)
 }
 
+// allocIO lays out with tensor the pass's input, targets and losses (and the
+// F32 staging of the features of a non-fp32 MLP), and sets nLoss and lossMul.
+func (t *Trainer) allocIO(m *Model, p *Pass, B, T int, tensor func(n int, dt kernels.DType) kernels.Tensor) {
+	switch m.Kind {
+	case "gpt":
+		t.nLoss = B * T
+		p.Input = tensor(B*T, kernels.I32)
+		p.Targets = tensor(B*T, kernels.I32)
+	default:
+		t.nLoss = B
+		F := m.MLP.In
+		p.Input = tensor(B*F, m.DType)
+		if m.DType != kernels.F32 {
+			t.feat32 = tensor(B*F, kernels.F32)
+		}
+		if m.MLP.Task == TaskRegression {
+			p.Targets = tensor(B, kernels.F32)
+			t.lossMul = 2 // MSEForward gives (p-t)²/2; report the mean squared error
+		} else {
+			p.Targets = tensor(B, kernels.I32)
+		}
+	}
+	p.Losses = tensor(t.nLoss, kernels.F32)
+}
+
 // NewTrainer allocates the model's training state and pass buffers on be.
 // The weights are zero until InitWeights or LoadCheckpoint.
 func NewTrainer(be kernels.Backend, m *Model, o TrainerOptions) (*Trainer, error) {
@@ -126,27 +151,7 @@ func NewTrainer(be kernels.Backend, m *Model, o TrainerOptions) (*Trainer, error
 		t.ioBufs = append(t.ioBufs, b)
 		return kernels.View(b, 0, dt, n)
 	}
-	B, T := o.B, o.T
-	switch m.Kind {
-	case "gpt":
-		t.nLoss = B * T
-		pass.Input = tensor(B*T, kernels.I32)
-		pass.Targets = tensor(B*T, kernels.I32)
-	default:
-		t.nLoss = B
-		F := m.MLP.In
-		pass.Input = tensor(B*F, m.DType)
-		if m.DType != kernels.F32 {
-			t.feat32 = tensor(B*F, kernels.F32)
-		}
-		if m.MLP.Task == TaskRegression {
-			pass.Targets = tensor(B, kernels.F32)
-			t.lossMul = 2 // MSEForward gives (p-t)²/2; report the mean squared error
-		} else {
-			pass.Targets = tensor(B, kernels.I32)
-		}
-	}
-	pass.Losses = tensor(t.nLoss, kernels.F32)
+	t.allocIO(m, pass, o.B, o.T, tensor)
 	t.stats = tensor(2, kernels.F32)
 	if err != nil {
 		t.Close()
