@@ -41,13 +41,7 @@ func deviceOptions() TrainerOptions {
 
 // deviceFeed is deviceSteps steps of random tokens, perBatch rows at a time.
 func deviceFeed(perBatch int) *rowsFeed {
-	r := &rng{s: 5}
-	n := deviceSteps * deviceB * deviceAccum * deviceT
-	in, tg := make([]int32, n), make([]int32, n)
-	for i := range in {
-		in[i], tg[i] = int32(r.next()%64), int32(r.next()%64)
-	}
-	return &rowsFeed{in: in, tg: tg, T: deviceT, perBatch: perBatch}
+	return randomFeed(5, deviceSteps*deviceB*deviceAccum, deviceT, perBatch)
 }
 
 // trainOn runs deviceSteps steps of tr on the device feed and returns the

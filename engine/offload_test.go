@@ -38,14 +38,18 @@ func stateBytes(m *Model) int64 {
 	return per * m.NumParams()
 }
 
-func oocFeed() *rowsFeed {
-	r := &rng{s: 99}
-	n := 6 * oocB * oocT
+func oocFeed() *rowsFeed { return randomFeed(99, 6*oocB, oocT, oocB) }
+
+// randomFeed is rows rows of T random token ids below 64 (inputs and
+// targets), perBatch rows per micro-batch, from the seed.
+func randomFeed(seed uint64, rows, T, perBatch int) *rowsFeed {
+	r := &rng{s: seed}
+	n := rows * T
 	in, tg := make([]int32, n), make([]int32, n)
 	for i := range in {
 		in[i], tg[i] = int32(r.next()%64), int32(r.next()%64)
 	}
-	return &rowsFeed{in: in, tg: tg, T: oocT, perBatch: oocB}
+	return &rowsFeed{in: in, tg: tg, T: T, perBatch: perBatch}
 }
 
 // trainSteps runs steps and returns the losses and final master weights.
