@@ -10,9 +10,9 @@ import (
 	"gorgonia.org/cu"
 )
 
-// Attention runs one of three implementations, chosen per call (and the
-// forward pass, for bf16 with head size 64 or 128, a fourth: the
-// tensor-core flash kernel of flash.go, ahead of gemm):
+// Attention runs one of three implementations, chosen per call (and, for
+// bf16 with head size 64 or 128, a fourth ahead of them: the tensor-core
+// flash kernels of flash.go, forward and backward):
 //
 //   - gemm (the default): the products QKᵀ, PV and the five of the
 //     backward pass as cuBLAS strided-batched GEMMs on the tensor cores,
@@ -273,7 +273,19 @@ func (b *Backend) AttentionBackward(kq kernels.Queue, dqkv, dout, qkv, out, lse 
 	nrows := B * NH * T
 	tiled := useTiled(B, C, NH)
 	impl := attnImpl
+	fb, useFlash := b.flashBwdFuncs(d, g, x, o, B, C, NH)
+	useFlash = useFlash && (impl == attnFlash || impl == attnAuto && b.flashBwdErr == nil)
+	if useFlash {
+		flashBwdLaunches.Add(1)
+	}
 	q.enqueue(func(q *queue) error {
+		if useFlash {
+			D, err := q.ensureScratch(int64(nrows) * 4)
+			if err != nil {
+				return err
+			}
+			return launchFlashBwd(q.stream, fb, d.p, g.p, x.p, o.p, l, D, B, T, C, NH)
+		}
 		if impl == attnAuto || impl == attnFlash || impl == attnNoFlash {
 			if done, err := q.attnBackwardGEMM(d, g, x, o, l, B, T, C, NH); done || err != nil {
 				return err

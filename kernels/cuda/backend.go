@@ -36,6 +36,8 @@ type Backend struct {
 	// flashErr is why the tensor-core attention forward is not used (its
 	// kernels missing or its self-check at Open failed); nil when it is.
 	flashErr error
+	// flashBwdErr is the same for the flash backward kernels.
+	flashBwdErr error
 
 	mem struct {
 		sync.Mutex
@@ -102,6 +104,9 @@ func Open(cfg kernels.Config) (*Backend, error) {
 		}
 		if b.flashErr == nil {
 			b.flashErr = b.checkFlash()
+		}
+		if b.flashBwdErr = b.flashErr; b.flashBwdErr == nil {
+			b.flashBwdErr = b.checkFlashBwd()
 		}
 		return nil
 	})

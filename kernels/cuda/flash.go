@@ -23,7 +23,8 @@ import (
 // (checkFlash: the kernel against the row-wise CUDA-core kernel on a small
 // problem per head size). A kernel missing from the embedded PTX or
 // failing the check leaves Backend.flashErr set and the cuBLAS path in use;
-// TestAttention reports it. The backward pass is unchanged (cuBLAS).
+// TestAttention reports it. AttentionBackward likewise takes the flash
+// backward kernels below.
 
 // flashRows is the number of query rows per block of the flash kernel;
 // flashThreads its block size.
@@ -70,8 +71,10 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 		return "forward and backward: cuBLAS batched GEMMs"
 	case b.flashErr != nil:
 		return fmt.Sprintf("forward and backward: cuBLAS batched GEMMs (flash forward off: %v)", b.flashErr)
+	case b.flashBwdErr != nil:
+		return fmt.Sprintf("forward: tensor-core flash kernel; backward: cuBLAS batched GEMMs (flash backward off: %v)", b.flashBwdErr)
 	}
-	return "forward: tensor-core flash kernel; backward: cuBLAS batched GEMMs"
+	return "forward and backward: tensor-core flash kernels"
 }
 
 // checkFlash runs the flash kernel of each head size beside the row-wise
@@ -159,6 +162,154 @@ func (b *Backend) checkFlashShape(fn cu.Function, B, T, C, NH int) error {
 		w := float64(math.Float32frombits(binary.LittleEndian.Uint32(wantL[4*i:])))
 		if !(math.Abs(g-w) <= 1e-2+1e-3*math.Abs(w)) {
 			return fmt.Errorf("lse[%d] = %g, row-wise kernel %g", i, g, w)
+		}
+	}
+	return nil
+}
+
+// The backward kernels (flash_bwd_kv_*, flash_bwd_q_*, flash_bwd_prep in
+// kernels/flashattn.cu) take the same operands: bf16 dqkv, dout, qkv and
+// out, head size 64 or 128, and accumulate into dqkv without atomics, so
+// the result does not depend on scheduling. They need D = rowsum(dO∘O), one
+// float32 per (batch, head, row), in the queue's scratch area. Checked at
+// Open like the forward (checkFlashBwd, against the row-wise kernels).
+
+// flashBwdLaunches counts AttentionBackward calls that took the flash path.
+var flashBwdLaunches atomic.Int64
+
+// flashBwd holds the three kernels of one head size.
+type flashBwd struct{ kv, q, prep cu.Function }
+
+// flashBwdFuncs returns the backward kernels for a call, or false when they
+// do not apply (as flashFunc; dqkv and out need 4-byte, qkv and dout
+// 16-byte alignment).
+func (b *Backend) flashBwdFuncs(d, g, x, o operand, B, C, NH int) (flashBwd, bool) {
+	hs := C / NH
+	for _, t := range []operand{d, g, x, o} {
+		if t.dt != kernels.BF16 {
+			return flashBwd{}, false
+		}
+	}
+	if (hs != 64 && hs != 128) || d.p%4 != 0 || o.p%4 != 0 || x.p%16 != 0 || g.p%16 != 0 || B*NH > 65535 {
+		return flashBwd{}, false
+	}
+	return b.flashBwdByHead(hs)
+}
+
+func (b *Backend) flashBwdByHead(hs int) (flashBwd, bool) {
+	kv, ok1 := b.fns[fmt.Sprintf("flash_bwd_kv_bf16_hs%d", hs)]
+	q, ok2 := b.fns[fmt.Sprintf("flash_bwd_q_bf16_hs%d", hs)]
+	prep, ok3 := b.fns["flash_bwd_prep"]
+	return flashBwd{kv, q, prep}, ok1 && ok2 && ok3
+}
+
+// launchFlashBwd computes D into the scratch area at D, then dK, dV and dQ.
+func launchFlashBwd(s cu.Stream, f flashBwd, dqkv, dout, qkv, out, lse, D cu.DevicePtr, B, T, C, NH int) error {
+	warps := B * T * NH
+	if err := launchOn(s, f.prep, dim3{x: min((warps+7)/8, 132*16)}, dim3{x: 256}, aPtr(D), aPtr(dout), aPtr(out),
+		aI32(B*T), aI32(T), aI32(C), aI32(NH)); err != nil {
+		return err
+	}
+	hs := C / NH
+	grid := dim3{x: (T + flashRows - 1) / flashRows, y: B * NH}
+	args := []uint64{aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D), aI32(T), aI32(C), aI32(NH),
+		aF32(flashScale(hs)), aF32(float32(1 / math.Sqrt(float64(hs))))}
+	if err := launchOn(s, f.kv, grid, dim3{x: flashThreads}, args...); err != nil {
+		return err
+	}
+	return launchOn(s, f.q, grid, dim3{x: flashThreads}, args...)
+}
+
+// checkFlashBwd runs the backward kernels of each head size beside the
+// row-wise kernels on the self-check's data (forward by the row-wise
+// kernel, dout pseudo-random, dqkv starting at 0.25 to check that both
+// accumulate) and compares dqkv. Called on a context goroutine at Open.
+func (b *Backend) checkFlashBwd() error {
+	const B, T, NH = 2, 80, 2
+	for _, hs := range []int{64, 128} {
+		f, ok := b.flashBwdByHead(hs)
+		if !ok {
+			return fmt.Errorf("flash backward kernels for head size %d missing from the embedded PTX", hs)
+		}
+		if err := b.checkFlashBwdShape(f, B, T, NH*hs, NH); err != nil {
+			return fmt.Errorf("flash backward self-check (B%d T%d C%d NH%d): %w", B, T, NH*hs, NH, err)
+		}
+	}
+	return nil
+}
+
+func (b *Backend) checkFlashBwdShape(f flashBwd, B, T, C, NH int) error {
+	nx, no, nl := B*T*3*C, B*T*C, B*NH*T
+	seed := uint32(777)
+	rnd := func(n int) []byte {
+		h := make([]byte, 2*n)
+		for i := 0; i < n; i++ {
+			seed = seed*1664525 + 1013904223
+			binary.LittleEndian.PutUint16(h[2*i:], kernels.BF16FromF32(float32(seed>>8)/float32(1<<24)*4-2))
+		}
+		return h
+	}
+	hx, hg := rnd(nx), rnd(no)
+	hd := make([]byte, 2*nx)
+	for i := 0; i < nx; i++ {
+		binary.LittleEndian.PutUint16(hd[2*i:], kernels.BF16FromF32(0.25))
+	}
+	var off int64
+	take := func(n int64) int64 { o := off; off += align256(n); return o }
+	oX, oG, oO, oL, oD, oD1, oD2 := take(int64(2*nx)), take(int64(2*no)), take(int64(2*no)), take(int64(4*nl)),
+		take(int64(4*nl)), take(int64(2*nx)), take(int64(2*nx))
+	base, err := cu.MemAlloc(off)
+	if err != nil {
+		return err
+	}
+	s := b.alloc
+	defer func() {
+		_ = s.Synchronize()
+		_ = cu.MemFree(base)
+	}()
+	p := func(o int64) cu.DevicePtr { return base + cu.DevicePtr(o) }
+	if err := cu.MemsetD8Async(base, 0, off, s); err != nil {
+		return err
+	}
+	for _, c := range []struct {
+		dst int64
+		src []byte
+	}{{oX, hx}, {oG, hg}, {oD1, hd}, {oD2, hd}} {
+		if err := cu.MemcpyHtoDAsync(p(c.dst), unsafe.Pointer(&c.src[0]), int64(len(c.src)), s); err != nil {
+			return err
+		}
+	}
+	bf := aDT(kernels.BF16)
+	if err := launchOn(s, b.fn("attention_forward"), rows(nl), block, aPtr(p(oO)), bf, aPtr(p(oL)),
+		aPtr(p(oX)), bf, aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {
+		return err
+	}
+	if err := launchFlashBwd(s, f, p(oD1), p(oG), p(oX), p(oO), p(oL), p(oD), B, T, C, NH); err != nil {
+		return err
+	}
+	if err := launchOn(s, b.fn("attention_backward"), rows(nl), block, aPtr(p(oD2)), bf, aPtr(p(oD)), aPtr(p(oG)), bf,
+		aPtr(p(oX)), bf, aPtr(p(oO)), bf, aPtr(p(oL)), aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {
+		return err
+	}
+	if err := launchOn(s, b.fn("attention_backward_kv"), rows(nl), block, aPtr(p(oD2)), bf, aPtr(p(oD)), aPtr(p(oG)), bf,
+		aPtr(p(oX)), bf, aPtr(p(oL)), aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {
+		return err
+	}
+	got, want := make([]byte, 2*nx), make([]byte, 2*nx)
+	if err := cu.MemcpyDtoHAsync(unsafe.Pointer(&got[0]), p(oD1), int64(len(got)), s); err != nil {
+		return err
+	}
+	if err := cu.MemcpyDtoHAsync(unsafe.Pointer(&want[0]), p(oD2), int64(len(want)), s); err != nil {
+		return err
+	}
+	if err := s.Synchronize(); err != nil {
+		return err
+	}
+	for i := 0; i < nx; i++ {
+		g := float64(kernels.F32FromBF16(binary.LittleEndian.Uint16(got[2*i:])))
+		w := float64(kernels.F32FromBF16(binary.LittleEndian.Uint16(want[2*i:])))
+		if !(math.Abs(g-w) <= 5e-2+3e-2*math.Abs(w)) {
+			return fmt.Errorf("dqkv[%d] = %g, row-wise kernels %g", i, g, w)
 		}
 	}
 	return nil

@@ -218,26 +218,33 @@ func TestAttention(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			defer func(impl, qb int, ch int64) { attnImpl, attnQBlock, attnChunkBytes = impl, qb, ch }(attnImpl, attnQBlock, attnChunkBytes)
 			attnImpl, attnQBlock, attnChunkBytes = c.impl, c.qblock, c.chunk
-			n0 := flashLaunches.Load()
+			n0, nb0 := flashLaunches.Load(), flashBwdLaunches.Load()
 			testAttention(t)
 			// The shapes include bf16 with head sizes 128 and 64.
 			if ran := flashLaunches.Load() > n0; ran != (c.impl == attnFlash) {
 				t.Errorf("flash kernel ran: %v", ran)
 			}
+			if ran := flashBwdLaunches.Load() > nb0; ran != (c.impl == attnFlash) {
+				t.Errorf("flash backward kernels ran: %v", ran)
+			}
 		})
 	}
 }
 
-// TestAttentionFlash checks the tensor-core forward kernel against the CPU
-// backend at tile edges (T of 1, 63, 64, 65, 129, 200; 16-row warp and
-// 64-row block boundaries) for both head sizes, and that the backend's
-// self-check at Open passed, which is what makes the kernel the default.
+// TestAttentionFlash checks the tensor-core forward and backward kernels
+// against the CPU backend at tile edges (T of 1, 63, 64, 65, 129, 200;
+// 16-row warp, 32- and 64-row tile boundaries) for both head sizes, and that
+// the backend's self-checks at Open passed, which is what makes the kernels
+// the default.
 func TestAttentionFlash(t *testing.T) {
 	defer func(impl int) { attnImpl = impl }(attnImpl)
 	attnImpl = attnFlash
 	p := openPair(t)
 	if err := p.g.(*Backend).flashErr; err != nil {
 		t.Errorf("flash self-check at Open: %v (the cuBLAS path is used instead)", err)
+	}
+	if err := p.g.(*Backend).flashBwdErr; err != nil {
+		t.Errorf("flash backward self-check at Open: %v (the cuBLAS path is used instead)", err)
 	}
 	for _, sh := range [][4]int{{1, 1, 64, 1}, {2, 63, 128, 2}, {1, 64, 256, 2}, {2, 65, 256, 4}, {1, 129, 384, 3}, {2, 200, 512, 4}} {
 		B, T, C, NH := sh[0], sh[1], sh[2], sh[3]
@@ -254,6 +261,21 @@ func TestAttentionFlash(t *testing.T) {
 		}
 		p.check(name+"/out", out, 1)
 		p.check(name+"/lse", lse, 2)
+		// Backward from the CPU's out and lse on both sides, into a random dqkv.
+		_, wantOut := p.download(out)
+		same := p.upload(kernels.BF16, wantOut)
+		_, wantLse := p.download(lse)
+		sameLse := p.upload(kernels.F32, wantLse)
+		g := p.random(kernels.BF16, B*T*C, 1)
+		dqkv := p.random(kernels.BF16, B*T*3*C, 1)
+		nb0 := flashBwdLaunches.Load()
+		p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+			b.AttentionBackward(q, s(dqkv), s(g), s(qkv), s(same), s(sameLse), B, T, C, NH)
+		})
+		if flashBwdLaunches.Load() == nb0 {
+			t.Errorf("%s: the flash backward kernels did not run", name)
+		}
+		p.check(name+"/dqkv", dqkv, 2*math.Sqrt(float64(T)))
 	}
 }
 

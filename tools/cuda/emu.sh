@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# emu.sh: check the flash-attention kernel (kernels/cuda/kernels/flashattn.cu)
+# emu.sh: check the flash-attention kernels (kernels/cuda/kernels/flashattn.cu)
 # on the host with tools/cuda/emu/flashattn_emu.cpp, under AddressSanitizer
-# and UBSan: the kernel's device function is extracted (from its "Elements
-# are handled" comment to the entry points) and compiled as C++20 with
-# emulated warp primitives. Needs g++ 12 or later; no GPU or CUDA toolkit.
+# and UBSan: the device code (between its "---- Device code" and "---- Entry
+# points" markers) is extracted and compiled as C++20 with emulated warp
+# primitives (mma, ldmatrix, shuffles). Needs g++ 12 or later; no GPU or CUDA toolkit.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 src=$root/kernels/cuda/kernels/flashattn.cu
-sed -n '/^\/\/ Elements are handled/,/^\/\/ flash_fwd_bf16_hs64 and _hs128/p' "$src" | sed '$d' >"$tmp/flashattn_body.inc"
+sed -n '/^\/\/ ---- Device code/,/^\/\/ ---- Entry points/p' "$src" | sed '$d' >"$tmp/flashattn_body.inc"
 cp "$root/tools/cuda/emu/flashattn_emu.cpp" "$tmp/"
 ${CXX:-g++} -std=c++20 -O1 -g -fsanitize=address,undefined -fno-strict-aliasing -pthread \
   -o "$tmp/emu" "$tmp/flashattn_emu.cpp"

@@ -1,5 +1,5 @@
-// flashattn: causal attention forward on the tensor cores for bf16 with
-// head size 64 or 128 (see attention.go): flash-attention style, one block
+// flashattn: causal attention forward and backward on the tensor cores for
+// bf16 with head size 64 or 128 (see flash.go). Forward: flash-attention style, one block
 // of 4 warps per 64 query rows of one (batch, head), each warp owning 16
 // rows. Keys and values stream through shared memory 64 at a time; scores
 // S = Q·Kᵀ and the output O += P·V are mma.sync m16n8k16 bf16 products with
@@ -18,6 +18,7 @@
 #define FA_BK 64  // keys per shared-memory tile
 #define FA_THREADS 128
 #define FA_LN2 0.6931471805599453f
+#define FA_LOG2E 1.4426950408889634f
 
 // fa_pack rounds lo and hi to bf16 and packs them, lo in the lower half.
 __device__ __forceinline__ uint32_t fa_pack(float lo, float hi) {
@@ -37,17 +38,74 @@ __device__ __forceinline__ void fa_mma(float* d, const uint32_t* a, uint32_t b0,
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// flash_fwd computes the block's 64 query rows. Ks is the key tile,
-// row-major with row stride HS+8; Vt the value tile transposed (head dim
-// major) with row stride FA_BK+8, so that both B operands are pairs of
-// consecutive elements (the padding spreads the rows over the banks).
+// fa_ldsm4 loads four 8x8 b16 matrices from shared memory: lanes 8i..8i+7
+// give the row addresses of matrix i (16-byte aligned), register i gets
+// matrix i in the mma fragment layout (row lane/4, cols 2(lane%4), +1).
+__device__ __forceinline__ void fa_ldsm4(uint32_t* r, const uint16_t* p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// fa_ldsm4t is fa_ldsm4 transposed: register i holds, of matrix i, rows
+// 2(lane%4) and 2(lane%4)+1 of column lane/4.
+__device__ __forceinline__ void fa_ldsm4t(uint32_t* r, const uint16_t* p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// ---- Device code: tools/cuda/emu.sh runs everything from here to the
+// entry points on the host (with its own fa_pack, fa_ld32, fa_mma and
+// ldmatrix), so it must stay plain C++ apart from those.
+
+// fa_acc2 adds (lo, hi) to the bf16 pair at p (4-byte aligned), rounding once.
+__device__ __forceinline__ void fa_acc2(uint16_t* p, float lo, float hi) {
+    const uint32_t w = *reinterpret_cast<uint32_t*>(p);
+    const float a = __uint_as_float(w << 16), b = __uint_as_float(w & 0xffff0000u);
+    *reinterpret_cast<uint32_t*>(p) = fa_pack(a + lo, b + hi);
+}
+
+// fa_ld_rows fills a shared tile of `rows` rows (row stride HS+8) from
+// global rows r0.. of stride `stride` elements, zero past T.
+template <int HS>
+__device__ __forceinline__ void fa_ld_rows(uint16_t* s, const uint16_t* g, i64 stride, int r0, int rows, int T) {
+    for (int i = threadIdx.x; i < rows * (HS / 8); i += FA_THREADS) {
+        const int r = i / (HS / 8), d = (i - r * (HS / 8)) * 8, t = r0 + r;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (t < T) v = *reinterpret_cast<const uint4*>(g + (i64)t * stride + d);
+        *reinterpret_cast<uint4*>(s + r * (HS + 8) + d) = v;
+    }
+}
+
+// fa_ld_frag loads rows r0, r0+8 (zero past T) of a (T, HS) slice with row
+// stride `stride` as KD A fragments.
+template <int HS>
+__device__ __forceinline__ void fa_ld_frag(uint32_t (*f)[4], const uint16_t* g, i64 stride, int r0, int T) {
+    const int c = threadIdx.x & 3, r1 = r0 + 8;
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        const int d = kk * 16 + 2 * c;
+        f[kk][0] = r0 < T ? fa_ld32(g + (i64)r0 * stride + d) : 0u;
+        f[kk][1] = r1 < T ? fa_ld32(g + (i64)r1 * stride + d) : 0u;
+        f[kk][2] = r0 < T ? fa_ld32(g + (i64)r0 * stride + d + 8) : 0u;
+        f[kk][3] = r1 < T ? fa_ld32(g + (i64)r1 * stride + d + 8) : 0u;
+    }
+}
+
+// flash_fwd computes the block's 64 query rows. Ks and Vs are the key and
+// value tiles, row-major with row stride HS+8 (the padding spreads the rows
+// over the banks); the B operands come from them through ldmatrix, V's
+// transposed.
 // qkv must be 16-byte aligned and out 4-byte aligned (checked by the host).
 // Elements are handled as their bf16 bit patterns (uint16_t).
 template <int HS>
 __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __restrict__ lse,
                                           const uint16_t* __restrict__ qkv, int T, int C, int NH, float scale_log2,
-                                          uint16_t* Ks, uint16_t* Vt) {
-    constexpr int KS = HS + 8, VS = FA_BK + 8, KD = HS / 16, ND = HS / 8, NK = FA_BK / 8;
+                                          uint16_t* Ks, uint16_t* Vs) {
+    constexpr int KS = HS + 8, KD = HS / 16, ND = HS / 8, NK = FA_BK / 8;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int z = blockIdx.y, b = z / NH, h = z - b * NH;
     // The last query blocks have the most keys: start them first.
@@ -75,25 +133,9 @@ __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __r
 
     for (int k0 = 0; k0 <= qlast; k0 += FA_BK) {
         __syncthreads();  // every warp is done with the previous tile
-        // Keys past T are zero: masked, and never NaN times 0. Each thread
-        // moves 8 consecutive elements of one key; for K the head dimension
-        // varies fastest across threads (coalesced loads, 16-byte stores),
-        // for V the key (the transposed 2-byte stores of a warp then fall on
-        // consecutive addresses instead of one bank).
-        for (int i = tid; i < FA_BK * (HS / 8); i += FA_THREADS) {
-            const int kr = i / (HS / 8), d = (i - kr * (HS / 8)) * 8, key = k0 + kr;
-            uint4 kv = make_uint4(0u, 0u, 0u, 0u);
-            if (key < T) kv = *reinterpret_cast<const uint4*>(base + (i64)key * C3 + C + d);
-            *reinterpret_cast<uint4*>(Ks + kr * KS + d) = kv;
-        }
-        for (int i = tid; i < FA_BK * (HS / 8); i += FA_THREADS) {
-            const int kr = i % FA_BK, d = (i / FA_BK) * 8, key = k0 + kr;
-            uint4 vv = make_uint4(0u, 0u, 0u, 0u);
-            if (key < T) vv = *reinterpret_cast<const uint4*>(base + (i64)key * C3 + 2 * C + d);
-            const uint32_t vw[4] = {vv.x, vv.y, vv.z, vv.w};  // element u is half u%2 of word u/2
-#pragma unroll
-            for (int u = 0; u < 8; u++) Vt[(d + u) * VS + kr] = (uint16_t)(vw[u >> 1] >> (16 * (u & 1)));
-        }
+        // Keys past T are zero: masked, and never NaN times 0.
+        fa_ld_rows<HS>(Ks, base + C, C3, k0, FA_BK, T);
+        fa_ld_rows<HS>(Vs, base + 2 * C, C3, k0, FA_BK, T);
         __syncthreads();
         if (!active || k0 > w0 + 15) continue;  // no row of this warp sees these keys
 
@@ -102,9 +144,14 @@ __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __r
 #pragma unroll
         for (int j = 0; j < NK; j++) {
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-            const uint16_t* kp = Ks + (j * 8 + g) * KS + 2 * c;
+            const uint16_t* kp = Ks + (8 * j + (lane & 7)) * KS + 8 * (lane >> 3);
 #pragma unroll
-            for (int kk = 0; kk < KD; kk++) fa_mma(s[j], qf[kk], fa_ld32(kp + kk * 16), fa_ld32(kp + kk * 16 + 8));
+            for (int kk = 0; kk < KD; kk += 2) {
+                uint32_t bk[4];
+                fa_ldsm4(bk, kp + 16 * kk);
+                fa_mma(s[j], qf[kk], bk[0], bk[1]);
+                fa_mma(s[j], qf[kk + 1], bk[2], bk[3]);
+            }
         }
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -156,9 +203,14 @@ __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __r
             pa[1] = fa_pack(s[2 * kk][2], s[2 * kk][3]);
             pa[2] = fa_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
             pa[3] = fa_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            const uint16_t* vp = Vt + g * VS + kk * 16 + 2 * c;
+            const uint16_t* vp = Vs + (16 * kk + (lane & 15)) * KS + 8 * (lane >> 4);
 #pragma unroll
-            for (int j = 0; j < ND; j++) fa_mma(o[j], pa, fa_ld32(vp + j * 8 * VS), fa_ld32(vp + j * 8 * VS + 8));
+            for (int j = 0; j < ND; j += 2) {
+                uint32_t bv[4];
+                fa_ldsm4t(bv, vp + 8 * j);
+                fa_mma(o[j], pa, bv[0], bv[1]);
+                fa_mma(o[j + 1], pa, bv[2], bv[3]);
+            }
         }
     }
     if (!active) return;
@@ -183,19 +235,324 @@ __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __r
     }
 }
 
+// Backward pass. // Two kernels, no atomics (deterministic), both accumulating into dqkv:
+// flash_bwd_kv gives dK and dV, one block per 64 keys of one (batch, head),
+// each warp owning 16 keys and walking the query tiles from its diagonal to
+// T; flash_bwd_q gives dQ, one block per 64 query rows, each warp owning 16
+// rows and walking the key tiles up to its diagonal. Both recompute
+// P = exp(scale·QKᵀ - lse) from the forward's lse and take
+// D = rowsum(dO∘O) from flash_bwd_prep; dS = P∘(dP - D), dQ = scale·dS·K,
+// dK = scale·dSᵀ·Q, dV = Pᵀ·dO. The operands a warp keeps (its keys, or its
+// queries and their dO) sit in registers in the A layout; the streamed tiles
+// sit row-major in shared memory and reach the B operand through ldmatrix,
+// transposed where the product runs along the tile's rows.
+
+
+// flash_bwd_kv: dK and dV of the block's 64 keys; queries stream through
+// shared memory BQ at a time (Qs, Gs: Q and dO rows; Ls: lse in base 2,
+// +inf past T so that P is 0 there; Ds: D). dqkv 4-byte aligned, qkv and
+// dout 16-byte aligned (checked by the host).
+template <int HS, int BQ>
+__device__ __forceinline__ void flash_bwd_kv(uint16_t* __restrict__ dqkv, const uint16_t* __restrict__ dout,
+                                             const uint16_t* __restrict__ qkv, const float* __restrict__ lse,
+                                             const float* __restrict__ Dd, int T, int C, int NH, float scale_log2,
+                                             float scale, uint16_t* Qs, uint16_t* Gs, float* Ls, float* Ds) {
+    constexpr int QS = HS + 8, KD = HS / 16, ND = HS / 8, NQ = BQ / 8;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int z = blockIdx.y, b = z / NH, h = z - b * NH;
+    const int k0 = blockIdx.x * FA_BK;
+    const i64 C3 = 3LL * C;
+    const uint16_t* base = qkv + (i64)b * T * C3 + (i64)h * HS;    // q of token 0 of this head
+    const uint16_t* gbase = dout + (i64)b * T * C + (i64)h * HS;  // dO of token 0
+    const int kw0 = k0 + warp * 16, kr0 = kw0 + g, kr1 = kr0 + 8;
+    const bool active = kw0 < T;
+    uint32_t kf[KD][4], vf[KD][4];
+    fa_ld_frag<HS>(kf, base + C, C3, kr0, T);
+    fa_ld_frag<HS>(vf, base + 2 * C, C3, kr0, T);
+    float dk[ND][4], dv[ND][4];
+#pragma unroll
+    for (int j = 0; j < ND; j++) dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.f;
+    const float* lz = lse + (i64)z * T;
+    const float* dz = Dd + (i64)z * T;
+
+    for (int q0 = k0; q0 < T; q0 += BQ) {
+        __syncthreads();  // every warp is done with the previous tile
+        fa_ld_rows<HS>(Qs, base, C3, q0, BQ, T);
+        fa_ld_rows<HS>(Gs, gbase, C, q0, BQ, T);
+        for (int i = tid; i < BQ; i += FA_THREADS) {
+            const int q = q0 + i;
+            Ls[i] = q < T ? lz[q] * FA_LOG2E : INFINITY;
+            Ds[i] = q < T ? dz[q] : 0.f;
+        }
+        __syncthreads();
+        if (!active || q0 + BQ <= kw0) continue;  // every query of the tile precedes the warp's keys
+
+        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, 16 keys x BQ queries.
+        float s[NQ][4], dp[NQ][4];
+#pragma unroll
+        for (int j = 0; j < NQ; j++) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.f;
+            const int off = (8 * j + (lane & 7)) * QS + 8 * (lane >> 3);
+#pragma unroll
+            for (int kk = 0; kk < KD; kk += 2) {
+                uint32_t bq[4], bg[4];
+                fa_ldsm4(bq, Qs + off + 16 * kk);
+                fa_mma(s[j], kf[kk], bq[0], bq[1]);
+                fa_mma(s[j], kf[kk + 1], bq[2], bq[3]);
+                fa_ldsm4(bg, Gs + off + 16 * kk);
+                fa_mma(dp[j], vf[kk], bg[0], bg[1]);
+                fa_mma(dp[j], vf[kk + 1], bg[2], bg[3]);
+            }
+        }
+        // P and dS; queries before a key, or past T, give 0.
+        const bool mask = q0 < kw0 + 16;
+#pragma unroll
+        for (int j = 0; j < NQ; j++) {
+            const int qi = 8 * j + 2 * c, q = q0 + qi;
+            const float l0 = Ls[qi], l1 = Ls[qi + 1], d0 = Ds[qi], d1 = Ds[qi + 1];
+            float p0 = exp2f(s[j][0] * scale_log2 - l0), p1 = exp2f(s[j][1] * scale_log2 - l1);
+            float p2 = exp2f(s[j][2] * scale_log2 - l0), p3 = exp2f(s[j][3] * scale_log2 - l1);
+            if (mask) {
+                if (q < kr0) p0 = 0.f;
+                if (q + 1 < kr0) p1 = 0.f;
+                if (q < kr1) p2 = 0.f;
+                if (q + 1 < kr1) p3 = 0.f;
+            }
+            s[j][0] = p0;
+            s[j][1] = p1;
+            s[j][2] = p2;
+            s[j][3] = p3;
+            dp[j][0] = p0 * (dp[j][0] - d0);
+            dp[j][1] = p1 * (dp[j][1] - d1);
+            dp[j][2] = p2 * (dp[j][2] - d0);
+            dp[j][3] = p3 * (dp[j][3] - d1);
+        }
+        // dV += Pᵀ·dO and dK += dSᵀ·Q: the accumulators are the A operands
+        // (k = queries), dO and Q rows the transposed B operands.
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) {
+            uint32_t pa[4], da[4];
+            pa[0] = fa_pack(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = fa_pack(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = fa_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = fa_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            da[0] = fa_pack(dp[2 * kk][0], dp[2 * kk][1]);
+            da[1] = fa_pack(dp[2 * kk][2], dp[2 * kk][3]);
+            da[2] = fa_pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+            da[3] = fa_pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+            const int off = (16 * kk + (lane & 15)) * QS + 8 * (lane >> 4);
+#pragma unroll
+            for (int j = 0; j < ND; j += 2) {
+                uint32_t bg[4], bq[4];
+                fa_ldsm4t(bg, Gs + off + 8 * j);
+                fa_mma(dv[j], pa, bg[0], bg[1]);
+                fa_mma(dv[j + 1], pa, bg[2], bg[3]);
+                fa_ldsm4t(bq, Qs + off + 8 * j);
+                fa_mma(dk[j], da, bq[0], bq[1]);
+                fa_mma(dk[j + 1], da, bq[2], bq[3]);
+            }
+        }
+    }
+    if (!active) return;
+    uint16_t* dkb = dqkv + (i64)b * T * C3 + C + (i64)h * HS + 2 * c;
+    uint16_t* dvb = dkb + C;
+    if (kr0 < T) {
+#pragma unroll
+        for (int j = 0; j < ND; j++) {
+            fa_acc2(dkb + (i64)kr0 * C3 + j * 8, dk[j][0] * scale, dk[j][1] * scale);
+            fa_acc2(dvb + (i64)kr0 * C3 + j * 8, dv[j][0], dv[j][1]);
+        }
+    }
+    if (kr1 < T) {
+#pragma unroll
+        for (int j = 0; j < ND; j++) {
+            fa_acc2(dkb + (i64)kr1 * C3 + j * 8, dk[j][2] * scale, dk[j][3] * scale);
+            fa_acc2(dvb + (i64)kr1 * C3 + j * 8, dv[j][2], dv[j][3]);
+        }
+    }
+}
+
+// flash_bwd_q: dQ of the block's 64 query rows; keys and values stream
+// through shared memory 64 at a time (Ks, Vs row-major).
+template <int HS>
+__device__ __forceinline__ void flash_bwd_q(uint16_t* __restrict__ dqkv, const uint16_t* __restrict__ dout,
+                                            const uint16_t* __restrict__ qkv, const float* __restrict__ lse,
+                                            const float* __restrict__ Dd, int T, int C, int NH, float scale_log2,
+                                            float scale, uint16_t* Ks, uint16_t* Vs) {
+    constexpr int KS = HS + 8, KD = HS / 16, ND = HS / 8, NK = FA_BK / 8;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int z = blockIdx.y, b = z / NH, h = z - b * NH;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_BQ;  // the most keys first
+    const i64 C3 = 3LL * C;
+    const uint16_t* base = qkv + (i64)b * T * C3 + (i64)h * HS;
+    const uint16_t* gbase = dout + (i64)b * T * C + (i64)h * HS;
+    const int w0 = q0 + warp * 16, r0 = w0 + g, r1 = r0 + 8;
+    const bool active = w0 < T;
+    uint32_t qf[KD][4], gf[KD][4];
+    fa_ld_frag<HS>(qf, base, C3, r0, T);
+    fa_ld_frag<HS>(gf, gbase, C, r0, T);
+    const float l0 = r0 < T ? lse[(i64)z * T + r0] * FA_LOG2E : INFINITY;
+    const float l1 = r1 < T ? lse[(i64)z * T + r1] * FA_LOG2E : INFINITY;
+    const float d0 = r0 < T ? Dd[(i64)z * T + r0] : 0.f;
+    const float d1 = r1 < T ? Dd[(i64)z * T + r1] : 0.f;
+    float dq[ND][4];
+#pragma unroll
+    for (int j = 0; j < ND; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
+    const int qlast = min(q0 + FA_BQ, T) - 1;
+
+    for (int k0 = 0; k0 <= qlast; k0 += FA_BK) {
+        __syncthreads();
+        fa_ld_rows<HS>(Ks, base + C, C3, k0, FA_BK, T);
+        fa_ld_rows<HS>(Vs, base + 2 * C, C3, k0, FA_BK, T);
+        __syncthreads();
+        if (!active || k0 > w0 + 15) continue;  // no row of this warp sees these keys
+
+        // S = Q·Kᵀ and dP = dO·Vᵀ, 16 rows x 64 keys.
+        float s[NK][4], dp[NK][4];
+#pragma unroll
+        for (int j = 0; j < NK; j++) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.f;
+            const int off = (8 * j + (lane & 7)) * KS + 8 * (lane >> 3);
+#pragma unroll
+            for (int kk = 0; kk < KD; kk += 2) {
+                uint32_t bk[4], bv[4];
+                fa_ldsm4(bk, Ks + off + 16 * kk);
+                fa_mma(s[j], qf[kk], bk[0], bk[1]);
+                fa_mma(s[j], qf[kk + 1], bk[2], bk[3]);
+                fa_ldsm4(bv, Vs + off + 16 * kk);
+                fa_mma(dp[j], gf[kk], bv[0], bv[1]);
+                fa_mma(dp[j], gf[kk + 1], bv[2], bv[3]);
+            }
+        }
+        // dS = P∘(dP - D); keys after a row (and so keys past T) give 0.
+        const bool mask = k0 + FA_BK - 1 > w0;
+#pragma unroll
+        for (int j = 0; j < NK; j++) {
+            const int key = k0 + 8 * j + 2 * c;
+            float p0 = exp2f(s[j][0] * scale_log2 - l0), p1 = exp2f(s[j][1] * scale_log2 - l0);
+            float p2 = exp2f(s[j][2] * scale_log2 - l1), p3 = exp2f(s[j][3] * scale_log2 - l1);
+            if (mask) {
+                if (key > r0) p0 = 0.f;
+                if (key + 1 > r0) p1 = 0.f;
+                if (key > r1) p2 = 0.f;
+                if (key + 1 > r1) p3 = 0.f;
+            }
+            dp[j][0] = p0 * (dp[j][0] - d0);
+            dp[j][1] = p1 * (dp[j][1] - d0);
+            dp[j][2] = p2 * (dp[j][2] - d1);
+            dp[j][3] = p3 * (dp[j][3] - d1);
+        }
+        // dQ += dS·K: K rows are the transposed B operand (k = keys).
+#pragma unroll
+        for (int kk = 0; kk < FA_BK / 16; kk++) {
+            uint32_t da[4];
+            da[0] = fa_pack(dp[2 * kk][0], dp[2 * kk][1]);
+            da[1] = fa_pack(dp[2 * kk][2], dp[2 * kk][3]);
+            da[2] = fa_pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+            da[3] = fa_pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+            const int off = (16 * kk + (lane & 15)) * KS + 8 * (lane >> 4);
+#pragma unroll
+            for (int j = 0; j < ND; j += 2) {
+                uint32_t bk[4];
+                fa_ldsm4t(bk, Ks + off + 8 * j);
+                fa_mma(dq[j], da, bk[0], bk[1]);
+                fa_mma(dq[j + 1], da, bk[2], bk[3]);
+            }
+        }
+    }
+    if (!active) return;
+    uint16_t* dqb = dqkv + (i64)b * T * C3 + (i64)h * HS + 2 * c;
+    if (r0 < T) {
+#pragma unroll
+        for (int j = 0; j < ND; j++) fa_acc2(dqb + (i64)r0 * C3 + j * 8, dq[j][0] * scale, dq[j][1] * scale);
+    }
+    if (r1 < T) {
+#pragma unroll
+        for (int j = 0; j < ND; j++) fa_acc2(dqb + (i64)r1 * C3 + j * 8, dq[j][2] * scale, dq[j][3] * scale);
+    }
+}
+
+// ---- Entry points ----
+
 // flash_fwd_bf16_hs64 and _hs128: out(B,T,C) and lse(B,NH,T) from
 // qkv(B,T,3C), all bf16 but lse, C = NH·hs. Grid (ceil(T/64), B·NH),
 // 128 threads. scale_log2 is log2(e)/sqrt(hs).
 extern "C" __global__ void __launch_bounds__(FA_THREADS)
     flash_fwd_bf16_hs64(void* out, float* lse, const void* qkv, int T, int C, int NH, float scale_log2) {
     __shared__ __align__(16) uint16_t Ks[FA_BK * (64 + 8)];
-    __shared__ __align__(16) uint16_t Vt[64 * (FA_BK + 8)];
-    flash_fwd<64>((uint16_t*)out, lse, (const uint16_t*)qkv, T, C, NH, scale_log2, Ks, Vt);
+    __shared__ __align__(16) uint16_t Vs[FA_BK * (64 + 8)];
+    flash_fwd<64>((uint16_t*)out, lse, (const uint16_t*)qkv, T, C, NH, scale_log2, Ks, Vs);
 }
 
 extern "C" __global__ void __launch_bounds__(FA_THREADS)
     flash_fwd_bf16_hs128(void* out, float* lse, const void* qkv, int T, int C, int NH, float scale_log2) {
     __shared__ __align__(16) uint16_t Ks[FA_BK * (128 + 8)];
-    __shared__ __align__(16) uint16_t Vt[128 * (FA_BK + 8)];
-    flash_fwd<128>((uint16_t*)out, lse, (const uint16_t*)qkv, T, C, NH, scale_log2, Ks, Vt);
+    __shared__ __align__(16) uint16_t Vs[FA_BK * (128 + 8)];
+    flash_fwd<128>((uint16_t*)out, lse, (const uint16_t*)qkv, T, C, NH, scale_log2, Ks, Vs);
+}
+
+// flash_bwd entry points: dqkv(B,T,3C) += the gradients from dout(B,T,C),
+// qkv, lse(B,NH,T) (natural log, the forward's) and D(B,NH,T), all bf16
+// but lse and D. Grids (ceil(T/64), B·NH), 128 threads. scale_log2 is
+// log2(e)/sqrt(hs), scale 1/sqrt(hs). For head size 128 the key kernel
+// streams 32 queries at a time, to keep its accumulators in registers.
+extern "C" __global__ void __launch_bounds__(FA_THREADS)
+    flash_bwd_kv_bf16_hs64(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int C,
+                           int NH, float scale_log2, float scale) {
+    __shared__ __align__(16) uint16_t Qs[64 * (64 + 8)];
+    __shared__ __align__(16) uint16_t Gs[64 * (64 + 8)];
+    __shared__ float Ls[64], Ds[64];
+    flash_bwd_kv<64, 64>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale,
+                         Qs, Gs, Ls, Ds);
+}
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS)
+    flash_bwd_kv_bf16_hs128(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int C,
+                            int NH, float scale_log2, float scale) {
+    __shared__ __align__(16) uint16_t Qs[32 * (128 + 8)];
+    __shared__ __align__(16) uint16_t Gs[32 * (128 + 8)];
+    __shared__ float Ls[32], Ds[32];
+    flash_bwd_kv<128, 32>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale,
+                          Qs, Gs, Ls, Ds);
+}
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS)
+    flash_bwd_q_bf16_hs64(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int C,
+                          int NH, float scale_log2, float scale) {
+    __shared__ __align__(16) uint16_t Ks[FA_BK * (64 + 8)];
+    __shared__ __align__(16) uint16_t Vs[FA_BK * (64 + 8)];
+    flash_bwd_q<64>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale, Ks, Vs);
+}
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS)
+    flash_bwd_q_bf16_hs128(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int C,
+                           int NH, float scale_log2, float scale) {
+    __shared__ __align__(16) uint16_t Ks[FA_BK * (128 + 8)];
+    __shared__ __align__(16) uint16_t Vs[FA_BK * (128 + 8)];
+    flash_bwd_q<128>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale, Ks, Vs);
+}
+
+// flash_bwd_prep: D[(b·NH + h)·T + t] = Σ_d dout·out over head h of token
+// (b, t), in float32; one warp per (token, head), grid-stride. dout and out
+// bf16 (B,T,C), 4-byte aligned; hs even.
+extern "C" __global__ void flash_bwd_prep(float* D, const void* dout, const void* out, int BT, int T, int C, int NH) {
+    const int hs = C / NH, lane = threadIdx.x & 31;
+    const i64 nw = (i64)BT * NH, stride = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 w = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < nw; w += stride) {
+        const i64 tok = w / NH;
+        const int h = (int)(w - tok * NH);
+        const uint16_t* g = (const uint16_t*)dout + tok * C + (i64)h * hs;
+        const uint16_t* o = (const uint16_t*)out + tok * C + (i64)h * hs;
+        float acc = 0.f;
+        for (int d = 2 * lane; d < hs; d += 64) {
+            const uint32_t a = fa_ld32(g + d), e = fa_ld32(o + d);
+            acc += __uint_as_float(a << 16) * __uint_as_float(e << 16) +
+                   __uint_as_float(a & 0xffff0000u) * __uint_as_float(e & 0xffff0000u);
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) {
+            const i64 b = tok / T, t = tok - b * T;
+            D[(b * NH + h) * T + t] = acc;
+        }
+    }
 }

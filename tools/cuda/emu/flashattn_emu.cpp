@@ -1,8 +1,8 @@
 // flashattn_emu.cpp: runs flash_fwd of kernels/cuda/kernels/flashattn.cu on
 // the host, to check the kernel's index arithmetic without a GPU: each block
 // is 128 std::threads, __syncthreads a barrier, and mma.m16n8k16 and the
-// shuffles are emulated warp-collectively from the fragment layouts of the
-// PTX ISA. Out and lse are compared with a float64 reference; built with
+// shuffles and ldmatrix are emulated warp-collectively from the fragment layouts of the
+// PTX ISA. Out, lse and dqkv are compared with a float64 reference; built with
 // AddressSanitizer it also checks every global and shared access is in
 // bounds. Run with tools/cuda/emu.sh (g++ only, no CUDA toolkit).
 #include <barrier>
@@ -14,6 +14,7 @@
 #include <vector>
 #include <random>
 #include <algorithm>
+#include <cstdlib>
 typedef long long i64;
 struct __nv_bfloat16 { uint16_t bits; };
 struct __nv_bfloat162 { __nv_bfloat16 x, y; };
@@ -32,6 +33,7 @@ dim gridDim;
 #define FA_BK 64
 #define FA_THREADS 128
 #define FA_LN2 0.6931471805599453f
+#define FA_LOG2E 1.4426950408889634f
 std::barrier<>* blockBar;
 std::barrier<>* warpBar[4];
 static void __syncthreads() { blockBar->arrive_and_wait(); }
@@ -65,6 +67,25 @@ static void fa_mma(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
   warpBar[w]->arrive_and_wait();
 }
 using std::min;
+
+// ldmatrix, warp-collectively: lanes 8i..8i+7 give the rows of matrix i.
+const uint16_t* la[4][32];
+static void ldsm4(uint32_t* r, const uint16_t* p, bool trans) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  if (((uintptr_t)p) % 16 != 0) { printf("ldmatrix: row address %p not 16-byte aligned\n", (const void*)p); abort(); }
+  la[w][l] = p; warpBar[w]->arrive_and_wait();
+  int g = l >> 2, c = l & 3;
+  for (int i = 0; i < 4; i++) {
+    uint16_t e0, e1;
+    if (!trans) { e0 = la[w][8 * i + g][2 * c]; e1 = la[w][8 * i + g][2 * c + 1]; }
+    else { e0 = la[w][8 * i + 2 * c][g]; e1 = la[w][8 * i + 2 * c + 1][g]; }
+    r[i] = (uint32_t)e0 | ((uint32_t)e1 << 16);
+  }
+  warpBar[w]->arrive_and_wait();
+}
+static void fa_ldsm4(uint32_t* r, const uint16_t* p) { ldsm4(r, p, false); }
+static void fa_ldsm4t(uint32_t* r, const uint16_t* p) { ldsm4(r, p, true); }
+static float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 #include "flashattn_body.inc" // extracted from flashattn.cu by emu.sh
 
 template <int HS> void run(int B, int T, int NH, unsigned seed, int& bad) {
@@ -76,7 +97,7 @@ template <int HS> void run(int B, int T, int NH, unsigned seed, int& bad) {
   for (auto& x : qkv) x = f2bf(U(rng));
   float sl2 = (float)(1.4426950408889634 / std::sqrt((double)HS));
   gridDim = {(T + 63) / 64, B * NH};
-  std::vector<uint16_t> Ks(64 * (HS + 8)), Vt(HS * 72);
+  std::vector<uint16_t> Ks(64 * (HS + 8)), Vs(64 * (HS + 8));
   for (int by = 0; by < B * NH; by++)
     for (int bx = 0; bx < gridDim.x; bx++) {
       std::barrier<> bb(128), w0(32), w1(32), w2(32), w3(32);
@@ -85,7 +106,7 @@ template <int HS> void run(int B, int T, int NH, unsigned seed, int& bad) {
       for (int t = 0; t < 128; t++)
         th.emplace_back([&, t] {
           threadIdx = {t, 0}; blockIdx = {bx, by};
-          flash_fwd<HS>(out.data(), lse.data(), qkv.data(), T, C, NH, sl2, Ks.data(), Vt.data());
+          flash_fwd<HS>(out.data(), lse.data(), qkv.data(), T, C, NH, sl2, Ks.data(), Vs.data());
         });
       for (auto& x : th) x.join();
     }
@@ -110,6 +131,89 @@ template <int HS> void run(int B, int T, int NH, unsigned seed, int& bad) {
   }
   printf("HS%d B%d T%d NH%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", HS, B, T, NH, worst, worstL, bad);
 }
+// run_bwd checks flash_bwd_kv and flash_bwd_q: dqkv starts random (the
+// kernels accumulate), lse and D come from a float64 forward pass.
+template <int HS, int BQ> void run_bwd(int B, int T, int NH, unsigned seed, int& bad) {
+  int C = NH * HS;
+  i64 C3 = 3LL * C;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> U(-2, 2);
+  std::vector<uint16_t> qkv((size_t)B * T * C3), dout((size_t)B * T * C), dqkv((size_t)B * T * C3);
+  for (auto& x : qkv) x = f2bf(U(rng));
+  for (auto& x : dout) x = f2bf(U(rng));
+  for (auto& x : dqkv) x = f2bf(U(rng) * 0.5f);
+  std::vector<uint16_t> dqkv0 = dqkv;
+  std::vector<float> lse((size_t)B * NH * T), D((size_t)B * NH * T);
+  std::vector<double> ref((size_t)B * T * C3, 0.0);
+  double sc = 1 / std::sqrt((double)HS);
+  for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) {
+    auto at = [&](int tok, int which, int d) { return (double)bf2f(qkv[((size_t)b * T + tok) * C3 + which * C + h * HS + d]); };
+    auto go = [&](int tok, int d) { return (double)bf2f(dout[((size_t)b * T + tok) * C + h * HS + d]); };
+    std::vector<double> P((size_t)T * T, 0.0), L(T), Dv(T);
+    for (int t = 0; t < T; t++) {
+      double m = -INFINITY;
+      for (int j = 0; j <= t; j++) { double a = 0; for (int d = 0; d < HS; d++) a += at(t, 0, d) * at(j, 1, d); P[(size_t)t * T + j] = a * sc; m = std::max(m, a * sc); }
+      double l = 0; for (int j = 0; j <= t; j++) l += std::exp(P[(size_t)t * T + j] - m);
+      L[t] = m + std::log(l);
+      for (int j = 0; j <= t; j++) P[(size_t)t * T + j] = std::exp(P[(size_t)t * T + j] - L[t]);
+      double dd = 0;
+      for (int d = 0; d < HS; d++) { double o = 0; for (int j = 0; j <= t; j++) o += P[(size_t)t * T + j] * at(j, 2, d); dd += o * go(t, d); }
+      Dv[t] = dd;
+      lse[((size_t)b * NH + h) * T + t] = (float)L[t];
+      D[((size_t)b * NH + h) * T + t] = (float)dd;
+    }
+    for (int t = 0; t < T; t++) for (int j = 0; j <= t; j++) {
+      double p = P[(size_t)t * T + j], dp = 0;
+      for (int d = 0; d < HS; d++) dp += go(t, d) * at(j, 2, d);
+      double ds = p * (dp - Dv[t]);
+      for (int d = 0; d < HS; d++) {
+        ref[((size_t)b * T + t) * C3 + h * HS + d] += sc * ds * at(j, 1, d);          // dQ
+        ref[((size_t)b * T + j) * C3 + C + h * HS + d] += sc * ds * at(t, 0, d);      // dK
+        ref[((size_t)b * T + j) * C3 + 2 * C + h * HS + d] += p * go(t, d);          // dV
+      }
+    }
+  }
+  float sl2 = (float)(1.4426950408889634 / std::sqrt((double)HS)), s1 = (float)sc;
+  gridDim = {(T + 63) / 64, B * NH};
+  for (int pass = 0; pass < 2; pass++) {
+    // Exact sizes, so that AddressSanitizer sees any access past a tile.
+    const int rows = pass == 0 ? BQ : 64;
+    std::vector<uint16_t> S1(rows * (HS + 8)), S2(rows * (HS + 8));
+    std::vector<float> Ls(BQ), Ds(BQ);
+    for (int by = 0; by < B * NH; by++)
+      for (int bx = 0; bx < gridDim.x; bx++) {
+        std::barrier<> bb(128), w0(32), w1(32), w2(32), w3(32);
+        blockBar = &bb; warpBar[0] = &w0; warpBar[1] = &w1; warpBar[2] = &w2; warpBar[3] = &w3;
+        std::vector<std::thread> th;
+        for (int t = 0; t < 128; t++)
+          th.emplace_back([&, t] {
+            threadIdx = {t, 0}; blockIdx = {bx, by};
+            if (pass == 0)
+              flash_bwd_kv<HS, BQ>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, C, NH, sl2, s1, S1.data(), S2.data(), Ls.data(), Ds.data());
+            else
+              flash_bwd_q<HS>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, C, NH, sl2, s1, S1.data(), S2.data());
+          });
+        for (auto& x : th) x.join();
+      }
+  }
+  double rms = 0;
+  for (auto r : ref) rms += r * r;
+  rms = std::sqrt(rms / ref.size());
+  double worst = 0;
+  const char* part[3] = {"dq", "dk", "dv"};
+  for (size_t i = 0; i < ref.size(); i++) {
+    double want = ref[i] + bf2f(dqkv0[i]), got = bf2f(dqkv[i]);
+    double tol = 2e-2 * rms + 1.6e-2 * std::fabs(want);
+    double e = std::fabs(got - want);
+    worst = std::max(worst, e / tol);
+    if (!(e <= tol)) {
+      size_t tok = i / C3; int col = (int)(i % C3);
+      if (bad++ < 8) printf("%s tok %zu col %d: %g vs %g\n", part[col / C], tok, col % C, got, want);
+    }
+  }
+  printf("bwd HS%d BQ%d B%d T%d NH%d: worst err/tol %.3f (rms grad %.3g), bad %d\n", HS, BQ, B, T, NH, worst, rms, bad);
+}
+
 int main() {
   int bad = 0;
   run<64>(1, 1, 1, 1, bad);
@@ -117,5 +221,10 @@ int main() {
   run<128>(1, 63, 1, 3, bad);
   run<128>(1, 130, 2, 4, bad);
   run<64>(1, 200, 1, 5, bad);
+  run_bwd<64, 64>(1, 1, 1, 6, bad);
+  run_bwd<64, 64>(2, 65, 2, 7, bad);
+  run_bwd<128, 32>(1, 63, 1, 8, bad);
+  run_bwd<128, 32>(1, 130, 2, 9, bad);
+  run_bwd<64, 64>(1, 200, 1, 10, bad);
   return bad != 0;
 }
