@@ -120,13 +120,18 @@ func main() {
 	only := flag.String("shapes", "124m,1.3b", "comma-separated shapes to run")
 	device := flag.String("device", "cuda", "backend")
 	kernelsOnly := flag.Bool("kernels-only", false, "skip the training runs")
+	trainOnly := flag.Bool("train-only", false, "skip the kernel benchmarks (for profiling the training steps alone)")
 	flag.Parse()
+	skipKernels = *trainOnly
 	ctx := context.Background()
 	if err := run(ctx, *device, *torchPath, *outPath, strings.Split(*only, ","), *kernelsOnly); err != nil {
 		fmt.Fprintln(os.Stderr, "gpubench:", err)
 		os.Exit(1)
 	}
 }
+
+// skipKernels is set by -train-only.
+var skipKernels bool
 
 func run(ctx context.Context, device, torchPath, outPath string, only []string, kernelsOnly bool) error {
 	rep := report{
@@ -155,7 +160,7 @@ func run(ctx context.Context, device, torchPath, outPath string, only []string, 
 		want[strings.TrimSpace(s)] = true
 	}
 	for _, s := range shapes {
-		if !want[s.Name] {
+		if !want[s.Name] || skipKernels {
 			continue
 		}
 		g, a, err := kernelBench(device, s)
