@@ -217,28 +217,24 @@ func (k *block) Backward(q kernels.Queue, p *Pass, i int) {
 	if !sameView(dx, p.DOut) {
 		o.CopyDevice(q, dx, p.DOut)
 	}
+	// The scratch gradients are written, not accumulated (the *Set forms:
+	// Zero and the op where the backend has no overwriting form).
 	dGelu := s4a.Slice(0, BT*4*C)
-	o.Zero(q, dGelu)
-	o.MatmulBackward(q, dGelu, param(g, k.fcProjW), param(g, k.fcProjB), p.DOut, a.fchGelu, param(w, k.fcProjW), BT, 4*C, C)
+	kernels.MatmulBackwardSet(o, q, dGelu, param(g, k.fcProjW), param(g, k.fcProjB), p.DOut, a.fchGelu, param(w, k.fcProjW), BT, 4*C, C)
 	dfch := s4b.Slice(0, BT*4*C)
-	o.Zero(q, dfch)
-	o.GeluBackward(q, dfch, a.fch, dGelu, BT*4*C)
+	kernels.GeluBackwardSet(o, q, dfch, a.fch, dGelu, BT*4*C)
 	dln2 := s1a
-	o.Zero(q, dln2)
-	o.MatmulBackward(q, dln2, param(g, k.fcW), param(g, k.fcB), dfch, a.ln2, param(w, k.fcW), BT, C, 4*C)
+	kernels.MatmulBackwardSet(o, q, dln2, param(g, k.fcW), param(g, k.fcB), dfch, a.ln2, param(w, k.fcW), BT, C, 4*C)
 	o.LayerNormBackward(q, dx, param(g, k.ln2w), param(g, k.ln2b), dln2, a.res2, param(w, k.ln2w), a.ln2Mean, a.ln2Rstd, BT, C)
 
 	// Attention branch: res2 = x + c_proj(attn(c_attn(ln_1(x)))); dx now
 	// holds d(res2), which is also d(c_proj output).
 	datty := s1b
-	o.Zero(q, datty)
-	o.MatmulBackward(q, datty, param(g, k.projW), param(g, k.projB), dx, a.atty, param(w, k.projW), BT, C, C)
+	kernels.MatmulBackwardSet(o, q, datty, param(g, k.projW), param(g, k.projB), dx, a.atty, param(w, k.projW), BT, C, C)
 	dqkv := s4a.Slice(0, BT*3*C)
-	o.Zero(q, dqkv)
-	o.AttentionBackward(q, dqkv, datty, a.qkv, a.atty, a.lse, B, T, C, NH)
+	kernels.AttentionBackwardSet(o, q, dqkv, datty, a.qkv, a.atty, a.lse, B, T, C, NH)
 	dln1 := s1a
-	o.Zero(q, dln1)
-	o.MatmulBackward(q, dln1, param(g, k.attnW), param(g, k.attnB), dqkv, a.ln1, param(w, k.attnW), BT, C, 3*C)
+	kernels.MatmulBackwardSet(o, q, dln1, param(g, k.attnW), param(g, k.attnB), dqkv, a.ln1, param(w, k.attnW), BT, C, 3*C)
 	o.LayerNormBackward(q, dx, param(g, k.ln1w), param(g, k.ln1b), dln1, x, param(w, k.ln1w), a.ln1Mean, a.ln1Rstd, BT, C)
 }
 
@@ -318,11 +314,9 @@ func (h *head) Backward(q kernels.Queue, p *Pass, i int) {
 	BT, C, V := p.B*p.T, h.s.Embd, h.s.Vocab
 	a := h.acts(st.Acts, p.B, p.T)
 	dlogits, dlnf, _ := h.scratch(p.Scratch, p.B, p.T)
-	o.Zero(q, dlogits)
-	o.CrossEntropyBackward(q, dlogits, a.logits, p.Targets, BT, V, p.LossGrad)
-	o.Zero(q, dlnf)
+	kernels.CrossEntropyBackwardSet(o, q, dlogits, a.logits, p.Targets, BT, V, p.LossGrad)
 	emb := p.Table.Layers[0]
-	o.MatmulBackward(q, dlnf, param(emb.Grads, h.wte), kernels.Tensor{}, dlogits, a.lnf, param(emb.Weights, h.wte), BT, C, V)
+	kernels.MatmulBackwardSet(o, q, dlnf, param(emb.Grads, h.wte), kernels.Tensor{}, dlogits, a.lnf, param(emb.Weights, h.wte), BT, C, V)
 	o.Zero(q, p.DIn)
 	o.LayerNormBackward(q, p.DIn, param(st.Grads, h.lnw), param(st.Grads, h.lnb), dlnf, p.In(i), param(st.Weights, h.lnw), a.mean, a.rstd, BT, C)
 }

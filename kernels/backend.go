@@ -305,6 +305,64 @@ type Ops interface {
 	CheckFinite(q Queue, flag, x Tensor)
 }
 
+// Overwriter is implemented by backends that can write, instead of
+// accumulate, the input gradient of the backward ops a layer chains: each
+// method equals Zero on that gradient followed by the accumulating op
+// (0 + x rounds to x), but saves writing the zeros and reading them back.
+// Every other gradient output still accumulates. Callers use the package
+// functions below, which fall back to Zero and the accumulating op.
+type Overwriter interface {
+	// MatmulBackwardSet is MatmulBackward with dinp = dout·weight.
+	MatmulBackwardSet(q Queue, dinp, dweight, dbias, dout, inp, weight Tensor, BT, C, OC int)
+	// GeluBackwardSet computes dinp(N) = gelu'(inp)·dout.
+	GeluBackwardSet(q Queue, dinp, inp, dout Tensor, N int)
+	// AttentionBackwardSet is AttentionBackward with dqkv overwritten.
+	AttentionBackwardSet(q Queue, dqkv, dout, qkv, out, lse Tensor, B, T, C, NH int)
+	// CrossEntropyBackwardSet is CrossEntropyBackward with dlogits
+	// overwritten (ignored rows get zeros).
+	CrossEntropyBackwardSet(q Queue, dlogits, logits, targets Tensor, BT, V int, scale float32)
+}
+
+// MatmulBackwardSet overwrites dinp (see Overwriter) on any backend.
+func MatmulBackwardSet(o Ops, q Queue, dinp, dweight, dbias, dout, inp, weight Tensor, BT, C, OC int) {
+	if w, ok := o.(Overwriter); ok {
+		w.MatmulBackwardSet(q, dinp, dweight, dbias, dout, inp, weight, BT, C, OC)
+		return
+	}
+	o.Zero(q, dinp)
+	o.MatmulBackward(q, dinp, dweight, dbias, dout, inp, weight, BT, C, OC)
+}
+
+// GeluBackwardSet overwrites dinp (see Overwriter) on any backend.
+func GeluBackwardSet(o Ops, q Queue, dinp, inp, dout Tensor, N int) {
+	if w, ok := o.(Overwriter); ok {
+		w.GeluBackwardSet(q, dinp, inp, dout, N)
+		return
+	}
+	o.Zero(q, dinp)
+	o.GeluBackward(q, dinp, inp, dout, N)
+}
+
+// AttentionBackwardSet overwrites dqkv (see Overwriter) on any backend.
+func AttentionBackwardSet(o Ops, q Queue, dqkv, dout, qkv, out, lse Tensor, B, T, C, NH int) {
+	if w, ok := o.(Overwriter); ok {
+		w.AttentionBackwardSet(q, dqkv, dout, qkv, out, lse, B, T, C, NH)
+		return
+	}
+	o.Zero(q, dqkv)
+	o.AttentionBackward(q, dqkv, dout, qkv, out, lse, B, T, C, NH)
+}
+
+// CrossEntropyBackwardSet overwrites dlogits (see Overwriter) on any backend.
+func CrossEntropyBackwardSet(o Ops, q Queue, dlogits, logits, targets Tensor, BT, V int, scale float32) {
+	if w, ok := o.(Overwriter); ok {
+		w.CrossEntropyBackwardSet(q, dlogits, logits, targets, BT, V, scale)
+		return
+	}
+	o.Zero(q, dlogits)
+	o.CrossEntropyBackward(q, dlogits, logits, targets, BT, V, scale)
+}
+
 // AdamWParams are the hyper-parameters of one AdamW step.
 type AdamWParams struct {
 	LR, Beta1, Beta2, Eps, WeightDecay float32
