@@ -4,10 +4,12 @@ package cuda
 
 /*
 #cgo CFLAGS: -I${SRCDIR}/compat -I/usr/local/cuda/include
-#cgo LDFLAGS: -L/usr/local/cuda/lib64 -lcublas -lcuda
+#cgo LDFLAGS: -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcuda
 #include <stdint.h>
+#include <stdlib.h>
 #include <cuda.h>
 #include <cublas_v2.h>
+#include <cublasLt.h>
 
 static int spill_host_alloc(void **p, size_t n) {
 	return (int)cuMemHostAlloc(p, n, CU_MEMHOSTALLOC_PORTABLE);
@@ -46,6 +48,90 @@ static int spill_gemm_sb(cublasHandle_t h, int ta, int tb, int m, int n, int k, 
 		(const void *)(uintptr_t)B, (cudaDataType)bt, ldb, sb, &beta,
 		(void *)(uintptr_t)C, (cudaDataType)ct, ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
+
+static int spill_lt_create(cublasLtHandle_t *h) { return (int)cublasLtCreate(h); }
+
+static int spill_lt_destroy(cublasLtHandle_t h) { return (int)cublasLtDestroy(h); }
+
+// spill_lt_plan: a cuBLASLt matmul descriptor, its layouts and algorithm.
+typedef struct {
+	cublasLtMatmulDesc_t desc;
+	cublasLtMatrixLayout_t a, b, d;
+	cublasLtMatmulAlgo_t algo;
+	size_t ws;
+} spill_lt_plan;
+
+static void spill_lt_plan_free(spill_lt_plan *p) {
+	if (p == NULL) return;
+	if (p->d) cublasLtMatrixLayoutDestroy(p->d);
+	if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+	if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+	if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+	free(p);
+}
+
+// spill_lt_plan_bias plans column-major D(m,n) = op(A)*op(B) + bias(m)
+// (CUBLASLT_EPILOGUE_BIAS, float32 accumulation and scale, no split-K
+// reduction in the output type). The bias has D's type (the default of
+// CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, the only one documented outside
+// int8 and fp8). bias is an address with the alignment of the biases to
+// come; al* are the alignments of A, B and D in bytes.
+static int spill_lt_plan_bias(cublasLtHandle_t h, spill_lt_plan **out, int ta, int tb, int m, int n, int k,
+		int abt, int lda, int ldb, int dt, int ldd, uint64_t bias,
+		uint32_t alA, uint32_t alB, uint32_t alD, uint64_t maxWs) {
+	*out = NULL;
+	spill_lt_plan *p = (spill_lt_plan *)calloc(1, sizeof *p);
+	if (p == NULL) return (int)CUBLAS_STATUS_ALLOC_FAILED;
+	cublasLtMatmulPreference_t pref = NULL;
+	int32_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+	uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+	const void *bp = (const void *)(uintptr_t)bias;
+	uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+	cublasLtMatmulHeuristicResult_t r;
+	int found = 0;
+	cublasStatus_t s = cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+#define SPILL_TRY(x) if (s == CUBLAS_STATUS_SUCCESS) s = (x)
+	SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA));
+	SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB));
+	SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+	SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
+	SPILL_TRY(cublasLtMatrixLayoutCreate(&p->a, (cudaDataType)abt, ta ? k : m, ta ? m : k, lda));
+	SPILL_TRY(cublasLtMatrixLayoutCreate(&p->b, (cudaDataType)abt, tb ? n : k, tb ? k : n, ldb));
+	SPILL_TRY(cublasLtMatrixLayoutCreate(&p->d, (cudaDataType)dt, m, n, ldd));
+	SPILL_TRY(cublasLtMatmulPreferenceCreate(&pref));
+	SPILL_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &maxWs, sizeof maxWs));
+	SPILL_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red));
+	SPILL_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &alA, sizeof alA));
+	SPILL_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alB, sizeof alB));
+	SPILL_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alD, sizeof alD));
+	SPILL_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alD, sizeof alD));
+	SPILL_TRY(cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->a, p->b, p->d, p->d, pref, 1, &r, &found));
+#undef SPILL_TRY
+	if (s == CUBLAS_STATUS_SUCCESS && (found < 1 || r.state != CUBLAS_STATUS_SUCCESS)) s = CUBLAS_STATUS_NOT_SUPPORTED;
+	if (pref) cublasLtMatmulPreferenceDestroy(pref);
+	if (s != CUBLAS_STATUS_SUCCESS) {
+		spill_lt_plan_free(p);
+		return (int)s;
+	}
+	p->algo = r.algo;
+	p->ws = r.workspaceSize;
+	*out = p;
+	return 0;
+}
+
+// spill_lt_matmul_bias runs a plan of spill_lt_plan_bias: D = op(A)*op(B) + bias.
+static int spill_lt_matmul_bias(cublasLtHandle_t h, spill_lt_plan *p, uint64_t A, uint64_t B, uint64_t D,
+		uint64_t bias, uint64_t ws, uintptr_t stream) {
+	const void *bp = (const void *)(uintptr_t)bias;
+	cublasStatus_t s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp);
+	if (s != CUBLAS_STATUS_SUCCESS) return (int)s;
+	float alpha = 1.f, beta = 0.f;
+	void *d = (void *)(uintptr_t)D;
+	return (int)cublasLtMatmul(h, p->desc, &alpha, (const void *)(uintptr_t)A, p->a, (const void *)(uintptr_t)B, p->b,
+		&beta, d, p->d, d, p->d, &p->algo, (void *)(uintptr_t)ws, p->ws, (cudaStream_t)stream);
+}
+
+static size_t spill_lt_plan_ws(spill_lt_plan *p) { return p->ws; }
 
 static int spill_cuda_version(void) { return CUDA_VERSION; }
 
@@ -94,9 +180,19 @@ type driverError int
 
 func (e driverError) Error() string { return fmt.Sprintf("CUDA driver error %d", int(e)) }
 
+// cuBLAS status codes (cublas_api.h).
+const (
+	blasInvalidValue = 7
+	blasNotSupported = 15
+)
+
 // blasHandle is a cuBLAS handle bound to one stream; used by its queue's
 // goroutine only.
-type blasHandle struct{ h C.cublasHandle_t }
+type blasHandle struct {
+	h     C.cublasHandle_t
+	lt    *ltHandle // cuBLASLt, made on first use (matmul_lt.go)
+	ltErr error     // why lt could not be made
+}
 
 func newBlasHandle(s cu.Stream) (*blasHandle, error) {
 	var h C.cublasHandle_t
@@ -106,7 +202,12 @@ func newBlasHandle(s cu.Stream) (*blasHandle, error) {
 	return &blasHandle{h: h}, nil
 }
 
-func (b *blasHandle) destroy() { C.spill_blas_destroy(b.h) }
+func (b *blasHandle) destroy() {
+	if b.lt != nil {
+		b.lt.destroy()
+	}
+	C.spill_blas_destroy(b.h)
+}
 
 func (b *blasHandle) version() int { return int(C.spill_blas_version(b.h)) }
 
@@ -131,6 +232,71 @@ func (b *blasHandle) gemmStridedBatched(ta, tb bool, m, n, k int, alpha float32,
 		C.uint64_t(Cp), blasType(ct), C.int(ldc), C.longlong(sc), C.int(batch))
 	if st != 0 {
 		return fmt.Errorf("kernels/cuda: cublasGemmStridedBatchedEx %d×(%dx%dx%d) (%v·%v→%v): %w", batch, m, n, k, at, bt, ct, blasError(st))
+	}
+	return nil
+}
+
+// ltHandle is a cuBLASLt handle and its plans by problem.
+type ltHandle struct {
+	h     C.cublasLtHandle_t
+	plans map[ltKey]*ltPlan
+}
+
+// ltPlan is a matmul descriptor, its layouts and algorithm (C memory), or
+// with c nil why cuBLASLt cannot do the problem.
+type ltPlan struct {
+	c   *C.spill_lt_plan
+	ws  int64 // workspace bytes the algorithm needs
+	err error
+}
+
+func newLtHandle() (*ltHandle, error) {
+	var h C.cublasLtHandle_t
+	if st := C.spill_lt_create(&h); st != 0 {
+		return nil, fmt.Errorf("kernels/cuda: cublasLtCreate: %w", blasError(st))
+	}
+	return &ltHandle{h: h, plans: map[ltKey]*ltPlan{}}, nil
+}
+
+func (l *ltHandle) destroy() {
+	for k := range l.plans {
+		l.drop(k, nil)
+	}
+	C.spill_lt_destroy(l.h)
+}
+
+// drop frees the plan of k and, with err non-nil, records that k failed.
+func (l *ltHandle) drop(k ltKey, err error) {
+	if p := l.plans[k]; p != nil && p.c != nil {
+		C.spill_lt_plan_free(p.c)
+	}
+	if err == nil {
+		delete(l.plans, k)
+		return
+	}
+	l.plans[k] = &ltPlan{err: err}
+}
+
+// planBias plans column-major d(m,n) = op(a)·op(b) + bias(m) for k (bias
+// of d's dtype), with biases aligned like bias and at most maxWs bytes of
+// workspace.
+func (l *ltHandle) planBias(k ltKey, bias cu.DevicePtr, maxWs int64) (*ltPlan, error) {
+	var p *C.spill_lt_plan
+	st := C.spill_lt_plan_bias(l.h, &p, cbool(k.ta), cbool(k.tb), C.int(k.m), C.int(k.n), C.int(k.k),
+		blasType(k.ab), C.int(k.lda), C.int(k.ldb), blasType(k.d), C.int(k.ldd), C.uint64_t(bias),
+		C.uint32_t(k.alA), C.uint32_t(k.alB), C.uint32_t(k.alD), C.uint64_t(maxWs))
+	if st != 0 {
+		return nil, blasError(st)
+	}
+	return &ltPlan{c: p, ws: int64(C.spill_lt_plan_ws(p))}, nil
+}
+
+// matmulBias runs p with a workspace of p.ws bytes at ws.
+func (l *ltHandle) matmulBias(p *ltPlan, a, b, d, bias, ws cu.DevicePtr, s cu.Stream) error {
+	st := C.spill_lt_matmul_bias(l.h, p.c, C.uint64_t(a), C.uint64_t(b), C.uint64_t(d), C.uint64_t(bias), C.uint64_t(ws),
+		C.uintptr_t(uintptr(unsafe.Pointer(s.C()))))
+	if st != 0 {
+		return blasError(st)
 	}
 	return nil
 }

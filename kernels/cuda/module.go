@@ -57,7 +57,7 @@ var kernelNames = []string{
 	"adamw_update", "sum_squares_partial", "sum_squares_final", "check_finite",
 	"encoder_forward", "encoder_backward", "encoder_backward_wpe",
 	"layernorm_forward", "layernorm_backward", "layernorm_backward_params",
-	"matmul_forward_bias", "matmul_backward_bias",
+	"matmul_forward_bias", "matmul_backward_bias", "matmul_backward_bias_partial",
 	"crossentropy_forward", "crossentropy_backward",
 	"attention_forward", "attention_backward", "attention_backward_kv",
 	"attention_forward_tiled", "attention_backward_tiled", "attention_backward_kv_tiled",
