@@ -84,6 +84,78 @@ var block = dim3{x: threads}
 // rows is the grid for one warp per row, 8 rows per block.
 func rows(n int) dim3 { return dim3{x: (n + 7) / 8} }
 
+// Typed kernels (NAME_f32, NAME_bf16, NAME_f16) take every float operand in
+// one dtype and access memory in 16-byte vectors of vecN(dt) elements.
+
+// typedFn returns kernel name specialised for dt, if the PTX has it (PTX
+// older than the kernel falls back to the generic one).
+func (b *Backend) typedFn(name string, dt kernels.DType) (cu.Function, bool) {
+	var sfx string
+	switch dt {
+	case kernels.F32:
+		sfx = "_f32"
+	case kernels.BF16:
+		sfx = "_bf16"
+	case kernels.F16:
+		sfx = "_f16"
+	default:
+		return cu.Function{}, false
+	}
+	f, ok := b.fns[name+sfx]
+	return f, ok
+}
+
+// hasFns reports whether the PTX has all the kernels named.
+func (b *Backend) hasFns(names ...string) bool {
+	for _, n := range names {
+		if _, ok := b.fns[n]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// vecN is the number of elements of dtype dt in 16 bytes.
+func vecN(dt kernels.DType) int { return 16 / dt.Size() }
+
+// sameDT reports whether every operand present (p != 0) has dtype dt.
+func sameDT(dt kernels.DType, ops ...operand) bool {
+	for _, o := range ops {
+		if o.p != 0 && o.dt != dt {
+			return false
+		}
+	}
+	return true
+}
+
+// aligned16 reports whether every pointer is 16-byte aligned.
+func aligned16(ps ...cu.DevicePtr) bool {
+	for _, p := range ps {
+		if p%16 != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// alignedLike reports whether every pointer is aligned to es bytes and all
+// are congruent modulo 16 (what the typed elementwise kernels need).
+func alignedLike(es int, ps ...cu.DevicePtr) bool {
+	for _, p := range ps {
+		if p%cu.DevicePtr(es) != 0 || p%16 != ps[0]%16 {
+			return false
+		}
+	}
+	return true
+}
+
+// vecGrid is the grid of a typed grid-stride kernel over n elements of dt,
+// one 16-byte vector per thread and step.
+func vecGrid(n int, dt kernels.DType) dim3 {
+	per := int64(threads * vecN(dt))
+	return dim3{x: int(min((int64(n)+per-1)/per, 4096))}
+}
+
 // Zero sets t to 0.
 func (b *Backend) Zero(kq kernels.Queue, t kernels.Tensor) {
 	q := b.queue(kq)
@@ -154,6 +226,12 @@ func (b *Backend) Add(kq kernels.Queue, dst, src kernels.Tensor) {
 	}
 	d, s := b.float("Add", "dst", dst, dst.N), b.float("Add", "src", src, src.N)
 	n := dst.N
+	if f, ok := b.typedFn("add_forward", d.dt); ok && s.dt == d.dt && alignedLike(d.dt.Size(), d.p, s.p) {
+		q.enqueue(func(q *queue) error {
+			return q.launch(f, vecGrid(n, d.dt), block, aPtr(d.p), aPtr(s.p), aI64(int64(n)))
+		})
+		return
+	}
 	q.enqueue(func(q *queue) error {
 		return q.launch(b.fn("add_forward"), elems(n), block, aPtr(d.p), aDT(d.dt), aPtr(s.p), aDT(s.dt), aI64(int64(n)))
 	})
@@ -174,6 +252,12 @@ func (b *Backend) GeluForward(kq kernels.Queue, out, inp kernels.Tensor, N int) 
 	q := b.queue(kq)
 	needDims("GeluForward", N)
 	o, i := b.float("GeluForward", "out", out, N), b.float("GeluForward", "inp", inp, N)
+	if f, ok := b.typedFn("gelu_forward", o.dt); ok && i.dt == o.dt && alignedLike(o.dt.Size(), o.p, i.p) {
+		q.enqueue(func(q *queue) error {
+			return q.launch(f, vecGrid(N, o.dt), block, aPtr(o.p), aPtr(i.p), aI64(int64(N)))
+		})
+		return
+	}
 	q.enqueue(func(q *queue) error {
 		return q.launch(b.fn("gelu_forward"), elems(N), block, aPtr(o.p), aDT(o.dt), aPtr(i.p), aDT(i.dt), aI64(int64(N)))
 	})
@@ -186,10 +270,35 @@ func (b *Backend) GeluBackward(kq kernels.Queue, dinp, inp, dout kernels.Tensor,
 	d := b.float("GeluBackward", "dinp", dinp, N)
 	i := b.float("GeluBackward", "inp", inp, N)
 	g := b.float("GeluBackward", "dout", dout, N)
+	if f, ok := b.typedFn("gelu_backward", d.dt); ok && sameDT(d.dt, i, g) && alignedLike(d.dt.Size(), d.p, i.p, g.p) {
+		q.enqueue(func(q *queue) error {
+			return q.launch(f, vecGrid(N, d.dt), block, aPtr(d.p), aPtr(i.p), aPtr(g.p), aI64(int64(N)))
+		})
+		return
+	}
 	q.enqueue(func(q *queue) error {
 		return q.launch(b.fn("gelu_backward"), elems(N), block, aPtr(d.p), aDT(d.dt), aPtr(i.p), aDT(i.dt),
 			aPtr(g.p), aDT(g.dt), aI64(int64(N)))
 	})
+}
+
+// GeluBackwardSet computes dinp = gelu'(inp)·dout without reading dinp
+// (gelu_backward_set_*) where the fast path applies, else as Zero and
+// GeluBackward: kernels.Overwriter.
+func (b *Backend) GeluBackwardSet(kq kernels.Queue, dinp, inp, dout kernels.Tensor, N int) {
+	q := b.queue(kq)
+	needDims("GeluBackward", N)
+	d := b.float("GeluBackward", "dinp", dinp, N)
+	i := b.float("GeluBackward", "inp", inp, N)
+	g := b.float("GeluBackward", "dout", dout, N)
+	if f, ok := b.typedFn("gelu_backward_set", d.dt); ok && sameDT(d.dt, i, g) && alignedLike(d.dt.Size(), d.p, i.p, g.p) {
+		q.enqueue(func(q *queue) error {
+			return q.launch(f, vecGrid(N, d.dt), block, aPtr(d.p), aPtr(i.p), aPtr(g.p), aI64(int64(N)))
+		})
+		return
+	}
+	b.Zero(kq, dinp)
+	b.GeluBackward(kq, dinp, inp, dout, N)
 }
 
 // MSEForward computes losses = (pred-target)²/2.
@@ -288,6 +397,13 @@ func (b *Backend) EncoderForward(kq kernels.Queue, out, tokens, wte, wpe kernels
 	w := b.float(op, "wte", wte, C)
 	p := b.float(op, "wpe", wpe, T*C)
 	V := wte.N / C
+	if f, ok := b.typedFn("encoder_forward", o.dt); ok && sameDT(o.dt, w, p) && C%vecN(o.dt) == 0 && aligned16(o.p, w.p, p.p) {
+		q.enqueue(func(q *queue) error {
+			return q.launch(f, vecGrid(B*T*C, o.dt), block, aPtr(o.p), aPtr(tk), aPtr(w.p), aPtr(p.p),
+				aI32(B), aI32(T), aI32(C), aI32(V))
+		})
+		return
+	}
 	q.enqueue(func(q *queue) error {
 		return q.launch(b.fn("encoder_forward"), elems(B*T*C), block, aPtr(o.p), aDT(o.dt), aPtr(tk), aPtr(w.p), aDT(w.dt),
 			aPtr(p.p), aDT(p.dt), aI32(B), aI32(T), aI32(C), aI32(V))
@@ -307,13 +423,57 @@ func (b *Backend) EncoderBackward(kq kernels.Queue, dwte, dwpe, dout, tokens ker
 	dw := b.optFloat(op, "dwte", dwte, C)
 	dp := b.optFloat(op, "dwpe", dwpe, T*C)
 	V := dwte.N / C
+	BT := B * T
 	nt := min(1024, (C+31)/32*32)
+	// dwte by buckets of positions per token (encoder.cu), typed when dwte
+	// and dout share a dtype and C fills whole 16-byte vectors.
+	buckets := b.hasFns("encoder_bwd_count", "encoder_bwd_scan", "encoder_bwd_place", "encoder_bwd_sum")
+	sumFn, typedSum := b.typedFn("encoder_bwd_sum", dw.dt)
+	typedSum = typedSum && g.dt == dw.dt && C%vecN(dw.dt) == 0 && aligned16(dw.p, g.p)
+	wpeFn, typedWpe := b.typedFn("encoder_backward_wpe", dp.dt)
+	typedWpe = typedWpe && g.dt == dp.dt && (T*C)%vecN(dp.dt) == 0 && aligned16(dp.p, g.p)
 	q.enqueue(func(q *queue) error {
-		if dw.p != 0 {
-			if err := q.launch(b.fn("encoder_backward"), dim3{x: B * T}, dim3{x: nt}, aPtr(dw.p), aDT(dw.dt), aPtr(g.p), aDT(g.dt),
-				aPtr(tk), aI32(B*T), aI32(C), aI32(V)); err != nil {
+		if dw.p != 0 && buckets {
+			// int scratch: cnt(V), off(V), fill(V), pos(BT)
+			base, err := q.ensureScratch(4 * (3*int64(V) + int64(BT)))
+			if err != nil {
 				return err
 			}
+			cnt, off := base, base+cu.DevicePtr(4*V)
+			fill, pos := off+cu.DevicePtr(4*V), off+cu.DevicePtr(8*V)
+			if err := cu.MemsetD32Async(cnt, 0, int64(V), q.stream); err != nil {
+				return err
+			}
+			if err := cu.MemsetD32Async(pos, 0xffffffff, int64(BT), q.stream); err != nil {
+				return err
+			}
+			if err := q.launch(b.fn("encoder_bwd_count"), elems(BT), block, aPtr(cnt), aPtr(tk), aI32(BT), aI32(V)); err != nil {
+				return err
+			}
+			if err := q.launch(b.fn("encoder_bwd_scan"), dim3{x: 1}, dim3{x: 1024}, aPtr(off), aPtr(fill), aPtr(cnt), aI32(V)); err != nil {
+				return err
+			}
+			if err := q.launch(b.fn("encoder_bwd_place"), elems(BT), block, aPtr(pos), aPtr(fill), aPtr(tk), aI32(BT), aI32(V)); err != nil {
+				return err
+			}
+			if typedSum {
+				err = q.launch(sumFn, dim3{x: BT}, dim3{x: 128}, aPtr(dw.p), aPtr(g.p), aPtr(tk), aPtr(pos), aPtr(off), aPtr(cnt),
+					aI32(BT), aI32(C))
+			} else {
+				err = q.launch(b.fn("encoder_bwd_sum"), dim3{x: BT}, dim3{x: 128}, aPtr(dw.p), aDT(dw.dt), aPtr(g.p), aDT(g.dt),
+					aPtr(tk), aPtr(pos), aPtr(off), aPtr(cnt), aI32(BT), aI32(C))
+			}
+			if err != nil {
+				return err
+			}
+		} else if dw.p != 0 {
+			if err := q.launch(b.fn("encoder_backward"), dim3{x: BT}, dim3{x: nt}, aPtr(dw.p), aDT(dw.dt), aPtr(g.p), aDT(g.dt),
+				aPtr(tk), aI32(BT), aI32(C), aI32(V)); err != nil {
+				return err
+			}
+		}
+		if dp.p != 0 && typedWpe {
+			return q.launch(wpeFn, vecGrid(T*C, dp.dt), block, aPtr(dp.p), aPtr(g.p), aI32(B), aI32(T), aI32(C))
 		}
 		if dp.p != 0 {
 			return q.launch(b.fn("encoder_backward_wpe"), elems(T*C), block, aPtr(dp.p), aDT(dp.dt), aPtr(g.p), aDT(g.dt),
@@ -342,6 +502,13 @@ func (b *Backend) LayerNormForward(kq kernels.Queue, out, mean, rstd, inp, weigh
 	i := b.float(op, "inp", inp, N*C)
 	w := b.float(op, "weight", weight, C)
 	bs := b.optFloat(op, "bias", bias, C)
+	if f, ok := b.typedFn("layernorm_forward", o.dt); ok && sameDT(o.dt, i, w, bs) && C%vecN(o.dt) == 0 &&
+		aligned16(o.p, i.p, w.p, bs.p) {
+		q.enqueue(func(q *queue) error {
+			return q.launch(f, rows(N), block, aPtr(o.p), aPtr(mp), aPtr(rp), aPtr(i.p), aPtr(w.p), aPtr(bs.p), aI32(N), aI32(C))
+		})
+		return
+	}
 	q.enqueue(func(q *queue) error {
 		return q.launch(b.fn("layernorm_forward"), rows(N), block, aPtr(o.p), aDT(o.dt), aPtr(mp), aPtr(rp),
 			aPtr(i.p), aDT(i.dt), aPtr(w.p), aDT(w.dt), aPtr(bs.p), aDT(bs.dt), aI32(N), aI32(C))
@@ -364,12 +531,41 @@ func (b *Backend) LayerNormBackward(kq kernels.Queue, dinp, dweight, dbias, dout
 	w := b.float(op, "weight", weight, C)
 	mp := b.typed(op, "mean", mean, kernels.F32, N)
 	rp := b.typed(op, "rstd", rstd, kernels.F32, N)
+	dinpFn, typedDinp := b.typedFn("layernorm_backward", di.dt)
+	typedDinp = typedDinp && sameDT(di.dt, g, i, w) && C%vecN(di.dt) == 0 && aligned16(di.p, g.p, i.p, w.p)
+	// Parameter gradients: per-chunk partial sums in scratch, then a fixed-order sum.
+	partFn, typedPart := b.typedFn("layernorm_params_partial", g.dt)
+	typedPart = typedPart && b.hasFns("layernorm_params_final") && i.dt == g.dt && C%vecN(g.dt) == 0 && aligned16(g.p, i.p)
+	var pgrid dim3
+	rpc := 0
+	if typedPart {
+		pgrid.x = (C/vecN(g.dt) + 31) / 32
+		rpc = max(8, (N*pgrid.x+511)/512) // about 512 blocks
+		pgrid.y = (N + rpc - 1) / rpc
+	}
 	q.enqueue(func(q *queue) error {
-		if di.p != 0 {
+		if di.p != 0 && typedDinp {
+			if err := q.launch(dinpFn, rows(N), block, aPtr(di.p), aPtr(g.p), aPtr(i.p), aPtr(w.p), aPtr(mp), aPtr(rp),
+				aI32(N), aI32(C)); err != nil {
+				return err
+			}
+		} else if di.p != 0 {
 			if err := q.launch(b.fn("layernorm_backward"), rows(N), block, aPtr(di.p), aDT(di.dt), aPtr(g.p), aDT(g.dt),
 				aPtr(i.p), aDT(i.dt), aPtr(w.p), aDT(w.dt), aPtr(mp), aPtr(rp), aI32(N), aI32(C)); err != nil {
 				return err
 			}
+		}
+		if (dw.p != 0 || db.p != 0) && typedPart {
+			part, err := q.ensureScratch(int64(pgrid.y) * int64(2*C) * 4)
+			if err != nil {
+				return err
+			}
+			if err := q.launch(partFn, pgrid, dim3{x: 32, y: 8}, aPtr(part), aPtr(g.p), aPtr(i.p), aPtr(mp), aPtr(rp),
+				aI32(N), aI32(C), aI32(rpc)); err != nil {
+				return err
+			}
+			return q.launch(b.fn("layernorm_params_final"), dim3{x: (C + 31) / 32}, dim3{x: 32, y: 32},
+				aPtr(dw.p), aDT(dw.dt), aPtr(db.p), aDT(db.dt), aPtr(part), aI32(pgrid.y), aI32(C))
 		}
 		if dw.p != 0 || db.p != 0 {
 			return q.launch(b.fn("layernorm_backward_params"), dim3{x: (C + 31) / 32}, dim3{x: 32, y: 32},
@@ -391,6 +587,12 @@ func (b *Backend) CrossEntropyForward(kq kernels.Queue, losses, logits, targets 
 	l := b.typed(op, "losses", losses, kernels.F32, BT)
 	z := b.float(op, "logits", logits, BT*V)
 	t := b.typed(op, "targets", targets, kernels.I32, BT)
+	if f, ok := b.typedFn("crossentropy_forward", z.dt); ok && alignedLike(z.dt.Size(), z.p) {
+		q.enqueue(func(q *queue) error {
+			return q.launch(f, dim3{x: BT}, dim3{x: 1024}, aPtr(l), aPtr(z.p), aPtr(t), aI32(BT), aI32(V))
+		})
+		return
+	}
 	q.enqueue(func(q *queue) error {
 		return q.launch(b.fn("crossentropy_forward"), dim3{x: BT}, dim3{x: 512}, aPtr(l), aPtr(z.p), aDT(z.dt), aPtr(t),
 			aI32(BT), aI32(V))
@@ -399,6 +601,17 @@ func (b *Backend) CrossEntropyForward(kq kernels.Queue, losses, logits, targets 
 
 // CrossEntropyBackward accumulates dlogits += scale·(softmax - onehot).
 func (b *Backend) CrossEntropyBackward(kq kernels.Queue, dlogits, logits, targets kernels.Tensor, BT, V int, scale float32) {
+	b.crossEntropyBackward(kq, false, dlogits, logits, targets, BT, V, scale)
+}
+
+// CrossEntropyBackwardSet overwrites dlogits (crossentropy_backward_set_*
+// where the fast path applies, else Zero and CrossEntropyBackward):
+// kernels.Overwriter.
+func (b *Backend) CrossEntropyBackwardSet(kq kernels.Queue, dlogits, logits, targets kernels.Tensor, BT, V int, scale float32) {
+	b.crossEntropyBackward(kq, true, dlogits, logits, targets, BT, V, scale)
+}
+
+func (b *Backend) crossEntropyBackward(kq kernels.Queue, set bool, dlogits, logits, targets kernels.Tensor, BT, V int, scale float32) {
 	q := b.queue(kq)
 	const op = "CrossEntropyBackward"
 	needDims(op, BT, V)
@@ -408,6 +621,19 @@ func (b *Backend) CrossEntropyBackward(kq kernels.Queue, dlogits, logits, target
 	d := b.float(op, "dlogits", dlogits, BT*V)
 	z := b.float(op, "logits", logits, BT*V)
 	t := b.typed(op, "targets", targets, kernels.I32, BT)
+	name := "crossentropy_backward"
+	if set {
+		name = "crossentropy_backward_set"
+	}
+	if f, ok := b.typedFn(name, z.dt); ok && d.dt == z.dt && alignedLike(z.dt.Size(), z.p, d.p) {
+		q.enqueue(func(q *queue) error {
+			return q.launch(f, dim3{x: BT}, dim3{x: 1024}, aPtr(d.p), aPtr(z.p), aPtr(t), aI32(BT), aI32(V), aF32(scale))
+		})
+		return
+	}
+	if set {
+		b.Zero(kq, dlogits)
+	}
 	q.enqueue(func(q *queue) error {
 		return q.launch(b.fn("crossentropy_backward"), dim3{x: BT}, dim3{x: 512}, aPtr(d.p), aDT(d.dt), aPtr(z.p), aDT(z.dt),
 			aPtr(t), aI32(BT), aI32(V), aF32(scale))
