@@ -259,6 +259,17 @@ func (q *queue) attnForwardGEMM(o operand, lse cu.DevicePtr, x operand, B, T, C,
 
 // AttentionBackward accumulates dqkv from dout.
 func (b *Backend) AttentionBackward(kq kernels.Queue, dqkv, dout, qkv, out, lse kernels.Tensor, B, T, C, NH int) {
+	b.attentionBackward(kq, false, dqkv, dout, qkv, out, lse, B, T, C, NH)
+}
+
+// AttentionBackwardSet overwrites dqkv: the flash kernels write it without
+// reading it; the other implementations run after a Zero.
+// kernels.Overwriter.
+func (b *Backend) AttentionBackwardSet(kq kernels.Queue, dqkv, dout, qkv, out, lse kernels.Tensor, B, T, C, NH int) {
+	b.attentionBackward(kq, true, dqkv, dout, qkv, out, lse, B, T, C, NH)
+}
+
+func (b *Backend) attentionBackward(kq kernels.Queue, set bool, dqkv, dout, qkv, out, lse kernels.Tensor, B, T, C, NH int) {
 	q := b.queue(kq)
 	const op = "AttentionBackward"
 	attnCheck(op, B, T, C, NH)
@@ -273,10 +284,12 @@ func (b *Backend) AttentionBackward(kq kernels.Queue, dqkv, dout, qkv, out, lse 
 	nrows := B * NH * T
 	tiled := useTiled(B, C, NH)
 	impl := attnImpl
-	fb, useFlash := b.flashBwdFuncs(d, g, x, o, B, C, NH)
+	fb, useFlash := b.flashBwdFuncs(d, g, x, o, B, T, C, NH)
 	useFlash = useFlash && (impl == attnFlash || impl == attnAuto && b.flashBwdErr == nil)
 	if useFlash {
 		flashBwdLaunches.Add(1)
+	} else if set {
+		b.Zero(kq, dqkv)
 	}
 	q.enqueue(func(q *queue) error {
 		if useFlash {
@@ -284,7 +297,7 @@ func (b *Backend) AttentionBackward(kq kernels.Queue, dqkv, dout, qkv, out, lse 
 			if err != nil {
 				return err
 			}
-			return launchFlashBwd(q.stream, fb, d.p, g.p, x.p, o.p, l, D, B, T, C, NH)
+			return launchFlashBwd(q.stream, fb, d.p, g.p, x.p, o.p, l, D, B, T, C, NH, set)
 		}
 		if impl == attnAuto || impl == attnFlash || impl == attnNoFlash {
 			if done, err := q.attnBackwardGEMM(d, g, x, o, l, B, T, C, NH); done || err != nil {

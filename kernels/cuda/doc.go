@@ -9,8 +9,9 @@
 //
 // # Building
 //
-// The driver API comes through gorgonia.org/cu; pinned host memory and
-// cuBLAS (cublasGemmEx, float32 accumulation) through a little cgo of this
+// The driver API comes through gorgonia.org/cu; pinned host memory,
+// cuBLAS (cublasGemmEx, float32 accumulation) and cuBLASLt (the GEMMs with
+// a fused bias epilogue, matmul_lt.go) through a little cgo of this
 // package. Build and test with tools/cuda/test.sh (tools/cuda/bench.sh
 // also benchmarks GPT training against PyTorch; tools/cuda/pack.sh prepares
 // the lent GPU machine's carry), or source
@@ -47,17 +48,23 @@
 // Alloc draws on a hard budget (Config.MemoryLimit; 0 means the device's
 // free memory at Open less a reserve for cuBLAS workspaces and the driver)
 // and returns zeroed memory. Each queue also keeps a grow-only scratch area
-// for reductions and for GEMMs whose operand dtypes cuBLAS cannot mix; it is
-// charged to the budget under the tag "scratch". Attention runs through
-// cuBLAS batched GEMMs with a second grow-only per-queue workspace for its
-// score matrices, tag "attention" (at most 1/16 of the budget per round of
-// score blocks; when it would take more than a quarter of the budget the
-// CUDA-core kernels run instead, see attention.go). For bf16 with head
-// size 64 or 128 the forward pass runs a tensor-core flash kernel instead,
-// with no workspace (flash.go), once a self-check at Open has compared it
-// with the row-wise kernel. cuBLAS's own workspaces, the loaded modules and
-// that self-check's few hundred KiB (freed before Open returns) are outside
-// the budget.
+// for reductions (partial sums of the bias and layernorm parameter
+// gradients, the flash backward's row sums), the cuBLASLt workspace and
+// GEMMs whose operand dtypes cuBLAS cannot mix; it is charged to the budget
+// under the tag "scratch". For bf16 with head size 64 or 128, attention
+// runs tensor-core flash kernels forward and backward, with no workspace
+// (flash.go), once a self-check at Open has compared them with the
+// row-wise kernels. Otherwise it runs through cuBLAS batched GEMMs with a
+// second grow-only per-queue workspace for its score matrices, tag
+// "attention" (at most 1/16 of the budget per round of score blocks; when
+// it would take more than a quarter of the budget the CUDA-core kernels
+// run instead, see attention.go). cuBLAS's own workspaces, the loaded
+// modules and the self-checks' few hundred KiB (freed before Open
+// returns) are outside the budget.
+//
+// The backend implements kernels.Overwriter: the backward ops a layer
+// chains (matmul, GELU, attention, cross-entropy) can write their input
+// gradient instead of accumulating into a zeroed buffer.
 //
 // Copies accept any host memory. Pageable memory makes a copy synchronous
 // for the queue's goroutine (the driver stages it) but keeps the order;

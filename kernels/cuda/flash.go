@@ -182,15 +182,15 @@ type flashBwd struct{ kv, q, prep cu.Function }
 
 // flashBwdFuncs returns the backward kernels for a call, or false when they
 // do not apply (as flashFunc; dqkv and out need 4-byte, qkv and dout
-// 16-byte alignment).
-func (b *Backend) flashBwdFuncs(d, g, x, o operand, B, C, NH int) (flashBwd, bool) {
+// 16-byte alignment; B·T·NH below 2^31).
+func (b *Backend) flashBwdFuncs(d, g, x, o operand, B, T, C, NH int) (flashBwd, bool) {
 	hs := C / NH
 	for _, t := range []operand{d, g, x, o} {
 		if t.dt != kernels.BF16 {
 			return flashBwd{}, false
 		}
 	}
-	if (hs != 64 && hs != 128) || d.p%4 != 0 || o.p%4 != 0 || x.p%16 != 0 || g.p%16 != 0 || B*NH > 65535 {
+	if (hs != 64 && hs != 128) || d.p%4 != 0 || o.p%4 != 0 || x.p%16 != 0 || g.p%16 != 0 || B*NH > 65535 || int64(B)*int64(T)*int64(NH) >= 1<<31 {
 		return flashBwd{}, false
 	}
 	return b.flashBwdByHead(hs)
@@ -203,8 +203,9 @@ func (b *Backend) flashBwdByHead(hs int) (flashBwd, bool) {
 	return flashBwd{kv, q, prep}, ok1 && ok2 && ok3
 }
 
-// launchFlashBwd computes D into the scratch area at D, then dK, dV and dQ.
-func launchFlashBwd(s cu.Stream, f flashBwd, dqkv, dout, qkv, out, lse, D cu.DevicePtr, B, T, C, NH int) error {
+// launchFlashBwd computes D into the scratch area at D, then dK, dV and dQ,
+// accumulated into dqkv or, with set, written over it.
+func launchFlashBwd(s cu.Stream, f flashBwd, dqkv, dout, qkv, out, lse, D cu.DevicePtr, B, T, C, NH int, set bool) error {
 	warps := B * T * NH
 	if err := launchOn(s, f.prep, dim3{x: min((warps+7)/8, 132*16)}, dim3{x: 256}, aPtr(D), aPtr(dout), aPtr(out),
 		aI32(B*T), aI32(T), aI32(C), aI32(NH)); err != nil {
@@ -213,7 +214,7 @@ func launchFlashBwd(s cu.Stream, f flashBwd, dqkv, dout, qkv, out, lse, D cu.Dev
 	hs := C / NH
 	grid := dim3{x: (T + flashRows - 1) / flashRows, y: B * NH}
 	args := []uint64{aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D), aI32(T), aI32(C), aI32(NH),
-		aF32(flashScale(hs)), aF32(float32(1 / math.Sqrt(float64(hs))))}
+		aF32(flashScale(hs)), aF32(float32(1 / math.Sqrt(float64(hs)))), aI32(setFlag(set))}
 	if err := launchOn(s, f.kv, grid, dim3{x: flashThreads}, args...); err != nil {
 		return err
 	}
@@ -284,7 +285,7 @@ func (b *Backend) checkFlashBwdShape(f flashBwd, B, T, C, NH int) error {
 		aPtr(p(oX)), bf, aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {
 		return err
 	}
-	if err := launchFlashBwd(s, f, p(oD1), p(oG), p(oX), p(oO), p(oL), p(oD), B, T, C, NH); err != nil {
+	if err := launchFlashBwd(s, f, p(oD1), p(oG), p(oX), p(oO), p(oL), p(oD), B, T, C, NH, false); err != nil {
 		return err
 	}
 	if err := launchOn(s, b.fn("attention_backward"), rows(nl), block, aPtr(p(oD2)), bf, aPtr(p(oD)), aPtr(p(oG)), bf,
@@ -313,4 +314,11 @@ func (b *Backend) checkFlashBwdShape(f flashBwd, B, T, C, NH int) error {
 		}
 	}
 	return nil
+}
+
+func setFlag(set bool) int {
+	if set {
+		return 1
+	}
+	return 0
 }

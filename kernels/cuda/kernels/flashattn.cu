@@ -19,11 +19,22 @@
 #define FA_THREADS 128
 #define FA_LN2 0.6931471805599453f
 #define FA_LOG2E 1.4426950408889634f
+#ifndef FA_FWD_MINB
+#define FA_FWD_MINB 2  // blocks per SM the head-size-64 forward is compiled for (4 spills; 2 ran fastest of 2, 3, 4 on the H200)
+#endif
 
 // fa_pack rounds lo and hi to bf16 and packs them, lo in the lower half.
 __device__ __forceinline__ uint32_t fa_pack(float lo, float hi) {
-    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // one cvt.rn.bf16x2.f32
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// fa_exp2 is 2^x by the special-function unit (ex2.approx.ftz: relative
+// error about 2^-22, denormal results flushed to 0; 2^-inf = 0).
+__device__ __forceinline__ float fa_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // fa_ld32 loads the bf16 pair at p (4-byte aligned).
@@ -57,15 +68,37 @@ __device__ __forceinline__ void fa_ldsm4t(uint32_t* r, const uint16_t* p) {
                  : "r"(a));
 }
 
+// fa_cp_rows starts cp.async copies that fill a shared tile of `rows` rows
+// (row stride HS+8) from global rows r0.. of stride `stride` elements,
+// zero past T (a source size of 0 writes zeros; the row-0 address stands in
+// for the source). fa_cp_commit closes the group; fa_cp_wait waits for all
+// of this thread's groups, and a __syncthreads after it publishes the tile.
+template <int HS>
+__device__ __forceinline__ void fa_cp_rows(uint16_t* s, const uint16_t* g, i64 stride, int r0, int rows, int T) {
+    for (int i = threadIdx.x; i < rows * (HS / 8); i += FA_THREADS) {
+        const int r = i / (HS / 8), d = (i - r * (HS / 8)) * 8, t = r0 + r;
+        const uint32_t dst = (uint32_t)__cvta_generic_to_shared(s + r * (HS + 8) + d);
+        const uint16_t* src = t < T ? g + (i64)t * stride + d : g + d;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(t < T ? 16 : 0));
+    }
+}
+
+__device__ __forceinline__ void fa_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void fa_cp_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
 // ---- Device code: tools/cuda/emu.sh runs everything from here to the
 // entry points on the host (with its own fa_pack, fa_ld32, fa_mma and
 // ldmatrix), so it must stay plain C++ apart from those.
 
-// fa_acc2 adds (lo, hi) to the bf16 pair at p (4-byte aligned), rounding once.
-__device__ __forceinline__ void fa_acc2(uint16_t* p, float lo, float hi) {
-    const uint32_t w = *reinterpret_cast<uint32_t*>(p);
-    const float a = __uint_as_float(w << 16), b = __uint_as_float(w & 0xffff0000u);
-    *reinterpret_cast<uint32_t*>(p) = fa_pack(a + lo, b + hi);
+// fa_acc2 adds (lo, hi) to the bf16 pair at p (4-byte aligned), rounding
+// once; with set it overwrites the pair instead.
+__device__ __forceinline__ void fa_acc2(uint16_t* p, float lo, float hi, bool set) {
+    if (!set) {
+        const uint32_t w = *reinterpret_cast<uint32_t*>(p);
+        lo += __uint_as_float(w << 16);
+        hi += __uint_as_float(w & 0xffff0000u);
+    }
+    *reinterpret_cast<uint32_t*>(p) = fa_pack(lo, hi);
 }
 
 // fa_ld_rows fills a shared tile of `rows` rows (row stride HS+8) from
@@ -131,70 +164,90 @@ __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __r
     const int qlast = min(q0 + FA_BQ, T) - 1;  // the block's last valid row
     const bool active = w0 < T;                // the warp has a valid row
 
+    // Software pipeline: K of the next tile loads during this tile's P·V,
+    // V during its S = Q·Kᵀ and softmax. Keys past T are zero: masked, and
+    // never NaN times 0.
+    fa_cp_rows<HS>(Ks, base + C, C3, 0, FA_BK, T);
+    fa_cp_commit();
     for (int k0 = 0; k0 <= qlast; k0 += FA_BK) {
-        __syncthreads();  // every warp is done with the previous tile
-        // Keys past T are zero: masked, and never NaN times 0.
-        fa_ld_rows<HS>(Ks, base + C, C3, k0, FA_BK, T);
-        fa_ld_rows<HS>(Vs, base + 2 * C, C3, k0, FA_BK, T);
-        __syncthreads();
-        if (!active || k0 > w0 + 15) continue;  // no row of this warp sees these keys
+        fa_cp_wait();
+        __syncthreads();  // K(k0) is in; every warp is done with V of the previous tile
+        fa_cp_rows<HS>(Vs, base + 2 * C, C3, k0, FA_BK, T);
+        fa_cp_commit();
+        const bool work = active && k0 <= w0 + 15;  // some row of this warp sees these keys
 
-        // S (16 rows x 64 keys) in base-2 units, causally masked.
+        // S (16 rows x 64 keys), causally masked, then the online softmax.
         float s[NK][4];
+        if (work) {
 #pragma unroll
-        for (int j = 0; j < NK; j++) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-            const uint16_t* kp = Ks + (8 * j + (lane & 7)) * KS + 8 * (lane >> 3);
+            for (int j = 0; j < NK; j++) {
+                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+                const uint16_t* kp = Ks + (8 * j + (lane & 7)) * KS + 8 * (lane >> 3);
 #pragma unroll
-            for (int kk = 0; kk < KD; kk += 2) {
-                uint32_t bk[4];
-                fa_ldsm4(bk, kp + 16 * kk);
-                fa_mma(s[j], qf[kk], bk[0], bk[1]);
-                fa_mma(s[j], qf[kk + 1], bk[2], bk[3]);
+                for (int kk = 0; kk < KD; kk += 2) {
+                    uint32_t bk[4];
+                    fa_ldsm4(bk, kp + 16 * kk);
+                    fa_mma(s[j], qf[kk], bk[0], bk[1]);
+                    fa_mma(s[j], qf[kk + 1], bk[2], bk[3]);
+                }
+            }
+            // Raw scores (scale > 0 commutes with max); keys after a row, and
+            // so keys past T, are masked on the tiles that reach past w0.
+            if (k0 + FA_BK - 1 > w0) {
+#pragma unroll
+                for (int j = 0; j < NK; j++) {
+                    const int key = k0 + j * 8 + 2 * c;
+                    if (key > r0) s[j][0] = -INFINITY;
+                    if (key + 1 > r0) s[j][1] = -INFINITY;
+                    if (key > r1) s[j][2] = -INFINITY;
+                    if (key + 1 > r1) s[j][3] = -INFINITY;
+                }
+            }
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < NK; j++) {
+                mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+            }
+            // The four lanes of a quad hold one row between them.
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+            // Key 0 is in the first tile and visible to every row, so n0 and n1
+            // are finite from then on; the guards only keep -inf - -inf out.
+            const float b0 = n0 == -INFINITY ? 0.f : n0 * scale_log2, b1 = n1 == -INFINITY ? 0.f : n1 * scale_log2;
+            const float f0 = fa_exp2(m0 * scale_log2 - b0), f1 = fa_exp2(m1 * scale_log2 - b1);  // 0 while m is -inf
+            m0 = n0;
+            m1 = n1;
+            float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+            for (int j = 0; j < NK; j++) {
+                s[j][0] = fa_exp2(s[j][0] * scale_log2 - b0);
+                s[j][1] = fa_exp2(s[j][1] * scale_log2 - b0);
+                s[j][2] = fa_exp2(s[j][2] * scale_log2 - b1);
+                s[j][3] = fa_exp2(s[j][3] * scale_log2 - b1);
+                ps0 += s[j][0] + s[j][1];
+                ps1 += s[j][2] + s[j][3];
+            }
+            l0 = l0 * f0 + ps0;
+            l1 = l1 * f1 + ps1;
+#pragma unroll
+            for (int j = 0; j < ND; j++) {
+                o[j][0] *= f0;
+                o[j][1] *= f0;
+                o[j][2] *= f1;
+                o[j][3] *= f1;
             }
         }
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < NK; j++) {
-            const int key = k0 + j * 8 + 2 * c;
-            s[j][0] = key <= r0 ? s[j][0] * scale_log2 : -INFINITY;
-            s[j][1] = key + 1 <= r0 ? s[j][1] * scale_log2 : -INFINITY;
-            s[j][2] = key <= r1 ? s[j][2] * scale_log2 : -INFINITY;
-            s[j][3] = key + 1 <= r1 ? s[j][3] * scale_log2 : -INFINITY;
-            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+        fa_cp_wait();
+        __syncthreads();  // V(k0) is in; every warp is done with K(k0)
+        if (k0 + FA_BK <= qlast) {
+            fa_cp_rows<HS>(Ks, base + C, C3, k0 + FA_BK, FA_BK, T);
+            fa_cp_commit();
         }
-        // The four lanes of a quad hold one row between them.
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        // Key 0 is in the first tile and visible to every row, so n0 and n1
-        // are finite from then on; the guards only keep -inf - -inf out.
-        const float b0 = n0 == -INFINITY ? 0.f : n0, b1 = n1 == -INFINITY ? 0.f : n1;
-        const float f0 = exp2f(m0 - b0), f1 = exp2f(m1 - b1);  // 0 while m is -inf
-        m0 = n0;
-        m1 = n1;
-        float ps0 = 0.f, ps1 = 0.f;
-#pragma unroll
-        for (int j = 0; j < NK; j++) {
-            s[j][0] = exp2f(s[j][0] - b0);
-            s[j][1] = exp2f(s[j][1] - b0);
-            s[j][2] = exp2f(s[j][2] - b1);
-            s[j][3] = exp2f(s[j][3] - b1);
-            ps0 += s[j][0] + s[j][1];
-            ps1 += s[j][2] + s[j][3];
-        }
-        l0 = l0 * f0 + ps0;
-        l1 = l1 * f1 + ps1;
-#pragma unroll
-        for (int j = 0; j < ND; j++) {
-            o[j][0] *= f0;
-            o[j][1] *= f0;
-            o[j][2] *= f1;
-            o[j][3] *= f1;
-        }
+        if (!work) continue;
         // O += P·V: P's accumulator layout is the A layout of the next product.
 #pragma unroll
         for (int kk = 0; kk < FA_BK / 16; kk++) {
@@ -224,14 +277,14 @@ __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __r
 #pragma unroll
         for (int j = 0; j < ND; j++)
             *reinterpret_cast<uint32_t*>(ob + (i64)r0 * C + j * 8) = fa_pack(o[j][0] * inv, o[j][1] * inv);
-        if (c == 0) lse[(i64)z * T + r0] = (m0 + log2f(l0)) * FA_LN2;
+        if (c == 0) lse[(i64)z * T + r0] = (m0 * scale_log2 + log2f(l0)) * FA_LN2;
     }
     if (r1 < T) {
         const float inv = 1.f / l1;
 #pragma unroll
         for (int j = 0; j < ND; j++)
             *reinterpret_cast<uint32_t*>(ob + (i64)r1 * C + j * 8) = fa_pack(o[j][2] * inv, o[j][3] * inv);
-        if (c == 0) lse[(i64)z * T + r1] = (m1 + log2f(l1)) * FA_LN2;
+        if (c == 0) lse[(i64)z * T + r1] = (m1 * scale_log2 + log2f(l1)) * FA_LN2;
     }
 }
 
@@ -249,14 +302,15 @@ __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __r
 
 
 // flash_bwd_kv: dK and dV of the block's 64 keys; queries stream through
-// shared memory BQ at a time (Qs, Gs: Q and dO rows; Ls: lse in base 2,
-// +inf past T so that P is 0 there; Ds: D). dqkv 4-byte aligned, qkv and
+// shared memory BQ at a time (Qb: two tiles of Q rows, Gs: one of dO rows;
+// Lb, Db: two tiles of lse in base 2, +inf past T so that P is 0 there, and
+// of D). dqkv 4-byte aligned, qkv and
 // dout 16-byte aligned (checked by the host).
 template <int HS, int BQ>
 __device__ __forceinline__ void flash_bwd_kv(uint16_t* __restrict__ dqkv, const uint16_t* __restrict__ dout,
                                              const uint16_t* __restrict__ qkv, const float* __restrict__ lse,
                                              const float* __restrict__ Dd, int T, int C, int NH, float scale_log2,
-                                             float scale, uint16_t* Qs, uint16_t* Gs, float* Ls, float* Ds) {
+                                             float scale, bool set, uint16_t* Qb, uint16_t* Gs, float* Lb, float* Db) {
     constexpr int QS = HS + 8, KD = HS / 16, ND = HS / 8, NQ = BQ / 8;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int z = blockIdx.y, b = z / NH, h = z - b * NH;
@@ -275,57 +329,87 @@ __device__ __forceinline__ void flash_bwd_kv(uint16_t* __restrict__ dqkv, const 
     const float* lz = lse + (i64)z * T;
     const float* dz = Dd + (i64)z * T;
 
-    for (int q0 = k0; q0 < T; q0 += BQ) {
-        __syncthreads();  // every warp is done with the previous tile
-        fa_ld_rows<HS>(Qs, base, C3, q0, BQ, T);
-        fa_ld_rows<HS>(Gs, gbase, C, q0, BQ, T);
+    // Software pipeline: Q (with lse and D) is double-buffered (Qb, Lb, Db:
+    // two tiles each); the next Q loads during this tile's dP, dV and dK,
+    // dO during its Sᵀ and P.
+    auto ld_ld = [&](int q0, int buf) {  // lse (base 2, +inf past T) and D
         for (int i = tid; i < BQ; i += FA_THREADS) {
             const int q = q0 + i;
-            Ls[i] = q < T ? lz[q] * FA_LOG2E : INFINITY;
-            Ds[i] = q < T ? dz[q] : 0.f;
+            Lb[buf * BQ + i] = q < T ? lz[q] * FA_LOG2E : INFINITY;
+            Db[buf * BQ + i] = q < T ? dz[q] : 0.f;
         }
-        __syncthreads();
-        if (!active || q0 + BQ <= kw0) continue;  // every query of the tile precedes the warp's keys
+    };
+    fa_cp_rows<HS>(Qb, base, C3, k0, BQ, T);
+    fa_cp_commit();
+    ld_ld(k0, 0);
+    for (int q0 = k0, it = 0; q0 < T; q0 += BQ, it++) {
+        const uint16_t* Qs = Qb + (it & 1) * BQ * QS;
+        const float* Ls = Lb + (it & 1) * BQ;
+        const float* Ds = Db + (it & 1) * BQ;
+        fa_cp_wait();
+        __syncthreads();  // Q(q0) is in; every warp is done with the previous tile
+        fa_cp_rows<HS>(Gs, gbase, C, q0, BQ, T);
+        fa_cp_commit();
+        const bool work = active && q0 + BQ > kw0;  // some query of the tile sees the warp's keys
 
-        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, 16 keys x BQ queries.
-        float s[NQ][4], dp[NQ][4];
+        // Pᵀ = exp(scale·K·Qᵀ - lse), 16 keys x BQ queries; queries before
+        // a key, or past T, give 0.
+        float s[NQ][4];
+        const bool mask = q0 < kw0 + 16;
+        if (work) {
+#pragma unroll
+            for (int j = 0; j < NQ; j++) {
+                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+                const int off = (8 * j + (lane & 7)) * QS + 8 * (lane >> 3);
+#pragma unroll
+                for (int kk = 0; kk < KD; kk += 2) {
+                    uint32_t bq[4];
+                    fa_ldsm4(bq, Qs + off + 16 * kk);
+                    fa_mma(s[j], kf[kk], bq[0], bq[1]);
+                    fa_mma(s[j], kf[kk + 1], bq[2], bq[3]);
+                }
+                const int qi = 8 * j + 2 * c, q = q0 + qi;
+                const float l0 = Ls[qi], l1 = Ls[qi + 1];
+                s[j][0] = fa_exp2(s[j][0] * scale_log2 - l0);
+                s[j][1] = fa_exp2(s[j][1] * scale_log2 - l1);
+                s[j][2] = fa_exp2(s[j][2] * scale_log2 - l0);
+                s[j][3] = fa_exp2(s[j][3] * scale_log2 - l1);
+                if (mask) {
+                    if (q < kr0) s[j][0] = 0.f;
+                    if (q + 1 < kr0) s[j][1] = 0.f;
+                    if (q < kr1) s[j][2] = 0.f;
+                    if (q + 1 < kr1) s[j][3] = 0.f;
+                }
+            }
+        }
+        fa_cp_wait();
+        __syncthreads();  // dO(q0) is in
+        if (q0 + BQ < T) {  // into the buffers the previous tile used
+            fa_cp_rows<HS>(Qb + ((it + 1) & 1) * BQ * QS, base, C3, q0 + BQ, BQ, T);
+            fa_cp_commit();
+            ld_ld(q0 + BQ, (it + 1) & 1);
+        }
+        if (!work) continue;
+
+        // dPᵀ = V·dOᵀ, then dSᵀ = Pᵀ∘(dPᵀ - D) in place.
+        float dp[NQ][4];
 #pragma unroll
         for (int j = 0; j < NQ; j++) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.f;
+            dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.f;
             const int off = (8 * j + (lane & 7)) * QS + 8 * (lane >> 3);
 #pragma unroll
             for (int kk = 0; kk < KD; kk += 2) {
-                uint32_t bq[4], bg[4];
-                fa_ldsm4(bq, Qs + off + 16 * kk);
-                fa_mma(s[j], kf[kk], bq[0], bq[1]);
-                fa_mma(s[j], kf[kk + 1], bq[2], bq[3]);
+                uint32_t bg[4];
                 fa_ldsm4(bg, Gs + off + 16 * kk);
                 fa_mma(dp[j], vf[kk], bg[0], bg[1]);
                 fa_mma(dp[j], vf[kk + 1], bg[2], bg[3]);
             }
-        }
-        // P and dS; queries before a key, or past T, give 0.
-        const bool mask = q0 < kw0 + 16;
-#pragma unroll
-        for (int j = 0; j < NQ; j++) {
-            const int qi = 8 * j + 2 * c, q = q0 + qi;
-            const float l0 = Ls[qi], l1 = Ls[qi + 1], d0 = Ds[qi], d1 = Ds[qi + 1];
-            float p0 = exp2f(s[j][0] * scale_log2 - l0), p1 = exp2f(s[j][1] * scale_log2 - l1);
-            float p2 = exp2f(s[j][2] * scale_log2 - l0), p3 = exp2f(s[j][3] * scale_log2 - l1);
-            if (mask) {
-                if (q < kr0) p0 = 0.f;
-                if (q + 1 < kr0) p1 = 0.f;
-                if (q < kr1) p2 = 0.f;
-                if (q + 1 < kr1) p3 = 0.f;
-            }
-            s[j][0] = p0;
-            s[j][1] = p1;
-            s[j][2] = p2;
-            s[j][3] = p3;
-            dp[j][0] = p0 * (dp[j][0] - d0);
-            dp[j][1] = p1 * (dp[j][1] - d1);
-            dp[j][2] = p2 * (dp[j][2] - d0);
-            dp[j][3] = p3 * (dp[j][3] - d1);
+            const int qi = 8 * j + 2 * c;
+            const float d0 = Ds[qi], d1 = Ds[qi + 1];
+            dp[j][0] = s[j][0] * (dp[j][0] - d0);
+            dp[j][1] = s[j][1] * (dp[j][1] - d1);
+            dp[j][2] = s[j][2] * (dp[j][2] - d0);
+            dp[j][3] = s[j][3] * (dp[j][3] - d1);
         }
         // dV += Pᵀ·dO and dK += dSᵀ·Q: the accumulators are the A operands
         // (k = queries), dO and Q rows the transposed B operands.
@@ -359,27 +443,28 @@ __device__ __forceinline__ void flash_bwd_kv(uint16_t* __restrict__ dqkv, const 
     if (kr0 < T) {
 #pragma unroll
         for (int j = 0; j < ND; j++) {
-            fa_acc2(dkb + (i64)kr0 * C3 + j * 8, dk[j][0] * scale, dk[j][1] * scale);
-            fa_acc2(dvb + (i64)kr0 * C3 + j * 8, dv[j][0], dv[j][1]);
+            fa_acc2(dkb + (i64)kr0 * C3 + j * 8, dk[j][0] * scale, dk[j][1] * scale, set);
+            fa_acc2(dvb + (i64)kr0 * C3 + j * 8, dv[j][0], dv[j][1], set);
         }
     }
     if (kr1 < T) {
 #pragma unroll
         for (int j = 0; j < ND; j++) {
-            fa_acc2(dkb + (i64)kr1 * C3 + j * 8, dk[j][2] * scale, dk[j][3] * scale);
-            fa_acc2(dvb + (i64)kr1 * C3 + j * 8, dv[j][2], dv[j][3]);
+            fa_acc2(dkb + (i64)kr1 * C3 + j * 8, dk[j][2] * scale, dk[j][3] * scale, set);
+            fa_acc2(dvb + (i64)kr1 * C3 + j * 8, dv[j][2], dv[j][3], set);
         }
     }
 }
 
 // flash_bwd_q: dQ of the block's 64 query rows; keys and values stream
-// through shared memory 64 at a time (Ks, Vs row-major).
-template <int HS>
+// through shared memory BK at a time (Kb: two key tiles, Vs: one value
+// tile, row-major).
+template <int HS, int BK>
 __device__ __forceinline__ void flash_bwd_q(uint16_t* __restrict__ dqkv, const uint16_t* __restrict__ dout,
                                             const uint16_t* __restrict__ qkv, const float* __restrict__ lse,
                                             const float* __restrict__ Dd, int T, int C, int NH, float scale_log2,
-                                            float scale, uint16_t* Ks, uint16_t* Vs) {
-    constexpr int KS = HS + 8, KD = HS / 16, ND = HS / 8, NK = FA_BK / 8;
+                                            float scale, bool set, uint16_t* Kb, uint16_t* Vs) {
+    constexpr int KS = HS + 8, KD = HS / 16, ND = HS / 8, NK = BK / 8;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int z = blockIdx.y, b = z / NH, h = z - b * NH;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_BQ;  // the most keys first
@@ -400,51 +485,76 @@ __device__ __forceinline__ void flash_bwd_q(uint16_t* __restrict__ dqkv, const u
     for (int j = 0; j < ND; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
     const int qlast = min(q0 + FA_BQ, T) - 1;
 
-    for (int k0 = 0; k0 <= qlast; k0 += FA_BK) {
-        __syncthreads();
-        fa_ld_rows<HS>(Ks, base + C, C3, k0, FA_BK, T);
-        fa_ld_rows<HS>(Vs, base + 2 * C, C3, k0, FA_BK, T);
-        __syncthreads();
-        if (!active || k0 > w0 + 15) continue;  // no row of this warp sees these keys
+    // Software pipeline: K is double-buffered (Kb: two tiles); the next K
+    // loads during this tile's dP, dS and dQ, V during its S and P.
+    fa_cp_rows<HS>(Kb, base + C, C3, 0, BK, T);
+    fa_cp_commit();
+    for (int k0 = 0, it = 0; k0 <= qlast; k0 += BK, it++) {
+        const uint16_t* Ks = Kb + (it & 1) * BK * KS;
+        fa_cp_wait();
+        __syncthreads();  // K(k0) is in; every warp is done with V and K of the previous tile
+        fa_cp_rows<HS>(Vs, base + 2 * C, C3, k0, BK, T);
+        fa_cp_commit();
+        const bool work = active && k0 <= w0 + 15;  // some row of this warp sees these keys
 
-        // S = Q·Kᵀ and dP = dO·Vᵀ, 16 rows x 64 keys.
-        float s[NK][4], dp[NK][4];
+        // P = exp(scale·Q·Kᵀ - lse), 16 rows x BK keys; keys after a row
+        // (and so keys past T) give 0.
+        float s[NK][4];
+        if (work) {
+            const bool mask = k0 + BK - 1 > w0;
+#pragma unroll
+            for (int j = 0; j < NK; j++) {
+                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+                const int off = (8 * j + (lane & 7)) * KS + 8 * (lane >> 3);
+#pragma unroll
+                for (int kk = 0; kk < KD; kk += 2) {
+                    uint32_t bk[4];
+                    fa_ldsm4(bk, Ks + off + 16 * kk);
+                    fa_mma(s[j], qf[kk], bk[0], bk[1]);
+                    fa_mma(s[j], qf[kk + 1], bk[2], bk[3]);
+                }
+                const int key = k0 + 8 * j + 2 * c;
+                s[j][0] = fa_exp2(s[j][0] * scale_log2 - l0);
+                s[j][1] = fa_exp2(s[j][1] * scale_log2 - l0);
+                s[j][2] = fa_exp2(s[j][2] * scale_log2 - l1);
+                s[j][3] = fa_exp2(s[j][3] * scale_log2 - l1);
+                if (mask) {
+                    if (key > r0) s[j][0] = 0.f;
+                    if (key + 1 > r0) s[j][1] = 0.f;
+                    if (key > r1) s[j][2] = 0.f;
+                    if (key + 1 > r1) s[j][3] = 0.f;
+                }
+            }
+        }
+        fa_cp_wait();
+        __syncthreads();  // V(k0) is in
+        if (k0 + BK <= qlast) {  // into the buffer the previous tile used
+            fa_cp_rows<HS>(Kb + ((it + 1) & 1) * BK * KS, base + C, C3, k0 + BK, BK, T);
+            fa_cp_commit();
+        }
+        if (!work) continue;
+
+        // dP = dO·Vᵀ, then dS = P∘(dP - D) in place.
+        float dp[NK][4];
 #pragma unroll
         for (int j = 0; j < NK; j++) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.f;
+            dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.f;
             const int off = (8 * j + (lane & 7)) * KS + 8 * (lane >> 3);
 #pragma unroll
             for (int kk = 0; kk < KD; kk += 2) {
-                uint32_t bk[4], bv[4];
-                fa_ldsm4(bk, Ks + off + 16 * kk);
-                fa_mma(s[j], qf[kk], bk[0], bk[1]);
-                fa_mma(s[j], qf[kk + 1], bk[2], bk[3]);
+                uint32_t bv[4];
                 fa_ldsm4(bv, Vs + off + 16 * kk);
                 fa_mma(dp[j], gf[kk], bv[0], bv[1]);
                 fa_mma(dp[j], gf[kk + 1], bv[2], bv[3]);
             }
-        }
-        // dS = P∘(dP - D); keys after a row (and so keys past T) give 0.
-        const bool mask = k0 + FA_BK - 1 > w0;
-#pragma unroll
-        for (int j = 0; j < NK; j++) {
-            const int key = k0 + 8 * j + 2 * c;
-            float p0 = exp2f(s[j][0] * scale_log2 - l0), p1 = exp2f(s[j][1] * scale_log2 - l0);
-            float p2 = exp2f(s[j][2] * scale_log2 - l1), p3 = exp2f(s[j][3] * scale_log2 - l1);
-            if (mask) {
-                if (key > r0) p0 = 0.f;
-                if (key + 1 > r0) p1 = 0.f;
-                if (key > r1) p2 = 0.f;
-                if (key + 1 > r1) p3 = 0.f;
-            }
-            dp[j][0] = p0 * (dp[j][0] - d0);
-            dp[j][1] = p1 * (dp[j][1] - d0);
-            dp[j][2] = p2 * (dp[j][2] - d1);
-            dp[j][3] = p3 * (dp[j][3] - d1);
+            dp[j][0] = s[j][0] * (dp[j][0] - d0);
+            dp[j][1] = s[j][1] * (dp[j][1] - d0);
+            dp[j][2] = s[j][2] * (dp[j][2] - d1);
+            dp[j][3] = s[j][3] * (dp[j][3] - d1);
         }
         // dQ += dS·K: K rows are the transposed B operand (k = keys).
 #pragma unroll
-        for (int kk = 0; kk < FA_BK / 16; kk++) {
+        for (int kk = 0; kk < BK / 16; kk++) {
             uint32_t da[4];
             da[0] = fa_pack(dp[2 * kk][0], dp[2 * kk][1]);
             da[1] = fa_pack(dp[2 * kk][2], dp[2 * kk][3]);
@@ -464,11 +574,11 @@ __device__ __forceinline__ void flash_bwd_q(uint16_t* __restrict__ dqkv, const u
     uint16_t* dqb = dqkv + (i64)b * T * C3 + (i64)h * HS + 2 * c;
     if (r0 < T) {
 #pragma unroll
-        for (int j = 0; j < ND; j++) fa_acc2(dqb + (i64)r0 * C3 + j * 8, dq[j][0] * scale, dq[j][1] * scale);
+        for (int j = 0; j < ND; j++) fa_acc2(dqb + (i64)r0 * C3 + j * 8, dq[j][0] * scale, dq[j][1] * scale, set);
     }
     if (r1 < T) {
 #pragma unroll
-        for (int j = 0; j < ND; j++) fa_acc2(dqb + (i64)r1 * C3 + j * 8, dq[j][2] * scale, dq[j][3] * scale);
+        for (int j = 0; j < ND; j++) fa_acc2(dqb + (i64)r1 * C3 + j * 8, dq[j][2] * scale, dq[j][3] * scale, set);
     }
 }
 
@@ -477,7 +587,7 @@ __device__ __forceinline__ void flash_bwd_q(uint16_t* __restrict__ dqkv, const u
 // flash_fwd_bf16_hs64 and _hs128: out(B,T,C) and lse(B,NH,T) from
 // qkv(B,T,3C), all bf16 but lse, C = NH·hs. Grid (ceil(T/64), B·NH),
 // 128 threads. scale_log2 is log2(e)/sqrt(hs).
-extern "C" __global__ void __launch_bounds__(FA_THREADS)
+extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MINB)
     flash_fwd_bf16_hs64(void* out, float* lse, const void* qkv, int T, int C, int NH, float scale_log2) {
     __shared__ __align__(16) uint16_t Ks[FA_BK * (64 + 8)];
     __shared__ __align__(16) uint16_t Vs[FA_BK * (64 + 8)];
@@ -494,42 +604,42 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS)
 // flash_bwd entry points: dqkv(B,T,3C) += the gradients from dout(B,T,C),
 // qkv, lse(B,NH,T) (natural log, the forward's) and D(B,NH,T), all bf16
 // but lse and D. Grids (ceil(T/64), B·NH), 128 threads. scale_log2 is
-// log2(e)/sqrt(hs), scale 1/sqrt(hs). For head size 128 the key kernel
-// streams 32 queries at a time, to keep its accumulators in registers.
+// log2(e)/sqrt(hs), scale 1/sqrt(hs). For head size 128 the kernels stream
+// 32 queries (keys) at a time, to keep their accumulators in registers.
 extern "C" __global__ void __launch_bounds__(FA_THREADS)
     flash_bwd_kv_bf16_hs64(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int C,
-                           int NH, float scale_log2, float scale) {
-    __shared__ __align__(16) uint16_t Qs[64 * (64 + 8)];
+                           int NH, float scale_log2, float scale, int set) {
+    __shared__ __align__(16) uint16_t Qb[2 * 64 * (64 + 8)];
     __shared__ __align__(16) uint16_t Gs[64 * (64 + 8)];
-    __shared__ float Ls[64], Ds[64];
-    flash_bwd_kv<64, 64>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale,
-                         Qs, Gs, Ls, Ds);
+    __shared__ float Lb[2 * 64], Db[2 * 64];
+    flash_bwd_kv<64, 64>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale, set != 0,
+                         Qb, Gs, Lb, Db);
 }
 
 extern "C" __global__ void __launch_bounds__(FA_THREADS)
     flash_bwd_kv_bf16_hs128(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int C,
-                            int NH, float scale_log2, float scale) {
-    __shared__ __align__(16) uint16_t Qs[32 * (128 + 8)];
+                            int NH, float scale_log2, float scale, int set) {
+    __shared__ __align__(16) uint16_t Qb[2 * 32 * (128 + 8)];
     __shared__ __align__(16) uint16_t Gs[32 * (128 + 8)];
-    __shared__ float Ls[32], Ds[32];
-    flash_bwd_kv<128, 32>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale,
-                          Qs, Gs, Ls, Ds);
+    __shared__ float Lb[2 * 32], Db[2 * 32];
+    flash_bwd_kv<128, 32>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale, set != 0,
+                          Qb, Gs, Lb, Db);
 }
 
 extern "C" __global__ void __launch_bounds__(FA_THREADS)
     flash_bwd_q_bf16_hs64(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int C,
-                          int NH, float scale_log2, float scale) {
-    __shared__ __align__(16) uint16_t Ks[FA_BK * (64 + 8)];
-    __shared__ __align__(16) uint16_t Vs[FA_BK * (64 + 8)];
-    flash_bwd_q<64>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale, Ks, Vs);
+                          int NH, float scale_log2, float scale, int set) {
+    __shared__ __align__(16) uint16_t Kb[2 * 64 * (64 + 8)];
+    __shared__ __align__(16) uint16_t Vs[64 * (64 + 8)];
+    flash_bwd_q<64, 64>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale, set != 0, Kb, Vs);
 }
 
 extern "C" __global__ void __launch_bounds__(FA_THREADS)
     flash_bwd_q_bf16_hs128(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int C,
-                           int NH, float scale_log2, float scale) {
-    __shared__ __align__(16) uint16_t Ks[FA_BK * (128 + 8)];
-    __shared__ __align__(16) uint16_t Vs[FA_BK * (128 + 8)];
-    flash_bwd_q<128>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale, Ks, Vs);
+                           int NH, float scale_log2, float scale, int set) {
+    __shared__ __align__(16) uint16_t Kb[2 * 32 * (128 + 8)];
+    __shared__ __align__(16) uint16_t Vs[32 * (128 + 8)];
+    flash_bwd_q<128, 32>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale, set != 0, Kb, Vs);
 }
 
 // flash_bwd_prep: D[(b·NH + h)·T + t] = Σ_d dout·out over head h of token
@@ -537,12 +647,11 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS)
 // bf16 (B,T,C), 4-byte aligned; hs even.
 extern "C" __global__ void flash_bwd_prep(float* D, const void* dout, const void* out, int BT, int T, int C, int NH) {
     const int hs = C / NH, lane = threadIdx.x & 31;
-    const i64 nw = (i64)BT * NH, stride = (i64)gridDim.x * (blockDim.x >> 5);
-    for (i64 w = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < nw; w += stride) {
-        const i64 tok = w / NH;
-        const int h = (int)(w - tok * NH);
-        const uint16_t* g = (const uint16_t*)dout + tok * C + (i64)h * hs;
-        const uint16_t* o = (const uint16_t*)out + tok * C + (i64)h * hs;
+    const int nw = BT * NH, stride = gridDim.x * (blockDim.x >> 5);  // BT·NH < 2^31 (checked by the host)
+    for (int w = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < nw; w += stride) {
+        const int tok = w / NH, h = w - tok * NH;
+        const uint16_t* g = (const uint16_t*)dout + (i64)tok * C + h * hs;
+        const uint16_t* o = (const uint16_t*)out + (i64)tok * C + h * hs;
         float acc = 0.f;
         for (int d = 2 * lane; d < hs; d += 64) {
             const uint32_t a = fa_ld32(g + d), e = fa_ld32(o + d);
@@ -551,8 +660,8 @@ extern "C" __global__ void flash_bwd_prep(float* D, const void* dout, const void
         }
         acc = warp_sum(acc);
         if (lane == 0) {
-            const i64 b = tok / T, t = tok - b * T;
-            D[(b * NH + h) * T + t] = acc;
+            const int b = tok / T, t = tok - b * T;
+            D[((i64)b * NH + h) * T + t] = acc;
         }
     }
 }
