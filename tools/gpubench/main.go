@@ -388,7 +388,9 @@ func kernelBench(device string, s shape) ([]gemmResult, []attnResult, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		bwd, err := timeIt(20, func() { be.MatmulBackward(q, dx, dw, kernels.Tensor{}, y, x, w, BT, g.c, g.oc) })
+		// As the GPT block calls it: dinp written (the Overwriter form),
+		// dweight accumulated.
+		bwd, err := timeIt(20, func() { kernels.MatmulBackwardSet(be, q, dx, dw, kernels.Tensor{}, y, x, w, BT, g.c, g.oc) })
 		if err != nil {
 			return nil, nil, err
 		}
