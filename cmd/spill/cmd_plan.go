@@ -47,6 +47,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	precision := fs.String("precision", "bf16", "bf16, fp16 or fp32")
 	deviceMem := fs.String("device-memory", "139GiB", "device memory budget")
 	fs.StringVar(deviceMem, "device-mem", "139GiB", "alias of --device-memory")
+	fs.StringVar(deviceMem, "gpu-mem-limit", "139GiB", "alias of --device-memory (as spill train's)")
 	hostMem := fs.String("host-memory", "", "host memory budget (default 80% of MemAvailable)")
 	fs.StringVar(hostMem, "host-mem", "", "alias of --host-memory")
 	disk := fs.String("disk-memory", "", "disk tier budget (default: none, or 90% of the free space of --disk-dir)")

@@ -126,6 +126,8 @@ func newConfigFlags(fs *flag.FlagSet) *configFlags {
 	mem := &byteSizeFlag{}
 	bindValue(f, "device-memory", mem, func(c *engine.Config) { c.DeviceMemory = mem.n },
 		"device memory budget, e.g. 512MiB or 8GiB (default: unlimited on cpu, the whole device on cuda)")
+	bindValue(f, "gpu-mem-limit", mem, func(c *engine.Config) { c.DeviceMemory = mem.n },
+		"alias of --device-memory: the device tier's hard budget (e.g. to simulate a smaller GPU)")
 	num("threads", func(c *engine.Config) *int { return &c.Threads }, 0, "CPU threads for kernels (default: all)")
 	// Placement (out-of-core training).
 	str("offload", func(c *engine.Config) *string { return &c.Offload }, d.Offload,

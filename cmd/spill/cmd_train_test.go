@@ -26,6 +26,11 @@ func TestTrainFlagsOverrideConfigFile(t *testing.T) {
 	if cfg.LR != 0.01 || cfg.Batch != 4 || cfg.EvalEvery != 0 {
 		t.Errorf("file values clobbered: lr %v batch %d eval_every %d", cfg.LR, cfg.Batch, cfg.EvalEvery)
 	}
+	// --gpu-mem-limit is --device-memory by another name.
+	cfg, _, err = parseTrainArgs([]string{"--gpu-mem-limit", "3GiB"}, io.Discard)
+	if err != nil || cfg.DeviceMemory != 3<<30 {
+		t.Errorf("--gpu-mem-limit 3GiB: device memory %d, %v", cfg.DeviceMemory, err)
+	}
 	// Without a file: defaults, then the preset.
 	cfg, _, err = parseTrainArgs([]string{"--model", "gpt2-350m"}, io.Discard)
 	if err != nil || cfg.Layers != 24 || cfg.LR != 6e-4 || cfg.Seed != 1337 {
