@@ -120,8 +120,9 @@ type Config struct {
 	// Resume continues from the latest checkpoint in CheckpointDir.
 	Resume bool `toml:"resume" json:"resume"`
 
-	// Device is the compute backend: "cpu" (default) or "cuda" (builds
-	// with -tags cuda).
+	// Device is the compute backend: "auto" (default: "cuda" when the
+	// binary was built with -tags cuda and the GPU opens, else "cpu"),
+	// "cpu" or "cuda".
 	Device string `toml:"device" json:"device"`
 	// DeviceMemory is the device memory budget in bytes; 0 = unlimited on
 	// the CPU backend, the whole device otherwise. In TOML it may also be
@@ -209,10 +210,14 @@ func DefaultConfig() Config {
 		EvalBatches:     8,
 		CheckpointEvery: 100,
 		KeepCheckpoints: 3,
-		Device:          "cpu",
+		Device:          DeviceAuto,
 		Offload:         OffloadAuto,
 	}
 }
+
+// DeviceAuto (Config.Device) picks the CUDA backend when the binary has
+// it and it opens, else the CPU backend (see OpenDevice).
+const DeviceAuto = "auto"
 
 // Offload modes (Config.Offload).
 const (
@@ -514,9 +519,9 @@ func (c *Config) Validate() error {
 		bad("loss_scale", "must be > 0, got %v", c.LossScale)
 	}
 	switch c.Device {
-	case "cpu", "cuda":
+	case DeviceAuto, "cpu", "cuda":
 	default:
-		bad("device", "unknown device %q (want cpu or cuda)", c.Device)
+		bad("device", "unknown device %q (want auto, cpu or cuda)", c.Device)
 	}
 	if c.DeviceMemory < 0 {
 		bad("device_memory", "must be >= 0, got %d", c.DeviceMemory)

@@ -4,8 +4,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/spill-ml/spill/kernels"
 )
 
 func writeTOML(t *testing.T, s string) string {
@@ -181,5 +184,34 @@ func TestConfigTOMLRoundTrip(t *testing.T) {
 	}
 	if back.Hash() != c.Hash() || back.Device != c.Device {
 		t.Errorf("round trip changed the config:\n%s", b.String())
+	}
+}
+
+// TestDeviceAuto: the default device is auto, which validates and opens the
+// CPU backend in a build without the CUDA backend (with it, see
+// kernels/cuda); a named device opens exactly that backend.
+func TestDeviceAuto(t *testing.T) {
+	c := DefaultConfig()
+	c.EnsureDefaults()
+	if c.Device != DeviceAuto {
+		t.Fatalf("default device %q, want %q", c.Device, DeviceAuto)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("auto does not validate: %v", err)
+	}
+	want := "cpu"
+	if slices.Contains(kernels.Backends(), "cuda") {
+		want = "cuda"
+	}
+	be, note, err := OpenDevice(DeviceAuto, kernels.Config{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	if be.Name() != want && note == "" {
+		t.Errorf("auto opened %q without a note, want %q", be.Name(), want)
+	}
+	if _, _, err := OpenDevice("tpu", kernels.Config{}); err == nil {
+		t.Error("OpenDevice(tpu) succeeded")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/spill-ml/spill/dataset"
@@ -127,11 +128,15 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 	if err != nil {
 		return nil, err
 	}
-	be, err := kernels.Open(cfg.Device, kernels.Config{MemoryLimit: cfg.DeviceMemory, Threads: cfg.Threads})
+	be, note, err := OpenDevice(cfg.Device, kernels.Config{MemoryLimit: cfg.DeviceMemory, Threads: cfg.Threads})
 	if err != nil {
 		return nil, err
 	}
 	defer be.Close()
+	if note != "" {
+		logf("%s", note)
+	}
+	cfg.Device = be.Name()
 	B, T := cfg.Batch, cfg.SeqLen
 	if !cfg.IsGPT() {
 		T = 1
@@ -570,4 +575,24 @@ func (f *seqFeed) Next(ctx context.Context, hb *HostBatch) error {
 		}
 	}
 	return ctx.Err()
+}
+
+// OpenDevice opens the backend named by a Config.Device value. For
+// DeviceAuto it opens "cuda" when this binary has it (built with -tags
+// cuda), falling back to "cpu" if the GPU does not open; note then says
+// why, for the log. Other names open exactly that backend.
+func OpenDevice(device string, kc kernels.Config) (be kernels.Backend, note string, err error) {
+	if device != DeviceAuto {
+		be, err = kernels.Open(device, kc)
+		return be, "", err
+	}
+	if slices.Contains(kernels.Backends(), "cuda") {
+		be, err = kernels.Open("cuda", kc)
+		if err == nil {
+			return be, "", nil
+		}
+		note = fmt.Sprintf("device auto: the CUDA backend did not open (%v); training on the CPU", err)
+	}
+	be, err = kernels.Open("cpu", kc)
+	return be, note, err
 }

@@ -122,7 +122,7 @@ func newConfigFlags(fs *flag.FlagSet) *configFlags {
 	num("keep-checkpoints", func(c *engine.Config) *int { return &c.KeepCheckpoints }, d.KeepCheckpoints, "keep the newest N checkpoints")
 	bind(f, "resume", func(c *engine.Config) *bool { return &c.Resume }, false, "continue from the latest checkpoint in --checkpoint-dir", fs.BoolVar)
 	// Device.
-	str("device", func(c *engine.Config) *string { return &c.Device }, d.Device, "compute backend: cpu or cuda")
+	str("device", func(c *engine.Config) *string { return &c.Device }, d.Device, "compute backend: auto (cuda in a -tags cuda build whose GPU opens, else cpu), cpu or cuda")
 	mem := &byteSizeFlag{}
 	bindValue(f, "device-memory", mem, func(c *engine.Config) { c.DeviceMemory = mem.n },
 		"device memory budget, e.g. 512MiB or 8GiB (default: unlimited on cpu, the whole device on cuda)")
