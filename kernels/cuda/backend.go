@@ -69,6 +69,9 @@ func Open(cfg kernels.Config) (*Backend, error) {
 	if cfg.MemoryLimit < 0 {
 		return nil, fmt.Errorf("kernels/cuda: negative memory limit %d", cfg.MemoryLimit)
 	}
+	if err := driverInit(); err != nil {
+		return nil, fmt.Errorf("kernels/cuda: no usable CUDA driver or device: %w", err)
+	}
 	n, err := cu.NumDevices()
 	if err != nil {
 		return nil, fmt.Errorf("kernels/cuda: counting devices: %w", err)

@@ -11,6 +11,17 @@ package cuda
 #include <cublas_v2.h>
 #include <cublasLt.h>
 
+// compat/cuda.h routes cuInit to a wrapper that never fails (for
+// gorgonia.org/cu's package init); this is the real one.
+#undef cuInit
+static int spill_cu_init(void) { return (int)cuInit(0); }
+
+static const char *spill_cu_error(int r) {
+	const char *s = 0;
+	if (cuGetErrorString((CUresult)r, &s) != CUDA_SUCCESS || s == 0) return "unknown error";
+	return s;
+}
+
 static int spill_host_alloc(void **p, size_t n) {
 	return (int)cuMemHostAlloc(p, n, CU_MEMHOSTALLOC_PORTABLE);
 }
@@ -326,3 +337,24 @@ func hostFree(p unsafe.Pointer) error {
 
 // buildCUDAVersion is CUDA_VERSION of the headers this package was built with.
 func buildCUDAVersion() int { return int(C.spill_cuda_version()) }
+
+// driverInit calls cuInit: nil when the driver has a usable device.
+func driverInit() error {
+	r := C.spill_cu_init()
+	if r == 0 {
+		return nil
+	}
+	msg := C.GoString(C.spill_cu_error(r))
+	if m, ok := initErrors[int(r)]; ok && msg == "unknown error" {
+		msg = m // the stub library cannot name its own errors
+	}
+	return fmt.Errorf("cuInit: %s (CUDA error %d)", msg, int(r))
+}
+
+// initErrors names the cuInit failures a machine without a working GPU
+// gives (CUresult values of cuda.h).
+var initErrors = map[int]string{
+	34:  "the CUDA driver library is a stub (no NVIDIA driver installed)",
+	35:  "the NVIDIA driver is older than this CUDA runtime",
+	100: "no CUDA-capable device is detected",
+}
