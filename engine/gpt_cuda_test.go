@@ -55,19 +55,6 @@ func gptCheckRun(t *testing.T, dev string, dt kernels.DType, steps int) ([]float
 	return losses, w
 }
 
-// relL2 is |a-b|/|b| over all tensors.
-func relL2(a, b [][]float32) float64 {
-	var d, n float64
-	for i := range b {
-		for j := range b[i] {
-			e := float64(a[i][j]) - float64(b[i][j])
-			d += e * e
-			n += float64(b[i][j]) * float64(b[i][j])
-		}
-	}
-	return math.Sqrt(d / n)
-}
-
 // TestGPTStepCUDA checks one whole training step of the GPT (forward,
 // backward, clipping, AdamW) on the CUDA backend against the CPU backend:
 // fp32 loss within 1e-5 relative and master weights within 1e-4 (relative

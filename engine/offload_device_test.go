@@ -148,15 +148,7 @@ func runDeviceCase(t *testing.T, c deviceCase) {
 				d/math.Abs(wantL[s]), c.lossTol)
 		}
 	}
-	var diff, norm float64
-	for i := range wantW {
-		for j := range wantW[i] {
-			d := float64(gotW[i][j]) - float64(wantW[i][j])
-			diff += d * d
-			norm += float64(wantW[i][j]) * float64(wantW[i][j])
-		}
-	}
-	rel := math.Sqrt(diff / norm)
+	rel := relL2(gotW, wantW)
 	if !(rel <= c.weightTol) {
 		t.Errorf("master weights differ from the resident run's by %.3g (relative L2) > %.2g", rel, c.weightTol)
 	}
@@ -171,4 +163,17 @@ func TestOutOfCoreMatchesResidentCPU(t *testing.T) {
 	runDeviceCase(t, deviceCase{device: "cpu", dt: kernels.F32, shape: deviceShape, lossTol: 1e-5, weightTol: 1e-5})
 	runDeviceCase(t, deviceCase{device: "cpu", dt: kernels.BF16, shape: deviceShape, weights: offload.TierHost,
 		activations: "offload", lossTol: 1e-2, weightTol: 1e-2})
+}
+
+// relL2 is |a-b|/|b| over all tensors.
+func relL2(a, b [][]float32) float64 {
+	var d, n float64
+	for i := range b {
+		for j := range b[i] {
+			e := float64(a[i][j]) - float64(b[i][j])
+			d += e * e
+			n += float64(b[i][j]) * float64(b[i][j])
+		}
+	}
+	return math.Sqrt(d / n)
 }

@@ -265,40 +265,39 @@ func (b *Backend) GeluForward(kq kernels.Queue, out, inp kernels.Tensor, N int) 
 
 // GeluBackward accumulates dinp += gelu'(inp)·dout.
 func (b *Backend) GeluBackward(kq kernels.Queue, dinp, inp, dout kernels.Tensor, N int) {
-	q := b.queue(kq)
-	needDims("GeluBackward", N)
-	d := b.float("GeluBackward", "dinp", dinp, N)
-	i := b.float("GeluBackward", "inp", inp, N)
-	g := b.float("GeluBackward", "dout", dout, N)
-	if f, ok := b.typedFn("gelu_backward", d.dt); ok && sameDT(d.dt, i, g) && alignedLike(d.dt.Size(), d.p, i.p, g.p) {
-		q.enqueue(func(q *queue) error {
-			return q.launch(f, vecGrid(N, d.dt), block, aPtr(d.p), aPtr(i.p), aPtr(g.p), aI64(int64(N)))
-		})
-		return
-	}
-	q.enqueue(func(q *queue) error {
-		return q.launch(b.fn("gelu_backward"), elems(N), block, aPtr(d.p), aDT(d.dt), aPtr(i.p), aDT(i.dt),
-			aPtr(g.p), aDT(g.dt), aI64(int64(N)))
-	})
+	b.geluBackward(kq, false, dinp, inp, dout, N)
 }
 
 // GeluBackwardSet computes dinp = gelu'(inp)·dout without reading dinp
 // (gelu_backward_set_*) where the fast path applies, else as Zero and
 // GeluBackward: kernels.Overwriter.
 func (b *Backend) GeluBackwardSet(kq kernels.Queue, dinp, inp, dout kernels.Tensor, N int) {
+	b.geluBackward(kq, true, dinp, inp, dout, N)
+}
+
+func (b *Backend) geluBackward(kq kernels.Queue, set bool, dinp, inp, dout kernels.Tensor, N int) {
 	q := b.queue(kq)
 	needDims("GeluBackward", N)
 	d := b.float("GeluBackward", "dinp", dinp, N)
 	i := b.float("GeluBackward", "inp", inp, N)
 	g := b.float("GeluBackward", "dout", dout, N)
-	if f, ok := b.typedFn("gelu_backward_set", d.dt); ok && sameDT(d.dt, i, g) && alignedLike(d.dt.Size(), d.p, i.p, g.p) {
+	name := "gelu_backward"
+	if set {
+		name = "gelu_backward_set"
+	}
+	if f, ok := b.typedFn(name, d.dt); ok && sameDT(d.dt, i, g) && alignedLike(d.dt.Size(), d.p, i.p, g.p) {
 		q.enqueue(func(q *queue) error {
 			return q.launch(f, vecGrid(N, d.dt), block, aPtr(d.p), aPtr(i.p), aPtr(g.p), aI64(int64(N)))
 		})
 		return
 	}
-	b.Zero(kq, dinp)
-	b.GeluBackward(kq, dinp, inp, dout, N)
+	if set {
+		b.Zero(kq, dinp)
+	}
+	q.enqueue(func(q *queue) error {
+		return q.launch(b.fn("gelu_backward"), elems(N), block, aPtr(d.p), aDT(d.dt), aPtr(i.p), aDT(i.dt),
+			aPtr(g.p), aDT(g.dt), aI64(int64(N)))
+	})
 }
 
 // MSEForward computes losses = (pred-target)²/2.
