@@ -30,9 +30,9 @@ prof() {
   local name=$1; shift
   local t0=$SECONDS
   timeout "${SPILL_PROF_LIMIT:-200}" "$ncu" --metrics gpu__time_duration.sum --cache-control none --clock-control none \
-    --launch-skip "$skip" --launch-count "$count" --csv --page raw --log-file "$out/$name.ncu.log" "$@" >"$out/$name.csv" 2>"$out/$name.err"
-  echo "== $name: exit $? after $((SECONDS - t0))s, $(wc -l <"$out/$name.csv") lines"
-  tail -n 3 "$out/$name.err"
+    --launch-skip "$skip" --launch-count "$count" --csv --page raw --log-file "$out/$name.ncu.log" "$@" >"$out/$name.out" 2>&1
+  echo "== $name: exit $? after $((SECONDS - t0))s, $(grep -c '^"' "$out/$name.ncu.log") CSV lines in $name.ncu.log"
+  tail -n 3 "$out/$name.out"
 }
 prof spill /tmp/gpubench -shapes "$shape" -train-only -out /tmp/spill_prof.json
 [ -n "${SPILL_PROF_NO_TORCH:-}" ] || SPILL_TRAIN_ONLY=1 prof torch python3 tools/gpubench/torch_ref.py /tmp/torch_prof.json "$shape"
