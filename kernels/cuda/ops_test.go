@@ -142,7 +142,11 @@ func TestMatmulMixed(t *testing.T) {
 
 func TestEncoder(t *testing.T) {
 	p := openPair(t)
-	for _, sh := range [][4]int{{1, 1, 1, 3}, {2, 5, 7, 11}, {4, 64, 96, 50}, {3, 33, 1100, 7}} {
+	// The last shape puts about 1400 positions on each of two tokens: more
+	// than the backward kernel sorts in shared memory (ENC_SORT, 1024), so
+	// it takes the scanning path that real text takes for its commonest
+	// tokens.
+	for _, sh := range [][4]int{{1, 1, 1, 3}, {2, 5, 7, 11}, {4, 64, 96, 50}, {3, 33, 1100, 7}, {4, 700, 64, 2}} {
 		B, T, C, V := sh[0], sh[1], sh[2], sh[3]
 		for _, dt := range floatTypes {
 			name := fmt.Sprintf("B%d,T%d,C%d,V%d/%v", B, T, C, V, dt)
@@ -162,7 +166,7 @@ func TestEncoder(t *testing.T) {
 				b.EncoderBackward(q, s(dwte), s(dwpe), s(g), s(tk), B, T, C)
 			})
 			p.check(name+"/forward", out, 1)
-			p.check(name+"/dwte", dwte, 2)
+			p.check(name+"/dwte", dwte, max(2, math.Sqrt(float64(B*T)/float64(V))))
 			p.check(name+"/dwpe", dwpe, 2)
 		}
 	}
