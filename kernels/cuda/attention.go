@@ -42,8 +42,8 @@ const (
 	attnAuto    = iota // gemm, falling back to tiled, then rowwise
 	attnTiled          // tiled where it applies, else rowwise
 	attnRowwise        // rowwise only
-	attnFlash          // the flash forward wherever it applies, even if its self-check failed; else as attnAuto
-	attnNoFlash        // attnAuto without the flash forward
+	attnFlash          // the flash kernels wherever they apply, even if their self-check failed; else as attnAuto
+	attnNoFlash        // attnAuto without the flash kernels
 )
 
 // attnImpl selects the implementation; tests set it to check each one.
