@@ -102,6 +102,23 @@ static void fa_cp_commit() {}
 static void fa_cp_wait() {}
 #include "flashattn_body.inc" // extracted from flashattn.cu by emu.sh
 
+// run_grid runs kernel (a device-function call) over gridDim, one block at
+// a time, each block as 128 threads with their barriers.
+template <class F> void run_grid(F kernel) {
+  for (int by = 0; by < gridDim.y; by++)
+    for (int bx = 0; bx < gridDim.x; bx++) {
+      std::barrier<> bb(128), w0(32), w1(32), w2(32), w3(32);
+      blockBar = &bb; warpBar[0] = &w0; warpBar[1] = &w1; warpBar[2] = &w2; warpBar[3] = &w3;
+      std::vector<std::thread> th;
+      for (int t = 0; t < 128; t++)
+        th.emplace_back([&, t] {
+          threadIdx = {t, 0}; blockIdx = {bx, by};
+          kernel();
+        });
+      for (auto& x : th) x.join();
+    }
+}
+
 template <int HS> void run(int B, int T, int NH, unsigned seed, int& bad) {
   int C = NH * HS;
   std::mt19937 rng(seed);
@@ -112,18 +129,7 @@ template <int HS> void run(int B, int T, int NH, unsigned seed, int& bad) {
   float sl2 = (float)(1.4426950408889634 / std::sqrt((double)HS));
   gridDim = {(T + 63) / 64, B * NH};
   std::vector<uint16_t> Ks(64 * (HS + 8)), Vs(64 * (HS + 8));
-  for (int by = 0; by < B * NH; by++)
-    for (int bx = 0; bx < gridDim.x; bx++) {
-      std::barrier<> bb(128), w0(32), w1(32), w2(32), w3(32);
-      blockBar = &bb; warpBar[0] = &w0; warpBar[1] = &w1; warpBar[2] = &w2; warpBar[3] = &w3;
-      std::vector<std::thread> th;
-      for (int t = 0; t < 128; t++)
-        th.emplace_back([&, t] {
-          threadIdx = {t, 0}; blockIdx = {bx, by};
-          flash_fwd<HS>(out.data(), lse.data(), qkv.data(), T, C, NH, sl2, Ks.data(), Vs.data());
-        });
-      for (auto& x : th) x.join();
-    }
+  run_grid([&] { flash_fwd<HS>(out.data(), lse.data(), qkv.data(), T, C, NH, sl2, Ks.data(), Vs.data()); });
   // reference in double
   double worst = 0, worstL = 0;
   for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
@@ -196,21 +202,12 @@ template <int HS, int BQ> void run_bwd(int B, int T, int NH, unsigned seed, int&
     // and D) or K.
     std::vector<uint16_t> S1(2 * BQ * (HS + 8)), S2(BQ * (HS + 8));
     std::vector<float> Ls(2 * BQ), Ds(2 * BQ);
-    for (int by = 0; by < B * NH; by++)
-      for (int bx = 0; bx < gridDim.x; bx++) {
-        std::barrier<> bb(128), w0(32), w1(32), w2(32), w3(32);
-        blockBar = &bb; warpBar[0] = &w0; warpBar[1] = &w1; warpBar[2] = &w2; warpBar[3] = &w3;
-        std::vector<std::thread> th;
-        for (int t = 0; t < 128; t++)
-          th.emplace_back([&, t] {
-            threadIdx = {t, 0}; blockIdx = {bx, by};
-            if (pass == 0)
-              flash_bwd_kv<HS, BQ>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, C, NH, sl2, s1, set, S1.data(), S2.data(), Ls.data(), Ds.data());
-            else
-              flash_bwd_q<HS, BQ>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, C, NH, sl2, s1, set, S1.data(), S2.data());
-          });
-        for (auto& x : th) x.join();
-      }
+    run_grid([&] {
+      if (pass == 0)
+        flash_bwd_kv<HS, BQ>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, C, NH, sl2, s1, set, S1.data(), S2.data(), Ls.data(), Ds.data());
+      else
+        flash_bwd_q<HS, BQ>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, C, NH, sl2, s1, set, S1.data(), S2.data());
+    });
   }
   double rms = 0;
   for (auto r : ref) rms += r * r;
