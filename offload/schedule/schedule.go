@@ -1,0 +1,649 @@
+// Package schedule compiles the program of one training step (or one
+// evaluation pass) of a layered model trained out of core.
+//
+// A Program is the order of the layers' forward, recompute and backward
+// calls over the step's micro-batches, and for every device tensor the
+// stretch of that order during which it is resident (its Interval): when
+// it is allocated, fetched from the host, zeroed, evicted to the host and
+// freed. Compile is pure: it allocates nothing but the program, and
+// Program.Peak is exactly what an executor that follows the program holds
+// on the device (offload/exec is one). The planner scores candidate
+// placements by it, so a plan can never disagree with the run.
+//
+// Two orders, and every mix of them, are one parameter (Spec.Group):
+//
+//   - micro-batch-major (Group 1): each micro-batch runs forward through
+//     every layer and back before the next starts; only one micro-batch's
+//     activations are live, but streamed weights cross to the device twice
+//     per micro-batch;
+//   - layer-major (Group = MicroBatches, the vertical or zig-zag order of
+//     FlexGen and GreedySnake): each layer runs its forward for all the
+//     micro-batches of the group, then the next layer; backward likewise
+//     from the last layer. Each streamed layer's weights cross once for the
+//     forward and once for the backward of the whole group, its gradients
+//     accumulate on the device over the group and leave once, and every
+//     micro-batch's boundary activations (kept, recomputed or offloaded as
+//     planned) are live across the group.
+package schedule
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/spill-ml/spill/offload"
+)
+
+// Kind is what an Op runs.
+type Kind uint8
+
+// Op kinds.
+const (
+	Forward   Kind = iota
+	Recompute      // the forward again, before the backward, from the layer's input
+	Backward
+)
+
+func (k Kind) String() string { return [...]string{"F", "R", "B"}[k] }
+
+// Op is one call of one layer on one micro-batch.
+type Op struct {
+	Kind  Kind
+	Layer int
+	MB    int
+}
+
+func (o Op) String() string { return fmt.Sprintf("%s%d.%d", o.Kind, o.Layer, o.MB) }
+
+// Class is the kind of a device tensor of the program.
+type Class uint8
+
+// Tensor classes.
+const (
+	Weights Class = iota // a layer's compute-dtype parameters (one block)
+	Grads                // a layer's parameter gradients (one block)
+	Acts                 // a layer's saved activations of one micro-batch, output first
+	Ckpt                 // a recomputed layer's output of one micro-batch
+	DGrad                // the gradient of a layer's output for one micro-batch
+	numClasses
+)
+
+func (c Class) String() string { return [...]string{"w", "g", "a", "c", "d"}[c] }
+
+// Offload is the tensor class that budgets and statistics count c under.
+func (c Class) Offload() offload.Class {
+	switch c {
+	case Weights:
+		return offload.Weights
+	case Grads:
+		return offload.Grads
+	case Acts, Ckpt:
+		return offload.Activations
+	}
+	return offload.Workspace
+}
+
+// Layer is what the compiler needs to know of one layer, for one
+// micro-batch of the step's shape.
+type Layer struct {
+	// ParamBytes is the size of the layer's weights (and of its
+	// gradients) in the compute dtype.
+	ParamBytes int64
+	// ActBytes is the size of its saved activations, output included.
+	ActBytes int64
+	// OutBytes is the size of its output (the next layer's input, and
+	// what recomputation keeps); 0 for the last layer.
+	OutBytes int64
+	// Tied lists other layers whose weights this layer reads and whose
+	// gradients its backward accumulates into (a GPT head reads the
+	// embedding's).
+	Tied []int
+}
+
+// Spec is what Compile compiles.
+type Spec struct {
+	Layers []Layer
+	// MicroBatches is the number of micro-batches of the step (the
+	// gradient accumulation steps); 1 for an evaluation pass.
+	MicroBatches int
+	// Group is how many micro-batches run layer by layer together:
+	// 1 (or 0) is micro-batch-major, MicroBatches layer-major; the last
+	// group may be smaller.
+	Group int
+	// Weights and Grads are the homes of the layers' weights and
+	// gradients: offload.TierDevice keeps them resident for the whole
+	// program (allocated once, before the first op); offload.TierHost
+	// streams them (weights fetched before their uses, gradients sent to
+	// the host after each run of uses and fetched back to accumulate).
+	Weights, Grads offload.Tier
+	// Acts is each layer's activation policy (nil: keep all). It is
+	// ignored for the first and the last layer, which keep theirs.
+	Acts []offload.ActPolicy
+	// Prefetch is how many ops ahead of their first use streamed tensors
+	// are fetched. 0 means 1.
+	Prefetch int
+	// Train compiles forward and backward; otherwise the forward only.
+	Train bool
+}
+
+// Interval is one stretch of device residency of one tensor: a block is
+// allocated once op AllocAt has been enqueued (-1: before the first op),
+// filled (fetched after op FetchAt, or zeroed, or written by its first
+// user), used by ops Start..End and freed once op End has run
+// (Persistent ones never: the executor holds them for every program).
+type Interval struct {
+	Class Class
+	Layer int
+	MB    int // the micro-batch of activations and their gradients; -1 otherwise
+	Bytes int64
+
+	Start, End int
+	AllocAt    int
+	// FetchAt is when a fetched interval is copied in: AllocAt, except
+	// for persistent weights, which are allocated before the first op and
+	// refetched (when the host has updated them) Prefetch ops ahead.
+	FetchAt int
+
+	Persistent bool
+	Fetch      bool // copied in from the host: weights, accumulated grads, offloaded acts
+	Zero       bool // zeroed before its first use: the first run of a layer's grads
+	Evict      bool // copied to the host after op End: grads, offloaded acts
+	Final      bool // grads: after op End they hold the step's whole gradient
+	// CkptOf marks a Ckpt interval that op Start fills by copying the
+	// layer's output out of its activations.
+	CkptOf bool
+	// Src, for offloaded activations coming back, is the index of the
+	// interval whose eviction they are copied from (-1 otherwise); Slot
+	// is the host buffer both use (see Program.HostSlots).
+	Src, Slot int
+}
+
+// Program is a compiled schedule. It is immutable and may be shared; an
+// executor keeps its own per-interval state, indexed like Intervals.
+type Program struct {
+	Spec      Spec
+	Ops       []Op
+	Intervals []Interval
+	// Uses lists, for each op, the intervals it reads or writes: the
+	// layer's and its tied layers' weights (and grads for a backward),
+	// its activations and checkpoint of the op's micro-batch, the input
+	// (the previous layer's activations or checkpoint of that
+	// micro-batch) and, for a backward, the gradients of its output and
+	// input. Ckpt intervals come before Acts intervals.
+	Uses [][]int
+	// Allocs[i] are the intervals allocated at iteration i: i = 0 before
+	// the first op, i = j+1 after op j is enqueued. Fetches[i] are the
+	// persistent weights (re)fetched then.
+	Allocs, Fetches [][]int
+	// Ends[j] are the intervals whose last use is op j.
+	Ends [][]int
+	// HostSlots are the host buffers offloaded activations go to, by
+	// size in bytes: Interval.Slot indexes it.
+	HostSlots []int64
+}
+
+// Compile lays out the ops and intervals of s.
+func Compile(s Spec) (*Program, error) { return compile(s, true) }
+
+// PeakOf is Compile(s) followed by Peak, without the index of each op's
+// uses that only an executor needs: what a planner scores candidates by.
+func PeakOf(s Spec) (int64, map[offload.Class]int64, Traffic, error) {
+	p, err := compile(s, false)
+	if err != nil {
+		return 0, nil, Traffic{}, err
+	}
+	peak, by := p.Peak()
+	return peak, by, p.Traffic(), nil
+}
+
+func compile(s Spec, uses bool) (*Program, error) {
+	n := len(s.Layers)
+	A := s.MicroBatches
+	if n == 0 || A <= 0 {
+		return nil, fmt.Errorf("schedule: %d layers and %d micro-batches: both must be positive", n, A)
+	}
+	if s.Acts != nil && len(s.Acts) != n {
+		return nil, fmt.Errorf("schedule: %d activation policies for %d layers", len(s.Acts), n)
+	}
+	for _, t := range []offload.Tier{s.Weights, s.Grads} {
+		if t != offload.TierDevice && t != offload.TierHost {
+			return nil, fmt.Errorf("schedule: weights on %s, grads on %s: want device or host", s.Weights, s.Grads)
+		}
+	}
+	for i, l := range s.Layers {
+		for _, t := range l.Tied {
+			if t < 0 || t >= n || t == i {
+				return nil, fmt.Errorf("schedule: layer %d tied to %d of %d layers", i, t, n)
+			}
+		}
+	}
+	G := s.Group
+	if G <= 0 {
+		G = 1
+	}
+	G = min(G, A)
+	s.Group = G
+	depth := max(s.Prefetch, 1)
+	c := &compiler{s: s, n: n, A: A, depth: depth}
+	if uses {
+		c.byKey = map[key][]int{}
+	}
+	c.ops()
+	c.params(Weights)
+	if s.Train {
+		c.params(Grads)
+	}
+	c.acts()
+	if uses {
+		c.index()
+		c.spans()
+	}
+	return c.p, nil
+}
+
+// policy is layer l's activation policy: Keep for the first and the last.
+func (s *Spec) policy(l int) offload.ActPolicy {
+	if s.Acts == nil || l == 0 || l == len(s.Layers)-1 {
+		return offload.Keep
+	}
+	return s.Acts[l]
+}
+
+type compiler struct {
+	s     Spec
+	n, A  int
+	depth int
+	p     *Program
+	// op index of F, R, B of (layer, mb): [l*A+k]; -1 when absent
+	fwd, rec, bwd []int
+	// per (class, layer, mb) key: the intervals, in order
+	byKey map[key][]int
+}
+
+type key struct {
+	c     Class
+	l, mb int
+}
+
+func (c *compiler) ops() {
+	s, n, A := &c.s, c.n, c.A
+	c.p = &Program{Spec: *s}
+	c.fwd, c.rec, c.bwd = fill(n*A), fill(n*A), fill(n*A)
+	add := func(k Kind, l, mb int, idx []int) {
+		idx[l*A+mb] = len(c.p.Ops)
+		c.p.Ops = append(c.p.Ops, Op{k, l, mb})
+	}
+	for g0 := 0; g0 < A; g0 += s.Group {
+		g1 := min(g0+s.Group, A)
+		for l := 0; l < n; l++ {
+			for k := g0; k < g1; k++ {
+				add(Forward, l, k, c.fwd)
+			}
+		}
+		if !s.Train {
+			continue
+		}
+		for l := n - 1; l >= 0; l-- {
+			for k := g0; k < g1; k++ {
+				if s.policy(l) == offload.Recompute {
+					add(Recompute, l, k, c.rec)
+				}
+				add(Backward, l, k, c.bwd)
+			}
+		}
+	}
+}
+
+func fill(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = -1
+	}
+	return s
+}
+
+func (c *compiler) add(iv Interval, lookahead int) int {
+	iv.AllocAt = iv.Start - lookahead - 1
+	if iv.Persistent {
+		iv.AllocAt = -1
+	}
+	iv.AllocAt = max(iv.AllocAt, -1)
+	iv.FetchAt = iv.AllocAt
+	if iv.Persistent && iv.Fetch {
+		iv.FetchAt = max(iv.Start-lookahead-1, -1)
+	}
+	if iv.Class != Acts || !(iv.Fetch || iv.Evict) {
+		iv.Src, iv.Slot = -1, -1 // only offloaded activations have a host slot
+	}
+	i := len(c.p.Intervals)
+	c.p.Intervals = append(c.p.Intervals, iv)
+	if c.byKey != nil {
+		k := key{iv.Class, iv.Layer, iv.MB}
+		c.byKey[k] = append(c.byKey[k], i)
+	}
+	return i
+}
+
+// params lays out the weights' (or gradients') intervals: for each layer,
+// the ops that need its tensor (its own and those of layers tied to it,
+// backward only for gradients), merged into one interval per run of
+// adjacent ops, or one over all when resident.
+func (c *compiler) params(cl Class) {
+	s := &c.s
+	tier := s.Weights
+	if cl == Grads {
+		tier = s.Grads
+	}
+	resident := tier == offload.TierDevice
+	uses := make([][]int, c.n)
+	for j, op := range c.p.Ops {
+		if cl == Grads && op.Kind == Forward {
+			continue
+		}
+		uses[op.Layer] = append(uses[op.Layer], j)
+		if cl == Grads && op.Kind == Recompute {
+			// Not a user, but a layer-major backward interleaves it with
+			// the layer's backwards: one run, not one per micro-batch.
+			continue
+		}
+		for _, t := range s.Layers[op.Layer].Tied {
+			uses[t] = append(uses[t], j)
+		}
+	}
+	for l := 0; l < c.n; l++ {
+		u := uses[l]
+		if len(u) > 1 {
+			sortInts(u) // tied layers' uses interleave
+		}
+		rs := runs(u, resident)
+		for i, r := range rs {
+			iv := Interval{Class: cl, Layer: l, MB: -1, Bytes: s.Layers[l].ParamBytes, Start: r[0], End: r[1], Persistent: resident}
+			la := c.depth
+			if cl == Weights {
+				iv.Fetch = true
+			} else {
+				iv.Zero, iv.Fetch, iv.Evict, iv.Final = i == 0, i > 0, true, i == len(rs)-1
+				if iv.Zero {
+					la = 0
+				}
+			}
+			c.add(iv, la)
+		}
+	}
+}
+
+// acts lays out the activations, checkpoints and output gradients of
+// every (layer, micro-batch).
+func (c *compiler) acts() {
+	s, n, A := &c.s, c.n, c.A
+	at := func(idx []int, l, k int) int { return idx[l*A+k] }
+	slots := map[[2]int]int{} // (layer, mb within group) -> host slot
+	for k := 0; k < A; k++ {
+		for l := 0; l < n; l++ {
+			ly := s.Layers[l]
+			f := at(c.fwd, l, k)
+			if !s.Train {
+				end := f
+				if l+1 < n {
+					end = at(c.fwd, l+1, k)
+				}
+				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: f, End: end}, 0)
+				continue
+			}
+			b := at(c.bwd, l, k)
+			switch s.policy(l) {
+			case offload.Keep:
+				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: f, End: b}, 0)
+			case offload.Recompute:
+				// The forward writes the activations and copies its output
+				// into the checkpoint, which lives until the backward; the
+				// recompute writes them again.
+				c.add(Interval{Class: Ckpt, Layer: l, MB: k, Bytes: ly.OutBytes, Start: f, End: b, CkptOf: true}, 0)
+				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: f, End: f}, 0)
+				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: at(c.rec, l, k), End: b}, 0)
+			case offload.OffloadTo:
+				// Out: from the forward to the next layer's forward, which
+				// reads the output; back: from the next layer's recompute
+				// or backward (which read it again) to the layer's own
+				// backward, fetched ahead but never before the copy out
+				// has been enqueued.
+				sk := [2]int{l, k % s.Group}
+				slot, ok := slots[sk]
+				if !ok {
+					slot = len(c.p.HostSlots)
+					slots[sk] = slot
+					c.p.HostSlots = append(c.p.HostSlots, ly.ActBytes)
+				}
+				out := c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: f, End: at(c.fwd, l+1, k),
+					Evict: true, Src: -1, Slot: slot}, 0)
+				back := at(c.rec, l+1, k)
+				if back < 0 {
+					back = at(c.bwd, l+1, k)
+				}
+				in := c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: back, End: b,
+					Fetch: true, Src: out, Slot: slot}, c.depth)
+				iv := &c.p.Intervals[in]
+				iv.AllocAt = max(iv.AllocAt, c.p.Intervals[out].End)
+				iv.FetchAt = iv.AllocAt
+			}
+			if l > 0 {
+				// The gradient of layer l-1's output: written by layer l's
+				// backward, read by layer l-1's.
+				c.add(Interval{Class: DGrad, Layer: l - 1, MB: k, Bytes: s.Layers[l-1].OutBytes, Start: b, End: at(c.bwd, l-1, k)}, 0)
+			}
+		}
+	}
+}
+
+// covering is the interval of key k that contains op j, or -1.
+func (c *compiler) covering(k key, j int) int {
+	for _, i := range c.byKey[k] {
+		if iv := &c.p.Intervals[i]; iv.Start <= j && j <= iv.End {
+			return i
+		}
+	}
+	return -1
+}
+
+// index fills Uses.
+func (c *compiler) index() {
+	p, s := c.p, &c.s
+	p.Uses = make([][]int, len(p.Ops))
+	for j, op := range p.Ops {
+		var u []int
+		use := func(k key) {
+			if i := c.covering(k, j); i >= 0 {
+				u = append(u, i)
+			}
+		}
+		// Checkpoints first: a layer's full activations, where live,
+		// override its checkpoint when an executor binds them.
+		if op.Layer > 0 {
+			use(key{Ckpt, op.Layer - 1, op.MB})
+		}
+		use(key{Ckpt, op.Layer, op.MB})
+		if op.Layer > 0 {
+			use(key{Acts, op.Layer - 1, op.MB})
+		}
+		use(key{Acts, op.Layer, op.MB})
+		for _, l := range append([]int{op.Layer}, s.Layers[op.Layer].Tied...) {
+			use(key{Weights, l, -1})
+			if op.Kind == Backward {
+				use(key{Grads, l, -1})
+			}
+		}
+		if op.Kind == Backward {
+			use(key{DGrad, op.Layer, op.MB})
+			if op.Layer > 0 {
+				use(key{DGrad, op.Layer - 1, op.MB})
+			}
+		}
+		p.Uses[j] = u
+	}
+}
+
+// spans fills Allocs, Fetches and Ends.
+func (c *compiler) spans() {
+	p := c.p
+	p.Allocs = make([][]int, len(p.Ops)+1)
+	p.Fetches = make([][]int, len(p.Ops)+1)
+	p.Ends = make([][]int, len(p.Ops))
+	for i, iv := range p.Intervals {
+		p.Allocs[iv.AllocAt+1] = append(p.Allocs[iv.AllocAt+1], i)
+		if iv.Persistent && iv.Fetch {
+			p.Fetches[iv.FetchAt+1] = append(p.Fetches[iv.FetchAt+1], i)
+		}
+		p.Ends[iv.End] = append(p.Ends[iv.End], i)
+	}
+}
+
+// runs splits sorted op indexes into runs of adjacent ones ([first, last]
+// each), or one run over all when whole.
+func runs(idx []int, whole bool) [][2]int {
+	if len(idx) == 0 {
+		return nil
+	}
+	if whole {
+		return [][2]int{{idx[0], idx[len(idx)-1]}}
+	}
+	var out [][2]int
+	cur := [2]int{idx[0], idx[0]}
+	for _, j := range idx[1:] {
+		if j <= cur[1]+1 {
+			cur[1] = max(cur[1], j)
+			continue
+		}
+		out = append(out, cur)
+		cur = [2]int{j, j}
+	}
+	return append(out, cur)
+}
+
+func sortInts(s []int) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+}
+
+// RoundBlock is the device cache's rounding of a block in its Whole mode,
+// which an executor that follows a program uses (offload.CacheConfig).
+func RoundBlock(n int64) int64 { return (max(n, 1) + 511) &^ 511 }
+
+// Peak is the device memory the program's intervals hold at most, as an
+// executor that allocates and frees them in the program's order holds
+// them (each block rounded as RoundBlock), and the bytes of each class
+// live at that moment. Ended intervals are freed at the iteration after
+// the one that follows their last op (the executor waits for that op
+// before it frees them).
+func (p *Program) Peak() (int64, map[offload.Class]int64) {
+	// delta[it][class]: bytes allocated minus bytes freed at iteration it.
+	delta := make([][numClasses]int64, len(p.Ops)+2)
+	for i := range p.Intervals {
+		iv := &p.Intervals[i]
+		b := RoundBlock(iv.Bytes)
+		delta[iv.AllocAt+1][iv.Class] += b
+		if !iv.Persistent {
+			delta[min(iv.End+2, len(p.Ops)+1)][iv.Class] -= b
+		}
+	}
+	var live, peak int64
+	var liveBy, peakBy [numClasses]int64
+	for it := 0; it <= len(p.Ops); it++ {
+		// Frees come first within an iteration: they are sums, and the
+		// executor frees before it allocates.
+		for cl, d := range delta[it] {
+			if d < 0 {
+				live += d
+				liveBy[cl] += d
+			}
+		}
+		for cl, d := range delta[it] {
+			if d > 0 {
+				live += d
+				liveBy[cl] += d
+			}
+		}
+		if live > peak {
+			peak, peakBy = live, liveBy
+		}
+	}
+	by := map[offload.Class]int64{}
+	for cl, n := range peakBy {
+		if n != 0 {
+			by[Class(cl).Offload()] += n
+		}
+	}
+	return peak, by
+}
+
+// Traffic is the bytes a program moves between host and device when it
+// runs once.
+type Traffic struct {
+	H2D, D2H int64
+}
+
+// Traffic counts every fetch and eviction of the program; resident
+// weights count once (they are refetched once per step, after the host
+// optimizer has updated them).
+func (p *Program) Traffic() Traffic {
+	var t Traffic
+	for _, iv := range p.Intervals {
+		if iv.Fetch {
+			t.H2D += iv.Bytes
+		}
+		if iv.Evict {
+			t.D2H += iv.Bytes
+		}
+	}
+	return t
+}
+
+// HostBytes is the host memory the offloaded activations' slots take.
+func (p *Program) HostBytes() int64 {
+	var n int64
+	for _, b := range p.HostSlots {
+		n += b
+	}
+	return n
+}
+
+// String dumps the program: one line per op with what it uses, and one
+// per interval, for tests and debugging.
+func (p *Program) String() string {
+	var b strings.Builder
+	for j, op := range p.Ops {
+		fmt.Fprintf(&b, "%3d %-7s", j, op)
+		for _, i := range p.Uses[j] {
+			fmt.Fprintf(&b, " %s", p.Intervals[i].name())
+		}
+		b.WriteByte('\n')
+	}
+	for i := range p.Intervals {
+		iv := &p.Intervals[i]
+		fmt.Fprintf(&b, "%-6s [%d,%d] alloc %d", iv.name(), iv.Start, iv.End, iv.AllocAt)
+		if iv.FetchAt != iv.AllocAt {
+			fmt.Fprintf(&b, " fetch-at %d", iv.FetchAt)
+		}
+		for _, f := range []struct {
+			on   bool
+			name string
+		}{{iv.Persistent, "persistent"}, {iv.Fetch, "fetch"}, {iv.Zero, "zero"}, {iv.Evict, "evict"}, {iv.Final, "final"}, {iv.CkptOf, "ckpt"}} {
+			if f.on {
+				b.WriteString(" " + f.name)
+			}
+		}
+		if iv.Slot >= 0 {
+			fmt.Fprintf(&b, " slot %d", iv.Slot)
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+func (iv *Interval) name() string {
+	if iv.MB < 0 {
+		return fmt.Sprintf("%s%d", iv.Class, iv.Layer)
+	}
+	return fmt.Sprintf("%s%d.%d", iv.Class, iv.Layer, iv.MB)
+}
