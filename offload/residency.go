@@ -16,12 +16,19 @@ type Key struct {
 	// Activations, PartCheckpoint is the output a recomputed layer keeps
 	// (its full activations are part 0). Zero for every other class.
 	Part uint8
+	// MB is the micro-batch of activations: a layer-major schedule holds
+	// several micro-batches' activations of one layer at once. Zero for
+	// every other class.
+	MB int
 }
 
 // PartCheckpoint is the Part of a recomputed layer's checkpoint.
 const PartCheckpoint uint8 = 1
 
 func (k Key) String() string {
+	if k.MB != 0 {
+		return fmt.Sprintf("%s of micro-batch %d", Key{Layer: k.Layer, Class: k.Class, Part: k.Part}, k.MB)
+	}
 	if k.Part == PartCheckpoint && k.Class == Activations {
 		return fmt.Sprintf("layer %d checkpoint", k.Layer)
 	}
@@ -295,7 +302,10 @@ func (t *Table) Snapshot() []Residency {
 		if out[i].Key.Class != out[j].Key.Class {
 			return out[i].Key.Class < out[j].Key.Class
 		}
-		return out[i].Key.Part < out[j].Key.Part
+		if out[i].Key.Part != out[j].Key.Part {
+			return out[i].Key.Part < out[j].Key.Part
+		}
+		return out[i].Key.MB < out[j].Key.MB
 	})
 	return out
 }
