@@ -316,7 +316,7 @@ func (h *head) Backward(q kernels.Queue, p *Pass, i int) {
 	dlogits, dlnf, _ := h.scratch(p.Scratch, p.B, p.T)
 	kernels.CrossEntropyBackwardSet(o, q, dlogits, a.logits, p.Targets, BT, V, p.LossGrad)
 	emb := p.Table.Layers[0]
-	kernels.MatmulBackwardSet(o, q, dlnf, param(emb.Grads, h.wte), kernels.Tensor{}, dlogits, a.lnf, param(emb.Weights, h.wte), BT, C, V)
+	kernels.MatmulBackwardSet(o, q, dlnf, param(st.TiedGrads[0], h.wte), kernels.Tensor{}, dlogits, a.lnf, param(emb.Weights, h.wte), BT, C, V)
 	o.Zero(q, p.DIn)
 	o.LayerNormBackward(q, p.DIn, param(st.Grads, h.lnw), param(st.Grads, h.lnb), dlnf, p.In(i), param(st.Weights, h.lnw), a.mean, a.rstd, BT, C)
 }

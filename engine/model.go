@@ -36,8 +36,8 @@ import (
 // Before Forward(q, p, i) runs, the scheduler must make resident: the
 // weights of layer i and of every layer in Tied(), the activations of
 // layer i (allocated) and the output of layer i-1 (p.In(i)). Before
-// Backward(q, p, i): the same, plus the gradients of layer i and of the
-// Tied layers (Backward accumulates into them). All work is enqueued on q;
+// Backward(q, p, i): the same, plus the gradients of layer i and its
+// TiedGrads (Backward accumulates into them). All work is enqueued on q;
 // the calls return before it runs.
 type Layer interface {
 	// Name identifies the layer in logs and traces ("h.3", "wte", "head").
@@ -46,8 +46,12 @@ type Layer interface {
 	Params() []ParamSpec
 	// NumParams is the number of elements of the parameter block.
 	NumParams() int
-	// Tied lists other layers whose parameters (and gradients) this layer
-	// reads (and accumulates into); the GPT head uses the embedding's wte.
+	// Tied lists other layers whose parameters this layer reads; its
+	// Backward accumulates their gradients into its own TiedGrads (one
+	// per tied layer, in this order), which the trainer adds to the tied
+	// layers' gradients once per step, after the last backward (so the
+	// sum is the same in every order of layers and micro-batches). The
+	// GPT head uses the embedding's wte.
 	Tied() []int
 	// OutputElems is the number of elements (compute dtype) of the layer's
 	// output for a micro-batch of B rows of T positions (T is 1 for
@@ -65,7 +69,7 @@ type Layer interface {
 	// unused by the last layer, which starts from the losses scaled by
 	// p.LossGrad), overwrites p.DIn with the gradient w.r.t. p.In(i)
 	// (skipped by layer 0) and accumulates into the gradients of layer i
-	// and its Tied layers.
+	// and its TiedGrads.
 	Backward(q kernels.Queue, p *Pass, i int)
 }
 
@@ -79,6 +83,9 @@ type LayerState struct {
 	Grads   kernels.Tensor // compute dtype ("grads")
 	M, V    kernels.Tensor // AdamW moments, fp32 ("optim")
 	Acts    kernels.Buffer // saved activations ("activations")
+	// TiedGrads are the gradients Backward accumulates for the layers of
+	// Tied(), each laid out as that layer's block ("grads").
+	TiedGrads []kernels.Tensor
 }
 
 // StateTable holds the per-layer state of a model, indexed by layer. It is
@@ -249,6 +256,9 @@ func AllocState(be kernels.Backend, m *Model, o StateOptions) (st *StateTable, p
 				s.Master = tensor(n, kernels.F32, "master")
 			}
 			s.Grads = tensor(n, m.DType, "grads")
+			for _, t := range l.Tied() {
+				s.TiedGrads = append(s.TiedGrads, tensor(m.Layers[t].NumParams(), m.DType, "grads"))
+			}
 			s.M = tensor(n, kernels.F32, "optim")
 			s.V = tensor(n, kernels.F32, "optim")
 		}
@@ -275,7 +285,7 @@ func AllocState(be kernels.Backend, m *Model, o StateOptions) (st *StateTable, p
 // used it have been synchronized).
 func FreeState(be kernels.Backend, st *StateTable, p *Pass) {
 	for _, s := range st.Layers {
-		for _, t := range []kernels.Tensor{s.Weights, s.Grads, s.M, s.V} {
+		for _, t := range append([]kernels.Tensor{s.Weights, s.Grads, s.M, s.V}, s.TiedGrads...) {
 			if !t.IsZero() {
 				be.Free(t.Buf)
 			}
@@ -307,4 +317,17 @@ func paramOr(t kernels.Tensor, s ParamSpec) kernels.Tensor {
 		return t
 	}
 	return param(t, s)
+}
+
+// mergeTied enqueues, once the step's last backward has run, the addition
+// of every layer's TiedGrads into the gradients of the layers it is tied
+// to: for layer t when only is t, or every tied layer when only is -1.
+func (m *Model) mergeTied(q kernels.Queue, be kernels.Ops, st *StateTable, only int) {
+	for i, l := range m.Layers {
+		for j, t := range l.Tied() {
+			if only < 0 || t == only {
+				be.Add(q, st.Layers[t].Grads, st.Layers[i].TiedGrads[j])
+			}
+		}
+	}
 }

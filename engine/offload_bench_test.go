@@ -72,7 +72,7 @@ func benchOverlap(b *testing.B, mode string) {
 		end := rec.BeginStep(i)
 		_, err := tr.TrainStep(ctx, feed)
 		if err == nil && !o.DelayedUpdate {
-			err = tr.off.waitUpdates() // the step includes its update
+			err = tr.off.host.waitUpdates() // the step includes its update
 		}
 		end()
 		if err != nil {
@@ -80,7 +80,7 @@ func benchOverlap(b *testing.B, mode string) {
 		}
 	}
 	b.StopTimer()
-	if err := tr.off.waitUpdates(); err != nil {
+	if err := tr.off.host.waitUpdates(); err != nil {
 		b.Fatal(err)
 	}
 	tr.off.streams.Close() // stamp every traced op

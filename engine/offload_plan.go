@@ -3,12 +3,12 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"runtime"
 	"strings"
 
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/offload/schedule"
 	"github.com/spill-ml/spill/stream"
 )
 
@@ -114,22 +114,26 @@ func ResidentDeviceBytes(m *Model, B, T int) map[offload.Class]int64 {
 			by[offload.Master] += max(4*n, 1)
 		}
 		by[offload.Grads] += max(n*es, 1)
+		for _, t := range l.Tied() {
+			by[offload.Grads] += max(int64(m.Layers[t].NumParams())*es, 1)
+		}
 		by[offload.AdamM] += max(4*n, 1)
 		by[offload.AdamV] += max(4*n, 1)
 		by[offload.Activations] += max(l.ActivationBytes(B, T), 1)
 		scratch = max(scratch, l.ScratchBytes(B, T))
 		grad = max(grad, int64(l.OutputElems(B, T))*es)
 	}
-	by[offload.Workspace] += max(scratch, 1) + 2*max(grad, 1) + ioBytes(m, B, T, false) + 8
+	by[offload.Workspace] += max(scratch, 1) + 2*max(grad, 1) + ioBytes(m, B, T, 1, false) + 8
 	return by
 }
 
-// ioBytes is the trainer's input, target and loss buffers (with rounding
-// to the offload cache's blocks when round).
-func ioBytes(m *Model, B, T int, round bool) int64 {
+// ioBytes is the trainer's input, target and loss buffers for micro-batches
+// micro-batches (with rounding to the offload cache's blocks when round).
+func ioBytes(m *Model, B, T, micro int, round bool) int64 {
 	r := func(n int64) int64 {
+		n *= int64(micro)
 		if round {
-			return roundBlock(n)
+			return schedule.RoundBlock(n)
 		}
 		return n
 	}
@@ -146,75 +150,56 @@ func ioBytes(m *Model, B, T int, round bool) int64 {
 }
 
 // offloadFixedBytes is what NewOffloadTrainer allocates besides its
-// schedule: scratch, the two activation-gradient buffers, the io buffers and
-// the gradient statistics.
-func offloadFixedBytes(m *Model, B, T int) int64 {
-	var scratch, grad int64
+// programs: scratch, the io buffers of accum micro-batches and the
+// gradient statistics.
+func offloadFixedBytes(m *Model, B, T, accum int) int64 {
+	var scratch int64
 	for _, l := range m.Layers {
 		scratch = max(scratch, l.ScratchBytes(B, T))
-		grad = max(grad, int64(l.OutputElems(B, T))*int64(m.DType.Size()))
 	}
-	return roundBlock(scratch) + 2*roundBlock(grad) + ioBytes(m, B, T, true) + roundBlock(8*int64(len(m.Layers)))
-}
-
-// schedulePeak walks s as schedule.peak does and returns the peak and the
-// bytes of each class live at that moment.
-func schedulePeak(s *schedule) (int64, byteClasses) {
-	var live, peak int64
-	liveBy, peakBy := byteClasses{}, byteClasses{}
-	for it := 0; it <= len(s.acc); it++ {
-		if it > 0 {
-			for _, iv := range s.ends[it-1] {
-				if !iv.persistent && it-1 > 0 {
-					live -= roundBlock(iv.bytes)
-					liveBy[ivClass(iv)] -= roundBlock(iv.bytes)
-				}
-			}
-		}
-		for _, iv := range s.allocs[it] {
-			live += roundBlock(iv.bytes)
-			liveBy[ivClass(iv)] += roundBlock(iv.bytes)
-		}
-		if live > peak {
-			peak = live
-			peakBy = maps.Clone(liveBy)
-		}
-	}
-	return peak, peakBy
+	return schedule.RoundBlock(scratch) + ioBytes(m, B, T, accum, true) + schedule.RoundBlock(8*int64(len(m.Layers)))
 }
 
 // OffloadDeviceBytes is the device peak of NewOffloadTrainer(be, m, to, o)
-// by class, computed without allocating: the same figure as the trainer's
-// PredictedDevicePeak.
-func OffloadDeviceBytes(m *Model, B, T, accum int, o OffloadOptions) map[offload.Class]int64 {
+// by class, computed from its compiled programs without allocating: the
+// same figure as the trainer's PredictedDevicePeak.
+func OffloadDeviceBytes(m *Model, B, T, accum int, o OffloadOptions) (map[offload.Class]int64, error) {
 	o.Prefetch = max(o.Prefetch, 1)
-	tp, tby := schedulePeak(buildSchedule(m, &o, B, T, accum, true))
-	ep, eby := schedulePeak(buildSchedule(m, &o, B, T, 1, false))
+	o.Group = min(max(o.Group, 1), accum)
+	tp, tby, _, err := schedule.PeakOf(programSpec(m, B, T, accum, &o, true))
+	if err != nil {
+		return nil, err
+	}
+	ep, eby, _, err := schedule.PeakOf(programSpec(m, B, T, accum, &o, false))
+	if err != nil {
+		return nil, err
+	}
 	by := tby
 	if ep > tp {
 		by = eby
 	}
-	by[offload.Workspace] += offloadFixedBytes(m, B, T)
+	by[offload.Workspace] += offloadFixedBytes(m, B, T, accum)
 	for k, v := range by {
 		if v == 0 {
 			delete(by, k)
 		}
 	}
-	return by
+	return by, nil
 }
 
 // OffloadHostBytes is the host memory NewOffloadTrainer(be, m, to, o)
-// holds for layer state, by class, computed without allocating: the same
-// figure as the trainer's HostBytes. Per layer: the fp32 master, the
-// compute-dtype weights the fetches read (the master itself in fp32 runs
-// without DelayedUpdate), the gradients' landing buffer, the Adam moments
-// unless they are on disk, and with DelayedUpdate a second compute-dtype
-// copy of the weights and of the gradients; per offloaded layer, its
-// activations of one micro-batch (the micro-batches share the buffer).
-func OffloadHostBytes(m *Model, B, T int, o OffloadOptions) map[offload.Class]int64 {
+// holds for layer state and offloaded activations, by class, computed
+// without allocating: the same figure as the trainer's HostBytes. Per
+// layer: the fp32 master, the compute-dtype weights the fetches read (the
+// master itself in fp32 runs without DelayedUpdate), the gradients'
+// landing buffer, the Adam moments unless they are on disk, and with
+// DelayedUpdate a second compute-dtype copy of the weights and of the
+// gradients; and the host slots of the offloaded activations (one per
+// offloaded layer and micro-batch of a group).
+func OffloadHostBytes(m *Model, B, T, accum int, o OffloadOptions) (map[offload.Class]int64, error) {
 	by := byteClasses{}
 	es := int64(m.DType.Size())
-	for i, l := range m.Layers {
+	for _, l := range m.Layers {
 		np := int64(l.NumParams())
 		cb := np * es
 		by[offload.Master] += 4 * np
@@ -230,8 +215,20 @@ func OffloadHostBytes(m *Model, B, T int, o OffloadOptions) map[offload.Class]in
 			by[offload.AdamM] += 4 * np
 			by[offload.AdamV] += 4 * np
 		}
-		if o.policy(m, i) == offload.OffloadTo {
-			by[offload.Activations] += 4 * ((l.ActivationBytes(B, T) + 3) / 4)
+	}
+	// The host slots of offloaded activations and of tied gradients sent
+	// out between runs of backwards.
+	o.Prefetch = max(o.Prefetch, 1)
+	o.Group = min(max(o.Group, 1), accum)
+	p, err := schedule.Compile(programSpec(m, B, T, accum, &o, true))
+	if err != nil {
+		return nil, err
+	}
+	counted := make([]bool, len(p.HostSlots))
+	for _, iv := range p.Intervals {
+		if iv.Slot >= 0 && !counted[iv.Slot] {
+			counted[iv.Slot] = true
+			by[iv.Class.Offload()] += 4 * ((p.HostSlots[iv.Slot] + 3) / 4)
 		}
 	}
 	for k, v := range by {
@@ -239,7 +236,7 @@ func OffloadHostBytes(m *Model, B, T int, o OffloadOptions) map[offload.Class]in
 			delete(by, k)
 		}
 	}
-	return by
+	return by, nil
 }
 
 // PlanRequest is what PlanTrainer plans for. Zero override fields leave the
@@ -370,7 +367,7 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 		if k.resident {
 			by = ResidentDeviceBytes(m, p.MicroBatch, req.T)
 		} else {
-			by = OffloadDeviceBytes(m, p.MicroBatch, req.T, accum, optionsFor(p, req, budgets))
+			by, _ = OffloadDeviceBytes(m, p.MicroBatch, req.T, accum, optionsFor(p, req, budgets))
 		}
 		cache[k] = by
 		return by
@@ -379,7 +376,8 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 		if p.Optimizer == offload.TierDevice {
 			return nil
 		}
-		return OffloadHostBytes(m, p.MicroBatch, req.T, optionsFor(p, req, budgets))
+		by, _ := OffloadHostBytes(m, p.MicroBatch, req.T, req.Accum*req.B/p.MicroBatch, optionsFor(p, req, budgets))
+		return by
 	}
 	pl, err := offload.Plan(offload.Request{
 		Model: PlanShape(req.Name, m, req.T), Batch: req.B * req.Accum, Precision: PrecisionOf(m.DType),

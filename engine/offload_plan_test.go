@@ -33,7 +33,7 @@ func TestOffloadDeviceBytesExact(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := byteClasses(OffloadDeviceBytes(m, oocB, oocT, oocAccum, o)).total()
+			got := mustBytes(t)(OffloadDeviceBytes(m, oocB, oocT, oocAccum, o))
 			if want := tr.PredictedDevicePeak(); got != want {
 				t.Errorf("%v %+v: OffloadDeviceBytes %d, trainer predicts %d", dt, o, got, want)
 			}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/offload/schedule"
 )
 
 // oocShape is a GPT deep enough that its weights, gradients and optimizer
@@ -294,8 +295,8 @@ func TestOutOfCoreEagerUpdate(t *testing.T) {
 			gotL, gotW := trainSteps(t, tr, steps)
 			check()
 			sameRun(t, "resident", wantL, gotL, wantW, gotW)
-			if tr.off.launched != len(tr.model.Layers) {
-				t.Errorf("%d layer updates started during the backward, want all %d", tr.off.launched, len(tr.model.Layers))
+			if tr.off.host.launched != len(tr.model.Layers) {
+				t.Errorf("%d layer updates started during the backward, want all %d", tr.off.host.launched, len(tr.model.Layers))
 			}
 			if tr.Step != steps {
 				t.Errorf("Step %d after %d steps", tr.Step, steps)
@@ -321,7 +322,7 @@ func TestOutOfCoreEagerNonFinite(t *testing.T) {
 		t.Fatal(err)
 	}
 	before[0][tr.model.Layers[0].Params()[1].Offset] = float32(math.NaN())
-	if err := tr.setHostMaster(0, f32Bytes(before[0])); err != nil {
+	if err := tr.setLayerMaster(ctx, 0, f32Bytes(before[0])); err != nil {
 		t.Fatal(err)
 	}
 	r, err := tr.TrainStep(ctx, oocFeed())
@@ -371,8 +372,8 @@ func TestOutOfCoreOffloadActivations(t *testing.T) {
 			check()
 			sameRun(t, "resident", wantL, gotL, wantW, gotW)
 			var offloaded int
-			for _, iv := range tr.off.train.ivs {
-				if iv.class == tcActs && iv.evict {
+			for _, iv := range tr.off.train.Intervals {
+				if iv.Class == schedule.Acts && iv.Evict {
 					offloaded++
 				}
 			}
@@ -480,7 +481,7 @@ func TestOutOfCoreDiskWriteFailure(t *testing.T) {
 	// The disk fills up: every write of layer 5's second moment fails.
 	bad := offload.Key{Layer: 5, Class: offload.AdamV}
 	badFile := filepath.Join(diskDir, bad.FileName())
-	tr.off.storeHook = func(k offload.Key) error {
+	tr.off.host.storeHook = func(k offload.Key) error {
 		if k == bad {
 			return &os.PathError{Op: "write", Path: badFile, Err: syscall.ENOSPC}
 		}
@@ -571,7 +572,7 @@ func TestOutOfCoreResidencyTable(t *testing.T) {
 						sawCkpt = true
 					}
 					if r.Valid.Has(offload.TierDevice) || (r.InFlight && r.Moving.To == offload.TierDevice) {
-						dev[r.Key.Class] += roundBlock(r.Bytes)
+						dev[r.Key.Class] += schedule.RoundBlock(r.Bytes)
 						sawDevice = true
 					}
 				}
@@ -591,7 +592,7 @@ func TestOutOfCoreResidencyTable(t *testing.T) {
 				if _, err := tr.TrainStep(ctx, feed); err != nil {
 					t.Fatal(err)
 				}
-				if err := st.waitUpdates(); err != nil {
+				if err := st.host.waitUpdates(); err != nil {
 					t.Fatal(err)
 				}
 				if err := tr.ResidencyErr(); err != nil {
@@ -633,12 +634,8 @@ func TestOutOfCoreResidencyTable(t *testing.T) {
 				// Outside the table: one activation buffer per offloading
 				// layer, and the spare weights and gradients of DelayedUpdate.
 				var extra int64
-				seen := map[int]bool{}
-				for _, iv := range st.train.ivs {
-					if iv.class == tcActs && iv.evict && !seen[iv.layer] {
-						seen[iv.layer] = true
-						extra += 4 * actElems(iv)
-					}
+				for _, n := range st.train.HostSlots {
+					extra += 4 * ((n + 3) / 4)
 				}
 				if o.DelayedUpdate {
 					extra += host[offload.Weights] + host[offload.Grads]
@@ -650,7 +647,12 @@ func TestOutOfCoreResidencyTable(t *testing.T) {
 				var devGrads int64
 				for _, r := range snap {
 					if r.Key.Class == offload.Grads && r.Valid.Has(offload.TierDevice) {
-						devGrads += roundBlock(r.Bytes)
+						devGrads += schedule.RoundBlock(r.Bytes)
+					}
+				}
+				for _, iv := range st.train.Intervals { // the head's tied gradients: not in the table
+					if iv.Class == schedule.TGrads && iv.Persistent {
+						devGrads += schedule.RoundBlock(iv.Bytes)
 					}
 				}
 				if want := cs.ByClass[offload.Grads].Allocated; devGrads != want {

@@ -54,6 +54,10 @@ type StepResult struct {
 	GradNorm  float64 // global norm before clipping (unscaled); NaN/Inf on overflow
 	LossScale float64 // the scale the step ran with
 	Skipped   bool
+	// H2DBytes, D2HBytes and DiskBytes are the bytes an out-of-core
+	// trainer moved host to device, device to host, and to and from the
+	// disk tier during the step (0 for a resident trainer).
+	H2DBytes, D2HBytes, DiskBytes int64
 }
 
 // Trainer runs training steps of a Model on a backend. It owns the
@@ -194,8 +198,8 @@ func (t *Trainer) hostBytes(n int) ([]byte, error) {
 // Close frees the trainer's device memory (after synchronizing).
 func (t *Trainer) Close() {
 	if t.off != nil {
-		t.off.close(t.be)
-		t.off = nil
+		t.off.close()
+		t.off, t.st = nil, nil // the state table held views of the cache's blocks
 		return
 	}
 	if t.st == nil {
@@ -232,6 +236,12 @@ func (t *Trainer) TokensPerStep() int64 { return int64(t.nLoss) * int64(t.opts.A
 // InitWeights initialises every layer deterministically from seed (GPT-2
 // init for GPTs) into the master weights and the compute copy.
 func (t *Trainer) InitWeights(ctx context.Context, seed uint64) error {
+	if t.off != nil {
+		// In place in the host state, the layers spread over the cores.
+		return t.off.host.setMasters(func(i int, master []float32) {
+			InitParams(master, t.model.Layers[i].Params(), seed)
+		})
+	}
 	for i, l := range t.model.Layers {
 		vals := make([]float32, l.NumParams())
 		InitParams(vals, l.Params(), seed)
@@ -246,7 +256,7 @@ func (t *Trainer) InitWeights(ctx context.Context, seed uint64) error {
 // the compute copy.
 func (t *Trainer) setLayerMaster(ctx context.Context, i int, data []byte) error {
 	if t.off != nil {
-		return t.setHostMaster(i, data)
+		return t.off.host.setMaster(i, func(m []float32) { copy(m, bytesF32(data)) })
 	}
 	s := t.st.Layers[i]
 	t.be.CopyToDevice(t.q, s.Master, data)
@@ -293,6 +303,9 @@ func (t *Trainer) MicroLoss(ctx context.Context, hb *HostBatch) (float64, error)
 func (t *Trainer) zeroGrads() {
 	for _, s := range t.st.Layers {
 		t.be.Zero(t.q, s.Grads)
+		for _, g := range s.TiedGrads {
+			t.be.Zero(t.q, g)
+		}
 	}
 }
 
@@ -336,6 +349,10 @@ func (t *Trainer) accumulate(ctx context.Context, src BatchSource) error {
 		t.be.CopyToHost(t.q, t.stepHost[k*nb:(k+1)*nb], t.pass.Losses)
 		t.model.Backward(t.q, t.pass)
 	}
+	if t.trace != nil {
+		return t.trace.compute.Enqueue("merge tied gradients", func(q kernels.Queue) { t.model.mergeTied(q, t.be, t.st, -1) })
+	}
+	t.model.mergeTied(t.q, t.be, t.st, -1)
 	return nil
 }
 
@@ -508,7 +525,7 @@ func (t *Trainer) MasterWeights(ctx context.Context) ([][]float32, error) {
 	var out [][]float32
 	if t.off != nil {
 		for i := range t.model.Layers {
-			b, _, _, err := t.hostOptim(ctx, i)
+			b, _, _, err := t.off.host.optim(ctx, i)
 			if err != nil {
 				return nil, err
 			}
@@ -567,7 +584,7 @@ func (t *Trainer) SaveTensors(ctx context.Context) (weights, optim []NamedTensor
 		s := t.st.Layers[i]
 		var host [3][]byte
 		if t.off != nil {
-			if host[0], host[1], host[2], err = t.hostOptim(ctx, i); err != nil {
+			if host[0], host[1], host[2], err = t.off.host.optim(ctx, i); err != nil {
 				return nil, nil, err
 			}
 		} else {
@@ -628,7 +645,7 @@ func (t *Trainer) LoadTensors(ctx context.Context, weights, optim []NamedTensor)
 			}
 		}
 		if optim != nil && t.off != nil {
-			if err := t.setHostOptim(ctx, i, host[1], host[2]); err != nil {
+			if err := t.off.host.setOptim(ctx, i, host[1], host[2]); err != nil {
 				return err
 			}
 		} else if optim != nil {

@@ -108,6 +108,9 @@ type Config struct {
 	// HostAlloc returns n bytes of host memory for offloaded activations
 	// (pinned where possible); nil means Go memory.
 	HostAlloc func(n int64) []byte
+	// AfterOp, if set, runs after op j has been enqueued and the blocks
+	// around it freed and allocated (tests inspect the residency table).
+	AfterOp func(j int)
 }
 
 // Traffic counts the bytes an executor has moved.
@@ -202,7 +205,7 @@ func (e *Executor) rec(err error) {
 func key(iv *schedule.Interval) (offload.Key, bool) {
 	k := offload.Key{Layer: iv.Layer, Class: iv.Class.Offload()}
 	switch iv.Class {
-	case schedule.DGrad:
+	case schedule.DGrad, schedule.TGrads:
 		return k, false
 	case schedule.Ckpt:
 		k.Part, k.MB = offload.PartCheckpoint, iv.MB
@@ -338,6 +341,9 @@ func (e *Executor) Run(ctx context.Context, p *schedule.Program, m Model, h Host
 		if err := r.iteration(j + 1); err != nil {
 			return err
 		}
+		if e.cfg.AfterOp != nil {
+			e.cfg.AfterOp(j)
+		}
 	}
 	if err := r.release(len(p.Ops)); err != nil {
 		return err
@@ -413,7 +419,7 @@ func (r *run) allocate(i int) error {
 			}
 		}
 		return r.fetch(i, "fetch g", r.h.Grads(iv.Layer))
-	case iv.Fetch: // offloaded activations coming back, after their copy out
+	case iv.Fetch: // offloaded activations or tied gradients coming back, after their copy out
 		if err := q.H2D.Wait(r.evictEv[iv.Src]); err != nil {
 			return err
 		}
@@ -528,7 +534,7 @@ func (r *run) evict(i int, ev kernels.Event) (kernels.Event, error) {
 	if err := q.Wait(ev); err != nil {
 		return nil, err
 	}
-	k, _ := key(iv)
+	k, tracked := key(iv)
 	t := e.cfg.Table
 	var dst []byte
 	what := "evict acts "
@@ -543,7 +549,9 @@ func (r *run) evict(i int, ev kernels.Event) (kernels.Event, error) {
 	} else {
 		dst = e.slots[r.p][iv.Slot][:iv.Bytes]
 	}
-	e.rec(t.BeginCopy(k, offload.TierDevice, offload.TierHost))
+	if tracked {
+		e.rec(t.BeginCopy(k, offload.TierDevice, offload.TierHost))
+	}
 	if err := e.cfg.Copier.CopyOut(r.ctx, q, what+r.m.LayerName(iv.Layer), dst[:iv.Bytes], r.view(i, kernels.U8)); err != nil {
 		return nil, err
 	}

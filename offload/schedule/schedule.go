@@ -28,6 +28,7 @@ package schedule
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/spill-ml/spill/offload"
@@ -64,17 +65,23 @@ const (
 	Acts                 // a layer's saved activations of one micro-batch, output first
 	Ckpt                 // a recomputed layer's output of one micro-batch
 	DGrad                // the gradient of a layer's output for one micro-batch
+	// TGrads is what a layer's backward accumulates for a layer it is
+	// tied to (Layer is the tying layer, Of the tied one): kept apart
+	// from the tied layer's own gradients and added to them by the tied
+	// layer's last backward of the step, so that the sum is the same,
+	// bit for bit, in every order of the micro-batches and layers.
+	TGrads
 	numClasses
 )
 
-func (c Class) String() string { return [...]string{"w", "g", "a", "c", "d"}[c] }
+func (c Class) String() string { return [...]string{"w", "g", "a", "c", "d", "t"}[c] }
 
 // Offload is the tensor class that budgets and statistics count c under.
 func (c Class) Offload() offload.Class {
 	switch c {
 	case Weights:
 		return offload.Weights
-	case Grads:
+	case Grads, TGrads:
 		return offload.Grads
 	case Acts, Ckpt:
 		return offload.Activations
@@ -93,9 +100,10 @@ type Layer struct {
 	// OutBytes is the size of its output (the next layer's input, and
 	// what recomputation keeps); 0 for the last layer.
 	OutBytes int64
-	// Tied lists other layers whose weights this layer reads and whose
-	// gradients its backward accumulates into (a GPT head reads the
-	// embedding's).
+	// Tied lists other layers whose weights this layer reads and for
+	// which its backward accumulates gradients (a GPT head reads the
+	// embedding's): into a TGrads tensor per tied layer, which the tied
+	// layer's last backward of the step adds to its own.
 	Tied []int
 }
 
@@ -134,6 +142,7 @@ type Interval struct {
 	Class Class
 	Layer int
 	MB    int // the micro-batch of activations and their gradients; -1 otherwise
+	Of    int // TGrads: the tied layer; -1 otherwise
 	Bytes int64
 
 	Start, End int
@@ -231,6 +240,7 @@ func compile(s Spec, uses bool) (*Program, error) {
 	c.params(Weights)
 	if s.Train {
 		c.params(Grads)
+		c.tied()
 	}
 	c.acts()
 	if uses {
@@ -311,8 +321,11 @@ func (c *compiler) add(iv Interval, lookahead int) int {
 	if iv.Persistent && iv.Fetch {
 		iv.FetchAt = max(iv.Start-lookahead-1, -1)
 	}
-	if iv.Class != Acts || !(iv.Fetch || iv.Evict) {
-		iv.Src, iv.Slot = -1, -1 // only offloaded activations have a host slot
+	if (iv.Class != Acts && iv.Class != TGrads) || !(iv.Fetch || iv.Evict) {
+		iv.Src, iv.Slot = -1, -1 // only offloaded activations and tied gradients have a host slot
+	}
+	if iv.Class != TGrads {
+		iv.Of = -1
 	}
 	i := len(c.p.Intervals)
 	c.p.Intervals = append(c.p.Intervals, iv)
@@ -340,9 +353,10 @@ func (c *compiler) params(cl Class) {
 			continue
 		}
 		uses[op.Layer] = append(uses[op.Layer], j)
-		if cl == Grads && op.Kind == Recompute {
-			// Not a user, but a layer-major backward interleaves it with
-			// the layer's backwards: one run, not one per micro-batch.
+		if cl == Grads {
+			// A recompute is not a user, but a layer-major backward
+			// interleaves it with the layer's backwards: one run, not one
+			// per micro-batch. Tying layers accumulate into TGrads.
 			continue
 		}
 		for _, t := range s.Layers[op.Layer].Tied {
@@ -367,6 +381,59 @@ func (c *compiler) params(cl Class) {
 				}
 			}
 			c.add(iv, la)
+		}
+	}
+}
+
+// tied lays out the TGrads of each (tying layer, tied layer): used by the
+// tying layer's backwards and by the tied layer's last backward of the
+// step, which adds them to its gradients. Streamed gradients are sent to
+// a host slot between runs (and fetched back); the last run is consumed
+// on the device.
+func (c *compiler) tied() {
+	s := &c.s
+	lastB := map[int]int{} // the last backward of each layer
+	for j, op := range c.p.Ops {
+		if op.Kind == Backward {
+			lastB[op.Layer] = j
+		}
+	}
+	resident := s.Grads == offload.TierDevice
+	for i, l := range s.Layers {
+		for _, t := range l.Tied {
+			var u []int
+			for j, op := range c.p.Ops {
+				if op.Layer == i && op.Kind != Forward {
+					u = append(u, j)
+				}
+			}
+			u = append(u, lastB[t])
+			sortInts(u)
+			rs := runs(u, resident)
+			slot := -1
+			prev := -1
+			for k, r := range rs {
+				iv := Interval{Class: TGrads, Layer: i, Of: t, MB: -1, Bytes: s.Layers[t].ParamBytes, Start: r[0], End: r[1],
+					Persistent: resident, Zero: k == 0, Fetch: k > 0, Evict: k < len(rs)-1, Src: -1, Slot: -1}
+				if !resident && len(rs) > 1 {
+					if slot < 0 {
+						slot = len(c.p.HostSlots)
+						c.p.HostSlots = append(c.p.HostSlots, iv.Bytes)
+					}
+					iv.Slot, iv.Src = slot, prev
+				}
+				la := c.depth
+				if iv.Zero {
+					la = 0
+				}
+				idx := c.add(iv, la)
+				if iv.Fetch {
+					in := &c.p.Intervals[idx]
+					in.AllocAt = max(in.AllocAt, c.p.Intervals[prev].End)
+					in.FetchAt = in.AllocAt
+				}
+				prev = idx
+			}
 		}
 	}
 }
@@ -467,8 +534,14 @@ func (c *compiler) index() {
 		use(key{Acts, op.Layer, op.MB})
 		for _, l := range append([]int{op.Layer}, s.Layers[op.Layer].Tied...) {
 			use(key{Weights, l, -1})
-			if op.Kind == Backward {
-				use(key{Grads, l, -1})
+		}
+		if op.Kind == Backward {
+			use(key{Grads, op.Layer, -1})
+			use(key{TGrads, op.Layer, -1})
+			for i, l := range s.Layers {
+				if i != op.Layer && slices.Contains(l.Tied, op.Layer) {
+					use(key{TGrads, i, -1}) // its last backward adds them
+				}
 			}
 		}
 		if op.Kind == Backward {
@@ -642,6 +715,9 @@ func (p *Program) String() string {
 }
 
 func (iv *Interval) name() string {
+	if iv.Class == TGrads {
+		return fmt.Sprintf("t%d>%d", iv.Layer, iv.Of)
+	}
 	if iv.MB < 0 {
 		return fmt.Sprintf("%s%d", iv.Class, iv.Layer)
 	}

@@ -1,0 +1,552 @@
+package engine
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/spill-ml/spill/kernels"
+	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/offload/exec"
+	"github.com/spill-ml/spill/offload/schedule"
+	"github.com/spill-ml/spill/stream"
+)
+
+// OffloadOptions say where a Trainer keeps each class of layer state when
+// it trains out of core (NewOffloadTrainer): the placement the step's
+// program (offload/schedule) is compiled from. PlanTrainer chooses them.
+type OffloadOptions struct {
+	// Weights is the home of the compute-dtype weights: TierDevice keeps
+	// them resident, TierHost streams them layer by layer, Prefetch
+	// accesses ahead of the compute.
+	Weights offload.Tier
+	// Grads is the home of the gradients: TierDevice keeps them resident
+	// for the whole step; TierHost sends each layer's to the host after
+	// each run of backwards that accumulates into them (once per group of
+	// micro-batches) and fetches them back for the next.
+	Grads offload.Tier
+	// Optimizer is where the fp32 master weights and the Adam moments live
+	// and where AdamW runs: TierHost (in RAM) or TierDisk (the moments in
+	// files under DiskDir, the master in RAM). The host optimizer is
+	// offload.HostAdamW, bitwise identical to the CPU backend's kernel.
+	Optimizer offload.Tier
+	// Prefetch is how many layer accesses ahead streamed tensors are
+	// fetched (>= 1 when Weights or Grads stream). Default 1.
+	Prefetch int
+	// Activations is each layer's activation policy; nil keeps all.
+	// Recompute keeps only the layer's output (the next layer's input)
+	// and reruns its forward before its backward. OffloadTo copies the
+	// layer's activations to host memory once the next layer's forward
+	// has read them and fetches them back (Prefetch accesses ahead) for
+	// the backward. Both are ignored for the first and last layer.
+	Activations []offload.ActPolicy
+	// Group is how many micro-batches run layer by layer together: 1
+	// (the default) is micro-batch-major, the accumulation steps
+	// layer-major (streamed weights cross once per group for the forward
+	// and once for the backward, gradients leave once per group).
+	Group int
+	// DeviceBudget is the hard limit of the device cache in bytes; 0 means
+	// only the backend's own limit applies.
+	DeviceBudget int64
+	// DiskDir and DiskBudget configure the disk tier (Optimizer TierDisk).
+	DiskDir    string
+	DiskBudget int64
+	// Recorder, if not nil, traces every op of the three streams and the
+	// host optimizer.
+	Recorder *stream.Recorder
+	// DelayedUpdate runs the host optimizer of step t during the forward
+	// and backward of step t+1 (DeepSpeed's delayed parameter update):
+	// step t+1 computes on the weights of step t-1, one step stale, and
+	// the update is off the critical path. The host keeps two copies of
+	// the compute-dtype weights and of the gradients. Default off: every
+	// step sees the weights of the previous update, as NewTrainer's do.
+	DelayedUpdate bool
+	// HostBudget is the budget of the host pool that holds the layer
+	// state (master weights, moments, gradient and weight buffers,
+	// offloaded activations) in pinned slabs; 0 means what the state
+	// needs (OffloadHostBytes). The pool checks RLIMIT_MEMLOCK (when its
+	// memory counts against it) and MemAvailable first: when it would
+	// degrade, or the state does not fit its budget, the state is kept in
+	// ordinary Go memory instead and HostPinning says why. When it
+	// degrades, the copies of that state to and from the device pass
+	// through the degraded pool's small ring of pinned staging buffers.
+	HostBudget int64
+	// HostPinner supplies the pinned memory; nil means the backend's own
+	// allocator when it has one (kernels.PinnedAllocator, CUDA's
+	// cuMemHostAlloc), else unlocked anonymous mappings off the Go heap
+	// (offload.MmapPinner).
+	HostPinner offload.Pinner
+	// HostLimits, if set, replaces offload.ReadLimits (tests).
+	HostLimits func() (offload.Limits, error)
+}
+
+func (o *OffloadOptions) validate(m *Model) error {
+	var errs []error
+	if o.Weights != offload.TierDevice && o.Weights != offload.TierHost {
+		errs = append(errs, fmt.Errorf("weights on %s: want device or host", o.Weights))
+	}
+	if o.Grads != offload.TierDevice && o.Grads != offload.TierHost {
+		errs = append(errs, fmt.Errorf("grads on %s: want device or host", o.Grads))
+	}
+	if o.Optimizer != offload.TierHost && o.Optimizer != offload.TierDisk {
+		errs = append(errs, fmt.Errorf("optimizer on %s: want host or disk", o.Optimizer))
+	}
+	if o.Optimizer == offload.TierDisk && (o.DiskDir == "" || o.DiskBudget <= 0) {
+		errs = append(errs, fmt.Errorf("optimizer on disk needs a disk directory and budget"))
+	}
+	if o.Activations != nil && len(o.Activations) != len(m.Layers) {
+		errs = append(errs, fmt.Errorf("%d activation policies for %d layers", len(o.Activations), len(m.Layers)))
+	}
+	if o.Prefetch < 0 || o.Group < 0 {
+		errs = append(errs, fmt.Errorf("prefetch %d and group %d must be >= 0", o.Prefetch, o.Group))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("engine: offload options: %w", err)
+	}
+	return nil
+}
+
+// programSpec is the schedule of m's training step (accum micro-batches
+// of B rows of T positions) or, when !train, of one evaluation pass, under
+// placement o.
+func programSpec(m *Model, B, T, accum int, o *OffloadOptions, train bool) schedule.Spec {
+	s := schedule.Spec{MicroBatches: accum, Group: o.Group, Weights: o.Weights, Grads: o.Grads,
+		Acts: o.Activations, Prefetch: o.Prefetch, Train: train}
+	if !train {
+		s.MicroBatches, s.Group, s.Acts = 1, 1, nil
+	}
+	es := int64(m.DType.Size())
+	for _, l := range m.Layers {
+		s.Layers = append(s.Layers, schedule.Layer{
+			ParamBytes: int64(l.NumParams()) * es,
+			ActBytes:   l.ActivationBytes(B, T),
+			OutBytes:   int64(l.OutputElems(B, T)) * es,
+			Tied:       l.Tied(),
+		})
+	}
+	return s
+}
+
+// offloadState is a Trainer's out-of-core machinery: the step's compiled
+// programs, the executor that runs them, the host state and the device
+// buffers outside the programs.
+type offloadState struct {
+	opts    OffloadOptions
+	cache   *offload.Cache
+	table   *offload.Table
+	streams *stream.Set
+	exec    *exec.Executor
+	host    *hostState
+	train   *schedule.Program
+	eval    *schedule.Program
+	fixed   []*offload.Block
+	// predicted device bytes of the fixed buffers
+	fixedBytes int64
+	// Per micro-batch: the device input, targets and losses (views of one
+	// buffer each) and the host batch.
+	in, tg, loss []kernels.Tensor
+	lossAll      kernels.Tensor
+	hbs          []HostBatch
+	lossHost     []byte
+	statBuf      []byte
+	// dgrad is the gradient of each layer's output bound for the op
+	// being enqueued.
+	dgrad []kernels.Tensor
+	// accessHook, if set, runs after each op of a program is enqueued and
+	// the blocks around it freed and allocated (tests).
+	accessHook func(j int)
+}
+
+// Residency is a snapshot of the out-of-core trainer's residency table:
+// where each tensor of each layer has a valid copy (nil for a resident
+// trainer). Between steps activations have no entries; during a step
+// each live one has.
+func (t *Trainer) Residency() []offload.Residency {
+	if t.off == nil {
+		return nil
+	}
+	return t.off.table.Snapshot()
+}
+
+// ResidencyErr is the first residency transition the table refused (a
+// bookkeeping bug: the table no longer says where tensors are), or nil.
+func (t *Trainer) ResidencyErr() error {
+	if t.off == nil {
+		return nil
+	}
+	t.off.host.mu.Lock()
+	err := t.off.host.tabErr
+	t.off.host.mu.Unlock()
+	return errors.Join(t.off.exec.Err(), err)
+}
+
+// HostPinning reports how an out-of-core trainer holds its host state:
+// pinned is true when all of it is in the host pool's slabs (page-locked,
+// or on the CPU backend anonymous mappings off the Go heap); note says what
+// the pool decided and why. A resident trainer returns false, "".
+func (t *Trainer) HostPinning() (pinned bool, note string) {
+	if t.off == nil {
+		return false, ""
+	}
+	return t.off.host.pinned, t.off.host.note
+}
+
+// NewOffloadTrainer returns a Trainer that keeps the model's state where o
+// says and streams it through the device: the same steps, bitwise, as
+// NewTrainer's on the CPU backend, within a device budget that need not
+// hold the weights, gradients and optimizer state.
+func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o OffloadOptions) (t *Trainer, err error) {
+	if to.B <= 0 || to.T <= 0 || to.Accum <= 0 {
+		return nil, fmt.Errorf("engine: trainer: batch %d, seq %d, accum %d must be positive", to.B, to.T, to.Accum)
+	}
+	if err := o.validate(m); err != nil {
+		return nil, err
+	}
+	o.Prefetch = max(o.Prefetch, 1)
+	o.Group = min(max(o.Group, 1), to.Accum)
+	B, T, A := to.B, to.T, to.Accum
+	st := &offloadState{opts: o, table: offload.NewTable()}
+	if st.train, err = schedule.Compile(programSpec(m, B, T, A, &o, true)); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if st.eval, err = schedule.Compile(programSpec(m, B, T, A, &o, false)); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	st.cache = offload.NewCache(be, offload.CacheConfig{Limit: o.DeviceBudget, Whole: true})
+	t = &Trainer{be: be, model: m, opts: to, lossMul: 1, off: st}
+	t.Scaler = NewLossScaler(m.DType, to.LossScale, to.ScaleWindow)
+	defer func() {
+		if err != nil {
+			t.Close()
+			t = nil
+		}
+	}()
+	if st.streams, err = stream.NewSet(be, o.Recorder); err != nil {
+		return t, err
+	}
+	t.q = st.streams.Compute.Queue()
+	n := len(m.Layers)
+	t.st = &StateTable{Layers: make([]LayerState, n)}
+	st.dgrad = make([]kernels.Tensor, n)
+	fixed := func(nb int64, cl offload.Class) kernels.Buffer {
+		if err != nil {
+			return nil
+		}
+		var b *offload.Block
+		if b, err = st.cache.Alloc(max(nb, 1), cl); err != nil {
+			return nil
+		}
+		st.fixed = append(st.fixed, b)
+		st.fixedBytes += schedule.RoundBlock(nb)
+		return b.Buffer()
+	}
+	tensor := func(nel int, dt kernels.DType) kernels.Tensor {
+		b := fixed(int64(nel)*int64(dt.Size()), offload.Workspace)
+		if b == nil {
+			return kernels.Tensor{}
+		}
+		return kernels.View(b, 0, dt, nel)
+	}
+	p := &Pass{Ops: be, Model: m, Table: t.st, B: B, T: T}
+	t.pass = p
+	var scratch int64
+	for _, l := range m.Layers {
+		scratch = max(scratch, l.ScratchBytes(B, T))
+	}
+	p.Scratch = fixed(scratch, offload.Workspace)
+	// The io buffers of every micro-batch of the step: A times the
+	// resident trainer's, split into views.
+	all := func(nel int, dt kernels.DType) kernels.Tensor { return tensor(A*nel, dt) }
+	t.allocIO(m, p, B, T, all)
+	per := func(x kernels.Tensor) []kernels.Tensor {
+		var v []kernels.Tensor
+		if x.IsZero() {
+			return nil
+		}
+		for k := range A {
+			v = append(v, x.Slice(k*(x.N/A), x.N/A))
+		}
+		return v
+	}
+	st.in, st.tg, st.loss, st.lossAll = per(p.Input), per(p.Targets), per(p.Losses), p.Losses
+	if !t.feat32.IsZero() {
+		t.feat32 = t.feat32.Slice(0, t.feat32.N/A)
+	}
+	t.stats = tensor(2*n, kernels.F32)
+	if err != nil {
+		return t, fmt.Errorf("engine: allocating trainer buffers: %w", err)
+	}
+	st.bindIO(p, 0)
+	// Host state, in pinned slabs when they fit.
+	slots := append(append([]int64(nil), st.train.HostSlots...), st.eval.HostSlots...)
+	if st.host, err = newHostState(be, m, &st.opts, st.table, slots); err != nil {
+		return t, err
+	}
+	var copier exec.Copier
+	if st.host.stage != nil {
+		copier = st.host.stage
+	}
+	q := exec.Queues{Compute: st.streams.Compute, H2D: st.streams.H2D, D2H: st.streams.D2H}
+	st.exec, err = exec.New(exec.Config{Backend: be, Queues: q, Cache: st.cache, Table: st.table, Copier: copier,
+		HostAlloc: st.host.slotAlloc, AfterOp: func(j int) {
+			if st.accessHook != nil {
+				st.accessHook(j)
+			}
+		}}, st.train, st.eval)
+	if err != nil {
+		return t, err
+	}
+	inBytes := st.in[0].N * 4
+	st.hbs = make([]HostBatch, A)
+	for k := range st.hbs {
+		st.hbs[k] = HostBatch{Input: make([]byte, inBytes), Targets: make([]byte, st.tg[0].Bytes())}
+	}
+	t.hb = HostBatch{Input: make([]byte, inBytes), Targets: make([]byte, st.tg[0].Bytes())}
+	st.lossHost = make([]byte, st.lossAll.Bytes())
+	t.lossHost = st.lossHost[:st.loss[0].Bytes()]
+	st.statBuf = make([]byte, 8*n)
+	return t, nil
+}
+
+// bindIO points the pass's input, targets and losses at micro-batch k's.
+func (st *offloadState) bindIO(p *Pass, k int) {
+	p.Input, p.Targets, p.Losses = st.in[k], st.tg[k], st.loss[k]
+}
+
+// PredictedDevicePeak is the device memory the trainer holds at most (live
+// blocks, as offload.CacheStats.PeakAllocated counts them), computed from
+// its programs before they run.
+func (t *Trainer) PredictedDevicePeak() int64 {
+	if t.off == nil {
+		return 0
+	}
+	tp, _ := t.off.train.Peak()
+	ep, _ := t.off.eval.Peak()
+	return t.off.fixedBytes + max(tp, ep)
+}
+
+// Cache is the device cache of an out-of-core trainer (nil otherwise).
+func (t *Trainer) Cache() *offload.Cache {
+	if t.off == nil {
+		return nil
+	}
+	return t.off.cache
+}
+
+// HostBytes is the host memory an out-of-core trainer holds for layer
+// state and offloaded activations (0 for a resident one).
+func (t *Trainer) HostBytes() int64 {
+	if t.off == nil {
+		return 0
+	}
+	return t.off.host.bytes
+}
+
+func (st *offloadState) close() {
+	if st.host != nil {
+		for i := range st.host.host {
+			<-st.host.host[i].done
+		}
+	}
+	if st.streams != nil {
+		_ = st.streams.Synchronize(context.Background())
+		st.streams.Close()
+	}
+	if st.exec != nil {
+		st.exec.Close()
+	}
+	for _, b := range st.fixed {
+		st.cache.Free(b)
+	}
+	st.fixed = nil
+	if st.cache != nil {
+		_ = st.cache.Close()
+	}
+	// No copy or update uses the host state any more.
+	if st.host != nil {
+		st.host.close()
+	}
+}
+
+// oocModel runs the trainer's layers for the executor.
+type oocModel Trainer
+
+// Bind implements exec.Model: the block becomes the layer's tensor of
+// its class in the state table (the gradient of a layer's output in
+// dgrad).
+func (mt *oocModel) Bind(iv *schedule.Interval, b kernels.Buffer) {
+	t := (*Trainer)(mt)
+	m := t.model
+	ls := &t.st.Layers[iv.Layer]
+	switch iv.Class {
+	case schedule.Weights:
+		ls.Weights = kernels.View(b, 0, m.DType, m.Layers[iv.Layer].NumParams())
+	case schedule.Grads:
+		ls.Grads = kernels.View(b, 0, m.DType, m.Layers[iv.Layer].NumParams())
+	case schedule.Acts, schedule.Ckpt:
+		ls.Acts = b
+	case schedule.DGrad:
+		t.off.dgrad[iv.Layer] = kernels.View(b, 0, m.DType, m.Layers[iv.Layer].OutputElems(t.pass.B, t.pass.T))
+	case schedule.TGrads:
+		if ls.TiedGrads == nil {
+			ls.TiedGrads = make([]kernels.Tensor, len(m.Layers[iv.Layer].Tied()))
+		}
+		j := slices.Index(m.Layers[iv.Layer].Tied(), iv.Of)
+		ls.TiedGrads[j] = kernels.View(b, 0, m.DType, m.Layers[iv.Of].NumParams())
+	}
+}
+
+// Run implements exec.Model.
+func (mt *oocModel) Run(q kernels.Queue, op schedule.Op, final []int) {
+	t := (*Trainer)(mt)
+	st, p, m := t.off, t.pass, t.model
+	st.bindIO(p, op.MB)
+	i := op.Layer
+	l := m.Layers[i]
+	switch op.Kind {
+	case schedule.Forward, schedule.Recompute:
+		l.Forward(q, p, i)
+	case schedule.Backward:
+		p.DOut, p.DIn = kernels.Tensor{}, kernels.Tensor{}
+		if i < len(m.Layers)-1 {
+			p.DOut = st.dgrad[i]
+		}
+		if i > 0 {
+			p.DIn = st.dgrad[i-1]
+		}
+		l.Backward(q, p, i)
+		p.DOut, p.DIn = kernels.Tensor{}, kernels.Tensor{}
+	}
+	for _, j := range final {
+		m.mergeTied(q, t.be, t.st, j) // the tied gradients end with the layer's last backward
+		g := t.st.Layers[j].Grads
+		t.be.SumSquares(q, t.stats.Slice(2*j, 1), g)
+		t.be.CheckFinite(q, t.stats.Slice(2*j+1, 1), g)
+	}
+}
+
+// LayerName implements exec.Model.
+func (mt *oocModel) LayerName(l int) string { return mt.model.Layers[l].Name() }
+
+// offloadStep is TrainStep for an out-of-core trainer.
+//
+// Without gradient clipping, fp16 loss scaling or DelayedUpdate, each
+// layer's host AdamW starts as soon as its final gradients have landed on
+// the host, overlapped with the backward of the layers before it
+// (ZeRO-Offload); the arithmetic is the resident trainer's. Such an eager
+// update checks its layer's gradients first and leaves a layer whose
+// gradients are not finite unchanged, but it cannot wait for the other
+// layers' verdict: a step with non-finite gradients reports Skipped, as
+// the resident trainer does, yet the layers whose gradients were finite
+// have been updated. Otherwise the updates wait for the global norm, which
+// is ready when the last backward is done (each layer's sum of squares is
+// taken on the device as its gradients become final), and start in layer
+// order, the order the next forward fetches them in.
+func (t *Trainer) offloadStep(ctx context.Context, src BatchSource) (StepResult, error) {
+	st := t.off
+	hs := st.host
+	o := t.opts
+	r := StepResult{LR: o.Schedule.At(t.Step), LossScale: t.Scaler.Scale}
+	for k := range st.hbs {
+		if err := src.Next(ctx, &st.hbs[k]); err != nil {
+			return r, err
+		}
+	}
+	hp := kernels.AdamWParams{
+		LR: float32(r.LR), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2), Eps: float32(o.Eps),
+		Step: t.Step + 1, WeightDecay: float32(o.WeightDecay),
+	}
+	hs.eager = nil
+	if o.GradClip <= 0 && !t.Scaler.Enabled && !st.opts.DelayedUpdate {
+		e := hp
+		e.GradScale = float32(1 / r.LossScale)
+		hs.eager = &e
+	}
+	tr0, disk0 := st.exec.Traffic(), hs.diskBytes()
+	t.pass.LossGrad = float32(t.lossMul * t.Scaler.Scale / float64(t.TokensPerStep()))
+	t.be.Zero(t.q, t.stats)
+	for k := range st.hbs {
+		st.bindIO(t.pass, k)
+		t.upload(&st.hbs[k])
+	}
+	eager := hs.eager != nil
+	hs.launched = 0
+	err := st.exec.Run(ctx, st.train, (*oocModel)(t), hs)
+	hs.eager = nil
+	if hs.launched > 0 {
+		// Updates have started: the step counts, whatever happens next.
+		t.Step++
+	}
+	if err != nil {
+		return r, err
+	}
+	if st.opts.DelayedUpdate {
+		// The update of the last step ran during this one.
+		if err := hs.waitUpdates(); err != nil {
+			return r, err
+		}
+	}
+	t.be.CopyToHost(t.q, st.lossHost, st.lossAll)
+	t.be.CopyToHost(t.q, st.statBuf, t.stats)
+	if err := t.q.Synchronize(ctx); err != nil {
+		return r, err
+	}
+	var sum float64
+	for k := range st.hbs {
+		sum += t.sumLosses(st.lossHost[4*k*t.nLoss:])
+	}
+	r.Loss = sum / float64(t.TokensPerStep())
+	var ss float32
+	nonFinite := false
+	for i := range t.model.Layers {
+		ss += math.Float32frombits(binary.LittleEndian.Uint32(st.statBuf[8*i:]))
+		nonFinite = nonFinite || math.Float32frombits(binary.LittleEndian.Uint32(st.statBuf[8*i+4:])) != 0
+	}
+	sumsq := float64(ss)
+	overflow := nonFinite || math.IsNaN(sumsq) || math.IsInf(sumsq, 0)
+	r.GradNorm = math.Sqrt(sumsq) / t.Scaler.Scale
+	if overflow {
+		r.GradNorm = math.Inf(1)
+	}
+	r.Skipped = t.Scaler.Update(overflow)
+	tr := st.exec.Traffic()
+	r.H2DBytes, r.D2HBytes = tr.H2D-tr0.H2D, tr.D2H-tr0.D2H
+	r.DiskBytes = hs.diskBytes() - disk0 // of the updates finished so far
+	if eager {                           // the updates are running
+		return r, nil
+	}
+	t.Step++
+	if r.Skipped {
+		return r, nil
+	}
+	coef := 1.0
+	if o.GradClip > 0 && r.GradNorm > o.GradClip {
+		coef = o.GradClip / r.GradNorm
+	}
+	hp.GradScale = float32(coef / r.LossScale)
+	for i := range hs.host {
+		hs.launchUpdate(ctx, i, hp, false)
+	}
+	return r, nil
+}
+
+// offloadMicroLoss runs one forward pass over hb through the eval program.
+func (t *Trainer) offloadMicroLoss(ctx context.Context, hb *HostBatch) (float64, error) {
+	st := t.off
+	if err := st.host.waitUpdates(); err != nil {
+		return 0, err
+	}
+	st.bindIO(t.pass, 0)
+	t.upload(hb)
+	if err := st.exec.Run(ctx, st.eval, (*oocModel)(t), st.host); err != nil {
+		return 0, err
+	}
+	t.be.CopyToHost(t.q, t.lossHost, st.loss[0])
+	if err := t.q.Synchronize(ctx); err != nil {
+		return 0, err
+	}
+	return t.sumLosses(t.lossHost) / float64(t.nLoss), nil
+}

@@ -1,0 +1,619 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/spill-ml/spill/kernels"
+	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/offload/exec"
+	"github.com/spill-ml/spill/stream"
+)
+
+// hostLayer is a layer's state in host memory.
+type hostLayer struct {
+	master []byte // fp32
+	// weights is the compute-dtype copy that fetches read: the same
+	// memory as master in fp32 runs without DelayedUpdate.
+	weights []byte
+	grads   []byte        // compute dtype landing buffer of the evictions
+	m, v    []byte        // fp32 moments (nil when on disk)
+	gradEv  kernels.Event // the copy of the step's final grads to the host
+	// DelayedUpdate: the second weights and grads buffers. An update in
+	// flight writes next (taken from spareW); waiting for it makes next
+	// the weights the fetches read.
+	spareW, spareG, next []byte
+
+	done      chan struct{}
+	err       error // the update's error, valid after done
+	nonFinite bool  // eager update: the grads were not finite, nothing changed
+}
+
+// hostState is the host side of an out-of-core trainer: every layer's
+// master weights, compute-dtype weights, gradient landing buffer and Adam
+// moments (in RAM or on the disk tier), the host memory they live in, and
+// the host optimizer that updates them. It implements exec.Host.
+type hostState struct {
+	m     *Model
+	opts  *OffloadOptions
+	table *offload.Table
+	disk  *offload.Disk
+	rec   *stream.Recorder
+	host  []hostLayer
+	// work runs host optimizer updates one at a time, in the order they
+	// are queued (the order the layers' gradients become final); each
+	// update spreads over the cores itself.
+	work chan func()
+	// eager is the update of the running step when each layer's update
+	// starts as soon as its gradients land (no clipping, no fp16 loss
+	// scaling, no DelayedUpdate); nil when updates wait for the global
+	// gradient norm.
+	eager    *kernels.AdamWParams
+	launched int // eager updates launched in the running step
+	// storeHook, if set, runs before each write of the disk tier and may
+	// fail it (tests inject write failures).
+	storeHook func(k offload.Key) error
+
+	// Host memory: the pool and its slabs when the state is pinned.
+	bytes  int64 // state bytes handed out
+	pool   *offload.HostPool
+	slabs  []*offload.HostBuf
+	pinned bool
+	note   string
+	stage  *exec.Staging // the ring of a degraded pool, else nil
+	slots  [][]byte      // host slots of offloaded activations, not yet handed out
+	diskRW int64         // bytes the disk tier read and wrote (atomic via mu)
+	mu     sync.Mutex
+	tabErr error
+}
+
+// hostSlab is the largest pinned allocation the host state asks for: few
+// large pins, not one per tensor.
+const hostSlab = 1 << 30
+
+// hostAlign is the alignment of each tensor within a slab.
+const hostAlign = 256
+
+// hostRequests lists the sizes of the host tensors NewOffloadTrainer
+// allocates for m, in allocation order (see newHostState).
+func hostRequests(m *Model, o *OffloadOptions, slots []int64) []int64 {
+	var r []int64
+	es := int64(m.DType.Size())
+	for _, l := range m.Layers {
+		np := int64(l.NumParams())
+		cb := np * es
+		r = append(r, 4*np)
+		if m.DType != kernels.F32 || o.DelayedUpdate {
+			r = append(r, cb)
+		}
+		r = append(r, cb)
+		if o.DelayedUpdate {
+			r = append(r, cb, cb)
+		}
+		if o.Optimizer != offload.TierDisk {
+			r = append(r, 4*np, 4*np)
+		}
+	}
+	for _, n := range slots {
+		r = append(r, 4*((n+3)/4))
+	}
+	return r
+}
+
+// packSlabs lays requests out in slabs of at most hostSlab bytes (a larger
+// request gets a slab of its own): the slab sizes and, per request, its
+// slab and offset.
+func packSlabs(req []int64) (slabs []int64, at [][2]int64) {
+	for _, n := range req {
+		off := int64(0)
+		if k := len(slabs); k > 0 {
+			off = (slabs[k-1] + hostAlign - 1) &^ (hostAlign - 1)
+			if off+n <= hostSlab {
+				slabs[k-1] = off + n
+				at = append(at, [2]int64{int64(k - 1), off})
+				continue
+			}
+		}
+		slabs = append(slabs, n)
+		at = append(at, [2]int64{int64(len(slabs) - 1), 0})
+	}
+	return slabs, at
+}
+
+// hostPoolBudget is what the pool must be able to pin for slabs: each
+// rounded up to the pool's 4 KiB pages.
+func hostPoolBudget(slabs []int64) int64 {
+	var n int64
+	for _, s := range slabs {
+		n += (max(s, 1) + 4095) &^ 4095
+	}
+	return n
+}
+
+// newHostState allocates the host state of every layer of m and of the
+// offloaded activations' slots (the slot sizes of the programs), records
+// the layers' classes in table, and starts the optimizer worker.
+func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offload.Table, slots []int64) (hs *hostState, err error) {
+	hs = &hostState{m: m, opts: o, table: table, rec: o.Recorder, host: make([]hostLayer, len(m.Layers))}
+	defer func() {
+		if err != nil {
+			hs.close()
+			hs = nil
+		}
+	}()
+	if o.Optimizer == offload.TierDisk {
+		if hs.disk, err = offload.OpenDisk(offload.DiskConfig{Dir: o.DiskDir, Budget: o.DiskBudget}); err != nil {
+			return hs, err
+		}
+	}
+	req := hostRequests(m, o, slots)
+	slabs, at := packSlabs(req)
+	mem := hs.openMemory(be, req, slabs)
+	next := 0
+	take := func() []byte {
+		b := mem(next, at[next], req[next])
+		hs.bytes += req[next]
+		next++
+		return b
+	}
+	for i, l := range m.Layers {
+		h := &hs.host[i]
+		np := int64(l.NumParams())
+		h.master = take()
+		h.weights = h.master
+		if m.DType != kernels.F32 || o.DelayedUpdate {
+			h.weights = take()
+		}
+		h.grads = take()
+		if o.DelayedUpdate {
+			h.spareW, h.spareG = take(), take()
+		}
+		optTier := offload.TierHost
+		if hs.disk != nil {
+			optTier = offload.TierDisk
+			for _, cl := range []offload.Class{offload.AdamM, offload.AdamV} {
+				if err = hs.disk.Create(offload.Key{Layer: i, Class: cl}, 4*np); err != nil {
+					return hs, err
+				}
+			}
+		} else {
+			h.m, h.v = take(), take()
+		}
+		h.done = make(chan struct{})
+		close(h.done)
+		cb := np * int64(m.DType.Size())
+		// The residency table records every class of the layer; the
+		// executor moves the weights, gradients and activations.
+		for _, e := range []struct {
+			cl offload.Class
+			n  int64
+			at offload.Tier
+		}{
+			{offload.Weights, cb, offload.TierHost},
+			{offload.Master, 4 * np, offload.TierHost},
+			{offload.Grads, cb, offload.TierHost},
+			{offload.AdamM, 4 * np, optTier},
+			{offload.AdamV, 4 * np, optTier},
+		} {
+			if err = table.Add(offload.Key{Layer: i, Class: e.cl}, e.n, e.at); err != nil {
+				return hs, err
+			}
+		}
+	}
+	for range slots {
+		hs.slots = append(hs.slots, take())
+	}
+	work := make(chan func(), len(m.Layers))
+	hs.work = work
+	go func() {
+		for fn := range work {
+			fn()
+		}
+	}()
+	return hs, nil
+}
+
+// slotAlloc hands out the host slots of offloaded activations (exec
+// Config.HostAlloc), in the order the programs list them.
+func (hs *hostState) slotAlloc(n int64) []byte {
+	b := hs.slots[0]
+	hs.slots = hs.slots[1:]
+	return b[:n]
+}
+
+// openMemory decides where the host state lives: in slabs of pinned memory
+// from a pool (what the system can pin), or, when it cannot pin that much
+// (the pool would degrade to a staging ring), in Go memory with the copies
+// staged. It returns the function that yields request i's memory.
+func (hs *hostState) openMemory(be kernels.Backend, req, slabs []int64) func(i int, at [2]int64, n int64) []byte {
+	o := hs.opts
+	var need int64
+	for _, n := range req {
+		need += n
+	}
+	goMem := func(_ int, _ [2]int64, n int64) []byte { return offload.NewF32Bytes(n) }
+	budget := o.HostBudget
+	if budget <= 0 {
+		budget = hostPoolBudget(slabs)
+	}
+	cfg := offload.HostConfig{Budget: max(budget, 1), Pinner: o.HostPinner, ReadLimits: o.HostLimits}
+	if cfg.Pinner == nil {
+		cfg.Pinner = offload.PinnerFor(be, false)
+	}
+	kind := "page-locked"
+	if mp, ok := cfg.Pinner.(offload.MmapPinner); ok {
+		kind = "anonymous mmap off the Go heap, not locked"
+		if mp.Lock {
+			kind = "anonymous mmap off the Go heap, mlocked"
+		}
+	}
+	d, err := offload.DecideHost(cfg)
+	if err != nil || d.Degraded || d.Granted < hostPoolBudget(slabs) {
+		why := d.String()
+		if err != nil {
+			why = err.Error()
+		} else if !d.Degraded {
+			why = fmt.Sprintf("the pool may pin %s, the state needs %s", kernels.FormatBytes(d.Granted),
+				kernels.FormatBytes(hostPoolBudget(slabs)))
+		}
+		hs.note = fmt.Sprintf("host state (%s) in unpinned Go memory: %s", kernels.FormatBytes(need), why)
+		if err == nil && d.Degraded {
+			if hs.stage, err = exec.NewStaging(be, cfg); err != nil {
+				hs.note += fmt.Sprintf("; copies unstaged: %v", err)
+				return goMem
+			}
+			hs.note += fmt.Sprintf("; copies pass through %d pinned staging buffers of %s", d.StagingBuffers,
+				kernels.FormatBytes(d.StagingSize))
+		}
+		return goMem
+	}
+	if hs.pool, err = offload.NewHostPool(cfg); err != nil {
+		hs.note = fmt.Sprintf("host state (%s) in unpinned Go memory: %v", kernels.FormatBytes(need), err)
+		return goMem
+	}
+	for _, s := range slabs {
+		b, ok, err := hs.pool.TryAcquire(max(s, 1))
+		if err != nil || !ok {
+			for _, b := range hs.slabs {
+				b.Release()
+			}
+			hs.slabs = nil
+			hs.note = fmt.Sprintf("host state (%s) in unpinned Go memory: pinning a slab of %s failed (%v)",
+				kernels.FormatBytes(need), kernels.FormatBytes(s), err)
+			return goMem
+		}
+		hs.slabs = append(hs.slabs, b)
+	}
+	hs.pinned = true
+	hs.note = fmt.Sprintf("host state (%s) pinned in %d slabs (%s); %s", kernels.FormatBytes(need), len(slabs), kind, d)
+	return func(_ int, at [2]int64, n int64) []byte {
+		// Fresh pins are zeroed by the pinner: nothing to clear.
+		return hs.slabs[at[0]].Bytes()[at[1] : at[1]+n : at[1]+n]
+	}
+}
+
+// close waits for the updates and releases the host memory and the disk
+// tier; no queued copy may use the memory any more.
+func (hs *hostState) close() {
+	for i := range hs.host {
+		if hs.host[i].done != nil {
+			<-hs.host[i].done
+		}
+	}
+	if hs.work != nil {
+		close(hs.work)
+		hs.work = nil
+	}
+	if hs.disk != nil {
+		_ = hs.disk.Close()
+		hs.disk = nil
+	}
+	if hs.stage != nil {
+		hs.stage.Close()
+		hs.stage = nil
+	}
+	for _, b := range hs.slabs {
+		b.Release()
+	}
+	hs.slabs, hs.host = nil, nil
+	if hs.pool != nil {
+		_ = hs.pool.Close()
+		hs.pool = nil
+	}
+}
+
+// rec keeps the first residency transition the table refused.
+func (hs *hostState) recErr(err error) {
+	if err == nil {
+		return
+	}
+	hs.mu.Lock()
+	if hs.tabErr == nil {
+		hs.tabErr = err
+	}
+	hs.mu.Unlock()
+}
+
+// Weights implements exec.Host: layer l's compute-dtype weights, once its
+// last update is done (except with DelayedUpdate, whose update runs
+// during this step and writes the other buffer).
+func (hs *hostState) Weights(ctx context.Context, l int) ([]byte, error) {
+	if !hs.opts.DelayedUpdate {
+		if err := hs.waitLayer(ctx, l); err != nil {
+			return nil, err
+		}
+	}
+	return hs.host[l].weights, nil
+}
+
+// Grads implements exec.Host.
+func (hs *hostState) Grads(l int) []byte { return hs.host[l].grads }
+
+// GradsOut implements exec.Host: with eager updates, layer l's update
+// starts once its gradients have landed.
+func (hs *hostState) GradsOut(l int, ev kernels.Event) {
+	hs.host[l].gradEv = ev
+	if hs.eager != nil {
+		hs.launchUpdate(context.Background(), l, *hs.eager, true)
+		hs.launched++
+	}
+}
+
+// waitUpdates waits for every layer's update.
+func (hs *hostState) waitUpdates() error {
+	var errs []error
+	for i := range hs.host {
+		if err := hs.waitLayer(context.Background(), i); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// waitLayer waits for layer i's update and makes the weights it wrote
+// (DelayedUpdate) the ones fetches read. It runs on the goroutine that
+// drives the trainer.
+func (hs *hostState) waitLayer(ctx context.Context, i int) error {
+	h := &hs.host[i]
+	select {
+	case <-h.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if h.next != nil {
+		h.weights, h.spareW, h.next = h.next, h.weights, nil
+		k := offload.Key{Layer: i, Class: offload.Weights}
+		if r, _ := hs.table.Get(k); r.Valid.Has(offload.TierDevice) {
+			_ = hs.table.Modified(k, offload.TierHost) // the device copy is stale
+		}
+	}
+	return h.err
+}
+
+// launchUpdate queues the host optimizer of layer i with hp, after the
+// layer's previous update; the next fetch of its weights waits for it.
+// eager updates wait for the copy of the gradients to the host and skip a
+// layer whose gradients are not finite. With DelayedUpdate the update
+// writes the spare weights buffer and the next evictions land in the
+// spare gradients buffer.
+func (hs *hostState) launchUpdate(ctx context.Context, i int, hp kernels.AdamWParams, eager bool) {
+	h := &hs.host[i]
+	<-h.done
+	grads, out := h.grads, h.weights
+	switch {
+	case hs.opts.DelayedUpdate:
+		out, h.next = h.spareW, h.spareW
+		h.spareW = nil
+		h.grads, h.spareG = h.spareG, h.grads
+	case hs.m.DType == kernels.F32:
+		out = nil // the weights are the master
+	}
+	done := make(chan struct{})
+	h.done, h.err, h.nonFinite = done, nil, false
+	// The update writes the master, the moments and (in place, or with
+	// DelayedUpdate once waitLayer swaps the buffers) the weights on the
+	// host: any device copy of the weights is stale.
+	for _, cl := range []offload.Class{offload.Weights, offload.Master, offload.AdamM, offload.AdamV} {
+		k := offload.Key{Layer: i, Class: cl}
+		if r, _ := hs.table.Get(k); r.Valid.Has(offload.TierHost) {
+			hs.recErr(hs.table.Modified(k, offload.TierHost))
+		}
+	}
+	gradEv := h.gradEv
+	hs.work <- func() {
+		defer close(done)
+		if eager && gradEv != nil {
+			if h.err = gradEv.Synchronize(ctx); h.err != nil {
+				return
+			}
+			if !offload.HostFinite(grads, hs.m.DType) {
+				h.nonFinite = true
+				return
+			}
+		}
+		end := hs.rec.Begin("optimizer", stream.Optimizer, "adamw "+hs.m.Layers[i].Name())
+		h.err = hs.updateLayer(ctx, i, hp, grads, out)
+		end()
+	}
+}
+
+// updateLayer is AdamW on layer i's host state with gradients grads,
+// writing the compute-dtype weights to out (nil: the master is the
+// compute copy).
+func (hs *hostState) updateLayer(ctx context.Context, i int, hp kernels.AdamWParams, grads, out []byte) error {
+	h := &hs.host[i]
+	l := hs.m.Layers[i]
+	dt := hs.m.DType
+	mb, vb := h.m, h.v
+	t := hs.table
+	np := int64(l.NumParams())
+	km, kv := offload.Key{Layer: i, Class: offload.AdamM}, offload.Key{Layer: i, Class: offload.AdamV}
+	if hs.disk != nil {
+		mb, vb = offload.NewF32Bytes(4*np), offload.NewF32Bytes(4*np)
+		hs.recErr(errors.Join(t.BeginCopy(km, offload.TierDisk, offload.TierHost), t.BeginCopy(kv, offload.TierDisk, offload.TierHost)))
+		err := errors.Join(hs.disk.Load(ctx, km, mb).Wait(ctx), hs.disk.Load(ctx, kv, vb).Wait(ctx))
+		if err != nil {
+			hs.recErr(errors.Join(t.AbortCopy(km), t.AbortCopy(kv)))
+			return fmt.Errorf("engine: host optimizer, layer %s: %w", l.Name(), err)
+		}
+		hs.countDisk(8 * np)
+		hs.recErr(errors.Join(t.EndCopy(km), t.EndCopy(kv)))
+	}
+	master, m, v := offload.F32s(h.master), offload.F32s(mb), offload.F32s(vb)
+	es := int(dt.Size())
+	for _, ps := range l.Params() {
+		p := hp
+		if !ps.Decay {
+			p.WeightDecay = 0
+		}
+		lo, hi := ps.Offset, ps.Offset+ps.Elems()
+		var o []byte
+		if out != nil {
+			o = out[lo*es : hi*es]
+		}
+		if err := offload.HostAdamW(master[lo:hi], grads[lo*es:hi*es], dt, m[lo:hi], v[lo:hi], o, dt, p); err != nil {
+			return err
+		}
+	}
+	if hs.disk != nil {
+		// Written on the host, stored back, and the host copy freed.
+		for _, k := range []offload.Key{km, kv} {
+			hs.recErr(errors.Join(t.Modified(k, offload.TierHost), t.BeginCopy(k, offload.TierHost, offload.TierDisk)))
+		}
+		err := errors.Join(hs.diskStore(ctx, km, mb), hs.diskStore(ctx, kv, vb))
+		for _, k := range []offload.Key{km, kv} {
+			if err != nil {
+				// The files may be torn: the host copy, dropped with mb
+				// and vb, was the only good one.
+				hs.recErr(t.AbortCopy(k))
+				continue
+			}
+			hs.recErr(errors.Join(t.EndCopy(k), t.Evict(k, offload.TierHost)))
+		}
+		if err != nil {
+			return fmt.Errorf("engine: host optimizer, layer %s: %w", l.Name(), err)
+		}
+		hs.countDisk(8 * np)
+	}
+	return nil
+}
+
+func (hs *hostState) countDisk(n int64) {
+	hs.mu.Lock()
+	hs.diskRW += n
+	hs.mu.Unlock()
+}
+
+// diskBytes is what the disk tier has read and written so far.
+func (hs *hostState) diskBytes() int64 {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	return hs.diskRW
+}
+
+// diskStore writes an optimizer file of the disk tier (through storeHook
+// when a test sets one).
+func (hs *hostState) diskStore(ctx context.Context, k offload.Key, b []byte) error {
+	if hs.storeHook != nil {
+		if err := hs.storeHook(k); err != nil {
+			return err
+		}
+	}
+	return hs.disk.Store(ctx, k, b).Wait(ctx)
+}
+
+// setMaster stores layer i's fp32 master weights (and the compute copy,
+// rounded as the device Cast rounds): fill writes the master in place.
+func (hs *hostState) setMaster(i int, fill func(master []float32)) error {
+	if err := hs.waitLayer(context.Background(), i); err != nil {
+		return err
+	}
+	h := &hs.host[i]
+	fill(offload.F32s(h.master))
+	switch {
+	case hs.m.DType == kernels.F32:
+		if len(h.weights) > 0 && &h.weights[0] != &h.master[0] {
+			copy(h.weights, h.master)
+		}
+	default:
+		m := offload.F32s(h.master)
+		for lo := 0; lo < len(m); lo += 4096 {
+			hi := min(lo+4096, len(m))
+			offloadStore(h.weights, hs.m.DType, lo, m[lo:hi])
+		}
+	}
+	for _, cl := range []offload.Class{offload.Weights, offload.Master} {
+		k := offload.Key{Layer: i, Class: cl}
+		if r, _ := hs.table.Get(k); r.Valid.Has(offload.TierHost) {
+			if err := hs.table.Modified(k, offload.TierHost); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// setMasters runs setMaster for every layer, the layers spread over the
+// cores.
+func (hs *hostState) setMasters(fill func(i int, master []float32)) error {
+	if err := hs.waitUpdates(); err != nil {
+		return err
+	}
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for i := range hs.host {
+		g.Go(func() error { return hs.setMaster(i, func(m []float32) { fill(i, m) }) })
+	}
+	return g.Wait()
+}
+
+// offloadStore rounds s into host array b of dtype dt at element lo.
+func offloadStore(b []byte, dt kernels.DType, lo int, s []float32) {
+	es := dt.Size()
+	for i, x := range s {
+		var h uint16
+		if dt == kernels.BF16 {
+			h = kernels.BF16FromF32(x)
+		} else {
+			h = kernels.F16FromF32(x)
+		}
+		b[(lo+i)*es] = byte(h)
+		b[(lo+i)*es+1] = byte(h >> 8)
+	}
+}
+
+// optim returns copies of layer i's master, m and v (fp32 bytes).
+func (hs *hostState) optim(ctx context.Context, i int) (master, m, v []byte, err error) {
+	if err := hs.waitUpdates(); err != nil {
+		return nil, nil, nil, err
+	}
+	h := &hs.host[i]
+	master = append([]byte(nil), h.master...)
+	if hs.disk == nil {
+		return master, append([]byte(nil), h.m...), append([]byte(nil), h.v...), nil
+	}
+	m, v = offload.NewF32Bytes(int64(len(master))), offload.NewF32Bytes(int64(len(master)))
+	err = errors.Join(hs.disk.Load(ctx, offload.Key{Layer: i, Class: offload.AdamM}, m).Wait(ctx),
+		hs.disk.Load(ctx, offload.Key{Layer: i, Class: offload.AdamV}, v).Wait(ctx))
+	return master, m, v, err
+}
+
+// setOptim stores layer i's moments.
+func (hs *hostState) setOptim(ctx context.Context, i int, m, v []byte) error {
+	if err := hs.waitUpdates(); err != nil {
+		return err
+	}
+	h := &hs.host[i]
+	if hs.disk == nil {
+		copy(h.m, m)
+		copy(h.v, v)
+		return nil
+	}
+	return errors.Join(hs.disk.Store(ctx, offload.Key{Layer: i, Class: offload.AdamM}, m).Wait(ctx),
+		hs.disk.Store(ctx, offload.Key{Layer: i, Class: offload.AdamV}, v).Wait(ctx))
+}
