@@ -68,6 +68,9 @@ func (e *embedding) ActivationBytes(B, T int) int64 {
 }
 func (e *embedding) ScratchBytes(B, T int) int64 { return 0 }
 
+// FwdFLOPs implements FLOPer: a lookup.
+func (e *embedding) FwdFLOPs(T int) float64 { return 0 }
+
 func (e *embedding) Forward(q kernels.Queue, p *Pass, i int) {
 	w := p.Table.Layers[i].Weights
 	p.Ops.EncoderForward(q, p.Out(i), p.Input, param(w, e.wte), param(w, e.wpe), p.B, p.T, e.s.Embd)
@@ -165,10 +168,15 @@ func (k *block) scratch(buf kernels.Buffer, B, T int) (a4, b4, c1, c2 kernels.Te
 	return a4, b4, c1, c2, a.off
 }
 
-func (k *block) Name() string                   { return k.name }
-func (k *block) Params() []ParamSpec            { return k.specs }
-func (k *block) NumParams() int                 { return k.n }
-func (k *block) Tied() []int                    { return nil }
+func (k *block) Name() string        { return k.name }
+func (k *block) Params() []ParamSpec { return k.specs }
+func (k *block) NumParams() int      { return k.n }
+func (k *block) Tied() []int         { return nil }
+
+// FwdFLOPs implements FLOPer: two per parameter (the matmuls) and
+// attention's 4*T*C (scores and the weighted sum, counted as if not
+// causal, as nanoGPT and PaLM count).
+func (k *block) FwdFLOPs(T int) float64         { return 2*float64(k.n) + 4*float64(T)*float64(k.s.Embd) }
 func (k *block) OutputElems(B, T int) int       { return B * T * k.s.Embd }
 func (k *block) ActivationBytes(B, T int) int64 { return k.acts(nil, B, T).size }
 func (k *block) ScratchBytes(B, T int) int64 {
@@ -288,10 +296,13 @@ func (h *head) scratch(buf kernels.Buffer, B, T int) (dlogits, dlnf kernels.Tens
 	return dlogits, dlnf, a.off
 }
 
-func (h *head) Name() string                   { return "head" }
-func (h *head) Params() []ParamSpec            { return h.specs }
-func (h *head) NumParams() int                 { return h.n }
-func (h *head) Tied() []int                    { return []int{0} }
+func (h *head) Name() string        { return "head" }
+func (h *head) Params() []ParamSpec { return h.specs }
+func (h *head) NumParams() int      { return h.n }
+func (h *head) Tied() []int         { return []int{0} }
+
+// FwdFLOPs implements FLOPer: the logits through the tied embedding.
+func (h *head) FwdFLOPs(T int) float64         { return 2 * float64(h.s.Vocab) * float64(h.s.Embd) }
 func (h *head) OutputElems(B, T int) int       { return 0 }
 func (h *head) ActivationBytes(B, T int) int64 { return h.acts(nil, B, T).size }
 func (h *head) ScratchBytes(B, T int) int64 {

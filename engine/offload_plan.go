@@ -1,13 +1,18 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 
+	"github.com/spill-ml/spill/dataset"
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/offload/plan"
 	"github.com/spill-ml/spill/offload/schedule"
 	"github.com/spill-ml/spill/stream"
 )
@@ -18,46 +23,58 @@ import (
 // not chosen.
 var ActOffloadSupported = true
 
-// PlanShape is m as offload.Plan sees it when it trains on sequences of T
-// positions (T is 1 for record models): every layer's exact parameter count
-// and, per sequence, the bytes of its saved activations, of its output (what
-// recomputation keeps) and of its scratch space. The layers between the
-// first and the last are recomputable, as NewOffloadTrainer treats them.
-func PlanShape(name string, m *Model, T int) offload.ModelShape {
-	s := offload.ModelShape{Name: name, SeqLen: T}
+// FLOPer is implemented by layers that know their forward FLOPs per
+// token at sequence length T; a layer that does not is taken as two FLOPs
+// per parameter (its matmuls).
+type FLOPer interface {
+	FwdFLOPs(T int) float64
+}
+
+func layerFLOPs(l Layer, T int) float64 {
+	if f, ok := l.(FLOPer); ok {
+		return f.FwdFLOPs(T)
+	}
+	return 2 * float64(l.NumParams())
+}
+
+// ModelFLOPsPerToken is the forward and backward FLOPs of one token of a
+// step (3 times the forward), without recomputation: the model FLOPs of
+// throughput figures.
+func ModelFLOPsPerToken(m *Model, T int) float64 {
+	var f float64
+	for _, l := range m.Layers {
+		f += layerFLOPs(l, T)
+	}
+	return 3 * f
+}
+
+// PlanModel is m as the planner sees it when it trains on sequences of T
+// positions (T is 1 for record models): every layer's parameters, FLOPs
+// and tied layers, and exact sizes from the engine's own layouts (the
+// programs' layers, the trainers' fixed buffers and the resident
+// trainer's allocations). The layers between the first and the last are
+// recomputable, as NewOffloadTrainer treats them.
+func PlanModel(name string, m *Model, T int) plan.Model {
+	pm := plan.Model{Name: name, Precision: PrecisionOf(m.DType), SeqLen: T}
 	n := len(m.Layers)
 	es := int64(m.DType.Size())
 	for i, l := range m.Layers {
-		out := int64(l.OutputElems(1, T)) * es
-		s.Layers = append(s.Layers, offload.LayerShape{
+		pm.Layers = append(pm.Layers, plan.Layer{
 			Name:         l.Name(),
 			Params:       int64(l.NumParams()),
-			ActBytes:     max(l.ActivationBytes(1, T), 1),
-			CkptBytes:    max(out, 1),
-			ScratchBytes: max(l.ScratchBytes(1, T), 1),
-			FwdFLOPs:     layerFLOPs(m, l, T),
+			ActBytes:     l.ActivationBytes(1, T),
+			OutBytes:     int64(l.OutputElems(1, T)) * es,
+			ScratchBytes: l.ScratchBytes(1, T),
+			FwdFLOPs:     layerFLOPs(l, T),
+			Tied:         l.Tied(),
 			Recomputable: i > 0 && i < n-1,
 		})
 	}
-	return s
-}
-
-// layerFLOPs estimates a layer's forward FLOPs per token: two per
-// parameter (the matmuls), plus attention's 4*T*C for a GPT block; the GPT
-// head multiplies by the tied embedding (2*V*C) and the embedding is a
-// lookup.
-func layerFLOPs(m *Model, l Layer, T int) float64 {
-	if m.Kind != "gpt" {
-		return 2 * float64(l.NumParams())
-	}
-	C := float64(m.GPT.Embd)
-	switch {
-	case strings.HasPrefix(l.Name(), "h."):
-		return 2*float64(l.NumParams()) + 4*float64(T)*C
-	case l.Name() == "head":
-		return 2 * float64(m.GPT.Vocab) * C
-	}
-	return 0
+	o := OffloadOptions{}
+	pm.Shape = func(mb int) []schedule.Layer { return programSpec(m, mb, T, 1, &o, true).Layers }
+	pm.Fixed = func(mb, accum int) int64 { return offloadFixedBytes(m, mb, T, accum) }
+	pm.Resident = func(mb int) map[offload.Class]int64 { return ResidentDeviceBytes(m, mb, T) }
+	return pm
 }
 
 // PrecisionOf is the planner's precision for a compute dtype.
@@ -188,55 +205,21 @@ func OffloadDeviceBytes(m *Model, B, T, accum int, o OffloadOptions) (map[offloa
 }
 
 // OffloadHostBytes is the host memory NewOffloadTrainer(be, m, to, o)
-// holds for layer state and offloaded activations, by class, computed
-// without allocating: the same figure as the trainer's HostBytes. Per
-// layer: the fp32 master, the compute-dtype weights the fetches read (the
-// master itself in fp32 runs without DelayedUpdate), the gradients'
-// landing buffer, the Adam moments unless they are on disk, and with
-// DelayedUpdate a second compute-dtype copy of the weights and of the
-// gradients; and the host slots of the offloaded activations (one per
-// offloaded layer and micro-batch of a group).
+// holds for layer state and host slots, by class, computed without
+// allocating: the same figure as the trainer's HostBytes (plan.HostState
+// of the layers and the program's slots).
 func OffloadHostBytes(m *Model, B, T, accum int, o OffloadOptions) (map[offload.Class]int64, error) {
-	by := byteClasses{}
-	es := int64(m.DType.Size())
-	for _, l := range m.Layers {
-		np := int64(l.NumParams())
-		cb := np * es
-		by[offload.Master] += 4 * np
-		if m.DType != kernels.F32 || o.DelayedUpdate {
-			by[offload.Weights] += cb
-		}
-		by[offload.Grads] += cb
-		if o.DelayedUpdate {
-			by[offload.Weights] += cb
-			by[offload.Grads] += cb
-		}
-		if o.Optimizer != offload.TierDisk {
-			by[offload.AdamM] += 4 * np
-			by[offload.AdamV] += 4 * np
-		}
-	}
-	// The host slots of offloaded activations and of tied gradients sent
-	// out between runs of backwards.
 	o.Prefetch = max(o.Prefetch, 1)
 	o.Group = min(max(o.Group, 1), accum)
 	p, err := schedule.Compile(programSpec(m, B, T, accum, &o, true))
 	if err != nil {
 		return nil, err
 	}
-	counted := make([]bool, len(p.HostSlots))
-	for _, iv := range p.Intervals {
-		if iv.Slot >= 0 && !counted[iv.Slot] {
-			counted[iv.Slot] = true
-			by[iv.Class.Offload()] += 4 * ((p.HostSlots[iv.Slot] + 3) / 4)
-		}
+	params := make([]int64, len(m.Layers))
+	for i, l := range m.Layers {
+		params[i] = int64(l.NumParams())
 	}
-	for k, v := range by {
-		if v == 0 {
-			delete(by, k)
-		}
-	}
-	return by, nil
+	return plan.HostState(params, int64(m.DType.Size()), m.DType != kernels.F32, o.DelayedUpdate, o.Optimizer, plan.SlotBytes(p)), nil
 }
 
 // PlanRequest is what PlanTrainer plans for. Zero override fields leave the
@@ -275,13 +258,13 @@ type TrainerPlan struct {
 	DevicePeak int64
 }
 
-// PlanTrainer chooses how to train m within req's budgets: the placement of
-// every tensor class, the prefetch depth, the activation policy and the
-// largest micro-batch (dividing req.B) that fits, among what this package's
-// trainers execute, with exact device peaks from their schedules. Without
-// overrides, the resident trainer at micro-batch req.B is chosen whenever
-// it fits. It fails with the planner's *offload.InfeasibleError when
-// nothing fits.
+// PlanTrainer chooses how to train m within req's budgets with the one
+// planner (offload/plan): the placement of every tensor class, the order
+// of the step, the prefetch depth, the activation policy and the largest
+// micro-batch (dividing req.B) that fits, with exact device peaks from
+// the trainers' programs. Without overrides, the resident trainer at
+// micro-batch req.B is chosen whenever it fits. It fails with the
+// planner's *offload.InfeasibleError when nothing fits.
 func PlanTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 	if req.DelayedUpdate && req.Resident {
 		return nil, errors.New("engine: plan: the resident trainer has no delayed update")
@@ -319,16 +302,7 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 			return false
 		}
 		resident := p.Optimizer == offload.TierDevice
-		if resident && (p.Weights != offload.TierDevice || p.Grads != offload.TierDevice || p.Recompute+p.Offload > 0) {
-			return false
-		}
 		if req.Resident && (!resident || p.MicroBatch != req.B) {
-			return false
-		}
-		if req.DelayedUpdate && resident {
-			return false
-		}
-		if p.Optimizer == offload.TierDisk && !hasDisk {
 			return false
 		}
 		if p.Offload > 0 && !ActOffloadSupported {
@@ -338,7 +312,7 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 			(req.Optimizer != 0 && p.Optimizer != req.Optimizer) {
 			return false
 		}
-		if req.Prefetch > 0 && p.Weights != offload.TierDevice && p.PrefetchDepth != req.Prefetch {
+		if req.Prefetch > 0 && !resident && p.PrefetchDepth != req.Prefetch {
 			return false
 		}
 		switch req.Activations {
@@ -351,44 +325,19 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 		}
 		return true
 	}
-	type key struct {
-		w, g                  offload.Tier
-		resident              bool
-		mb, depth, rec, offld int
+	maxPrefetch := 2
+	if req.Prefetch > maxPrefetch {
+		maxPrefetch = req.Prefetch
 	}
-	cache := map[key]map[offload.Class]int64{}
-	peak := func(p *offload.Placement) map[offload.Class]int64 {
-		k := key{p.Weights, p.Grads, p.Optimizer == offload.TierDevice, p.MicroBatch, p.PrefetchDepth, p.Recompute, p.Offload}
-		if by, ok := cache[k]; ok {
-			return by
-		}
-		accum := req.Accum * req.B / p.MicroBatch
-		var by map[offload.Class]int64
-		if k.resident {
-			by = ResidentDeviceBytes(m, p.MicroBatch, req.T)
-		} else {
-			by, _ = OffloadDeviceBytes(m, p.MicroBatch, req.T, accum, optionsFor(p, req, budgets))
-		}
-		cache[k] = by
-		return by
-	}
-	hostPeak := func(p *offload.Placement) map[offload.Class]int64 {
-		if p.Optimizer == offload.TierDevice {
-			return nil
-		}
-		by, _ := OffloadHostBytes(m, p.MicroBatch, req.T, req.Accum*req.B/p.MicroBatch, optionsFor(p, req, budgets))
-		return by
-	}
-	pl, err := offload.Plan(offload.Request{
-		Model: PlanShape(req.Name, m, req.T), Batch: req.B * req.Accum, Precision: PrecisionOf(m.DType),
-		Budgets: budgets, Hardware: req.Hardware, Allow: allow, DevicePeak: peak, HostPeak: hostPeak,
-		DelayedUpdate: req.DelayedUpdate,
+	pl, err := plan.Plan(plan.Request{
+		Model: PlanModel(req.Name, m, req.T), Batch: req.B * req.Accum, Budgets: budgets, Hardware: req.Hardware,
+		Allow: allow, DelayedUpdate: req.DelayedUpdate, MaxPrefetch: maxPrefetch,
 	})
 	if err != nil {
 		return nil, err
 	}
-	tp := &TrainerPlan{Placement: pl, Resident: pl.Optimizer == offload.TierDevice, B: pl.MicroBatch,
-		Accum: req.Accum * req.B / pl.MicroBatch, DevicePeak: byteClasses(peak(pl)).total()}
+	tp := &TrainerPlan{Placement: pl, Resident: pl.Optimizer == offload.TierDevice, B: pl.MicroBatch, Accum: pl.Accum}
+	tp.DevicePeak = pl.Memory[0].Peak - pl.Memory[0].Reserve
 	if !tp.Resident {
 		tp.Options = optionsFor(pl, req, budgets)
 	}
@@ -398,8 +347,8 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 // optionsFor maps a placement to the out-of-core trainer's options.
 func optionsFor(p *offload.Placement, req PlanRequest, b offload.Budgets) OffloadOptions {
 	o := OffloadOptions{
-		Weights: p.Weights, Grads: p.Grads, Optimizer: p.Optimizer,
-		Prefetch: max(p.PrefetchDepth, req.Prefetch, 1), DeviceBudget: b.Device,
+		Weights: p.Weights, Grads: p.Grads, Optimizer: p.Optimizer, Group: p.Group,
+		Prefetch: max(p.PrefetchDepth, 1), DeviceBudget: b.Device,
 		DelayedUpdate: req.DelayedUpdate, HostBudget: b.Host,
 	}
 	if p.Optimizer == offload.TierDisk {
@@ -496,25 +445,63 @@ func deviceBudget(cfg *Config, be kernels.Backend) int64 {
 	return be.MemStats().Limit
 }
 
-// planRequest is the PlanRequest of a run.
-func planRequest(cfg *Config, be kernels.Backend, B, T int, budget int64) PlanRequest {
+// HostMargin is what the default host budget leaves of MemAvailable to
+// the operating system, the page cache and the rest of the process: 5% of
+// it, at least 2 GiB (the hardware profile's HostReserve comes on top).
+func HostMargin(avail int64) int64 { return max(avail/20, 2<<30) }
+
+// DefaultHostBudget is the host budget of a run with no host_memory:
+// MemAvailable less HostMargin (8 GiB when MemAvailable is unknown).
+func DefaultHostBudget() int64 {
+	if lim, err := offload.ReadLimits(); err == nil && lim.MemAvailable > 0 {
+		return max(lim.MemAvailable-HostMargin(lim.MemAvailable), 1<<30)
+	}
+	return 8 << 30
+}
+
+// DefaultDiskDir is the disk tier's directory when disk_dir is not set:
+// "offload" beside the checkpoints when there are any, else
+// spill/offload in the user's cache directory.
+func DefaultDiskDir(cfg *Config) string {
+	if cfg.CheckpointDir != "" {
+		return filepath.Join(cfg.CheckpointDir, "offload")
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "spill", "offload")
+	}
+	return filepath.Join(os.TempDir(), "spill-offload")
+}
+
+// diskFree is the free space of dir, or of its nearest existing parent.
+func diskFree(dir string) (int64, error) {
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			return offload.DiskFree(d)
+		}
+		if p := filepath.Dir(d); p == d {
+			return 0, fmt.Errorf("engine: no existing directory above %s", dir)
+		}
+	}
+}
+
+// planRequest is the PlanRequest of a run on a device of kind device
+// ("cpu" or "cuda").
+func planRequest(cfg *Config, device string, B, T int, budget int64) PlanRequest {
 	req := PlanRequest{Name: cfg.Model, B: B, T: T, Accum: cfg.Accum, DiskDir: cfg.DiskDir,
 		Resident: cfg.Offload == OffloadNone, Prefetch: cfg.Prefetch, Activations: cfg.Activations,
 		DelayedUpdate: cfg.DelayedUpdate}
 	req.Budgets.Device = budget
 	req.Budgets.Host = cfg.HostMemory
 	if req.Budgets.Host == 0 {
-		req.Budgets.Host = 8 << 30
-		if lim, err := offload.ReadLimits(); err == nil && lim.MemAvailable > 0 {
-			req.Budgets.Host = lim.MemAvailable / 10 * 8
-		}
+		req.Budgets.Host = DefaultHostBudget()
 	}
-	if cfg.DiskDir != "" {
-		req.Budgets.Disk = cfg.DiskMemory
-		if req.Budgets.Disk == 0 {
-			if free, err := offload.DiskFree(cfg.DiskDir); err == nil {
-				req.Budgets.Disk = free / 10 * 9
-			}
+	if req.DiskDir == "" {
+		req.DiskDir = DefaultDiskDir(cfg)
+	}
+	req.Budgets.Disk = cfg.DiskMemory
+	if req.Budgets.Disk == 0 {
+		if free, err := diskFree(req.DiskDir); err == nil {
+			req.Budgets.Disk = free / 10 * 9
 		}
 	}
 	tier := func(s string) offload.Tier {
@@ -525,7 +512,7 @@ func planRequest(cfg *Config, be kernels.Backend, B, T int, budget int64) PlanRe
 		return t
 	}
 	req.Weights, req.Grads, req.Optimizer = tier(cfg.OffloadWeights), tier(cfg.OffloadGrads), tier(cfg.OffloadOptimizer)
-	if be.Name() == "cpu" {
+	if device == "cpu" {
 		req.Hardware = CPUHardware(cfg.Threads)
 	} else {
 		req.Hardware = offload.H200()
@@ -554,17 +541,58 @@ func (c *Config) hasOverrides() bool {
 		c.DelayedUpdate
 }
 
-// newRunTrainer builds the trainer a run uses: resident, as without a
-// budget, when the state fits the device budget (or offload is "none"),
-// else as PlanTrainer plans. The plan it returns has B and Accum set to
-// what the trainer uses and DevicePeak to its exact device peak. rec, if
+// choosePlan decides how a run of m trains on a device of kind device
+// under budget (0: none), with the hardware profile hw (nil: the
+// device's default): resident, as without a budget, when the state
+// fits the budget (or offload is "none"), else as PlanTrainer plans. It
+// allocates nothing: a plan that cannot fit is refused here. The plan has
+// B and Accum set to what the trainer uses and DevicePeak to its exact
+// device peak. spill train (newRunTrainer) and spill plan (PlanConfig)
+// both decide here.
+func choosePlan(cfg *Config, device string, m *Model, B, T int, budget int64, hw *offload.Hardware) (*TrainerPlan, PlanRequest, error) {
+	residentPeak := byteClasses(ResidentDeviceBytes(m, B, T)).total()
+	req := planRequest(cfg, device, B, T, budget)
+	if hw != nil {
+		req.Hardware = *hw
+	}
+	if cfg.Offload == OffloadNone || (!cfg.hasOverrides() && (budget == 0 || residentPeak <= budget)) {
+		tp := &TrainerPlan{Resident: true, B: B, Accum: cfg.Accum, DevicePeak: residentPeak}
+		if budget > 0 {
+			r := req
+			r.Resident = true
+			if p, err := PlanTrainer(m, r); err == nil {
+				tp.Placement = p.Placement
+			}
+		}
+		return tp, req, nil
+	}
+	r := req
+	if budget <= 0 {
+		// Overrides without a device budget: plan as if the device were
+		// unbounded and leave the cache without a limit.
+		r.Budgets.Device = 1 << 60
+	}
+	tp, err := PlanTrainer(m, r)
+	if err != nil {
+		return nil, req, fmt.Errorf("engine: planning for a device budget of %s: %w", kernels.FormatBytes(budget), err)
+	}
+	if budget <= 0 {
+		tp.Options.DeviceBudget = 0
+	}
+	return tp, req, nil
+}
+
+// newRunTrainer builds the trainer of the plan choosePlan decides. rec, if
 // not nil, is the out-of-core trainer's recorder (OffloadOptions.Recorder).
 func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *stream.Recorder) (*Trainer, *TrainerPlan, error) {
-	budget := deviceBudget(cfg, be)
-	residentPeak := byteClasses(ResidentDeviceBytes(m, B, T)).total()
-	req := planRequest(cfg, be, B, T, budget)
-	if cfg.Offload == OffloadNone || (!cfg.hasOverrides() && (budget == 0 || residentPeak <= budget)) {
-		tr, err := NewTrainer(be, m, trainerOptions(cfg, B, T))
+	tp, req, err := choosePlan(cfg, be.Name(), m, B, T, deviceBudget(cfg, be), nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	to := trainerOptions(cfg, tp.B, T)
+	to.Accum = tp.Accum
+	if tp.Resident {
+		tr, err := NewTrainer(be, m, to)
 		if err != nil {
 			var oom *kernels.OOMError
 			if errors.As(err, &oom) {
@@ -573,32 +601,7 @@ func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *str
 			}
 			return nil, nil, err
 		}
-		tp := &TrainerPlan{Resident: true, B: B, Accum: cfg.Accum, DevicePeak: residentPeak}
-		if budget > 0 {
-			req.Resident = true
-			if p, err := PlanTrainer(m, req); err == nil {
-				tp.Placement = p.Placement
-			}
-		}
 		return tr, tp, nil
-	}
-	if budget <= 0 {
-		// Overrides without a device budget: plan as if the device were
-		// unbounded and leave the cache without a limit.
-		req.Budgets.Device = 1 << 60
-	}
-	tp, err := PlanTrainer(m, req)
-	if err != nil {
-		return nil, nil, fmt.Errorf("engine: planning for a device budget of %s: %w", kernels.FormatBytes(budget), err)
-	}
-	if budget <= 0 {
-		tp.Options.DeviceBudget = 0
-	}
-	to := trainerOptions(cfg, tp.B, T)
-	to.Accum = tp.Accum
-	if tp.Resident {
-		tr, err := NewTrainer(be, m, to)
-		return tr, tp, err
 	}
 	tp.Options.Recorder = rec
 	tr, err := NewOffloadTrainer(be, m, to, tp.Options)
@@ -608,6 +611,66 @@ func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *str
 	hint := tp.Placement.Hint()
 	tr.Cache().SetHint(func(int64, offload.Class) string { return "planned: " + hint })
 	return tr, tp, nil
+}
+
+// PlanConfig plans the run cfg describes exactly as Run would on a device
+// of kind device ("cpu" or "cuda") whose memory is deviceLimit bytes (used
+// when cfg.DeviceMemory is 0), without opening a device and reading no
+// more of the data than its schema; hw, if not nil, replaces the
+// hardware profile. It returns the plan Run would train with (spill plan
+// prints it). Without data, a full-size GPT preset is planned for token
+// sequences of seq_len (default: the model's context).
+func PlanConfig(ctx context.Context, cfg Config, device string, deviceLimit int64, hw *offload.Hardware) (*TrainerPlan, *Model, error) {
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, err
+	}
+	var schema dataset.Schema
+	if p, ok := LookupPreset(cfg.Model); cfg.Data == "" && ok && p.Vocab != 0 {
+		// No data for a full-size preset: plan for token sequences of
+		// seq_len (default the model's context).
+		if cfg.Vocab == 0 {
+			cfg.Vocab = p.Vocab
+		}
+		if cfg.SeqLen == 0 {
+			cfg.SeqLen = cfg.MaxSeq
+		}
+		if cfg.SeqLen > cfg.MaxSeq {
+			return nil, nil, fmt.Errorf("engine: seq_len %d exceeds max_seq %d", cfg.SeqLen, cfg.MaxSeq)
+		}
+		schema = dataset.Schema{Kind: dataset.KindTokens, SeqLen: cfg.SeqLen, VocabSize: cfg.Vocab}
+	} else {
+		dataDir := cfg.Data
+		if dataDir == "" {
+			var err error
+			if dataDir, err = DefaultDataset(ctx, ""); err != nil {
+				return nil, nil, fmt.Errorf("engine: default dataset: %w", err)
+			}
+		}
+		ds, err := dataset.Open(dataDir)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer ds.Close()
+		if err := resolveData(&cfg, ds, dataDir); err != nil {
+			return nil, nil, err
+		}
+		schema = ds.Schema()
+	}
+	m, err := BuildModel(&cfg, schema)
+	if err != nil {
+		return nil, nil, err
+	}
+	B, T := cfg.Batch, cfg.SeqLen
+	if !cfg.IsGPT() {
+		T = 1
+	}
+	budget := cfg.DeviceMemory
+	if budget == 0 {
+		budget = deviceLimit
+	}
+	tp, _, err := choosePlan(&cfg, device, m, B, T, budget, hw)
+	return tp, m, err
 }
 
 // measuredDevicePeak is the device memory the trainer has held at most:

@@ -63,6 +63,9 @@ type Summary struct {
 type RunOptions struct {
 	Reporter Reporter  // receives every step's metrics; may be nil
 	Log      io.Writer // line messages; may be nil
+	// OnPlan, if set, is called with the plan the run trains with once
+	// its trainer is built, before the first step; an error stops the run.
+	OnPlan func(*TrainerPlan) error
 }
 
 // Run trains the model cfg describes: it opens the dataset (the embedded
@@ -148,6 +151,12 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 	tr, plan, err := newRunTrainer(&cfg, be, model, B, T, rec)
 	if err != nil {
 		return nil, err
+	}
+	if opts.OnPlan != nil {
+		if err := opts.OnPlan(plan); err != nil {
+			tr.Close()
+			return nil, err
+		}
 	}
 	tr.traceResident(rec)
 	var sum *Summary

@@ -188,15 +188,16 @@ func EncodeSafetensors(w io.Writer, ts []NamedTensor, meta map[string]string) er
 // fsynced. Names must be unique and non-empty and each Data must match its
 // Shape and DType.
 func WriteSafetensors(path string, ts []NamedTensor, meta map[string]string) error {
-	if err := writeFileAtomic(path, func(w io.Writer) error { return EncodeSafetensors(w, ts, meta) }); err != nil {
+	if err := WriteFileAtomic(path, func(w io.Writer) error { return EncodeSafetensors(w, ts, meta) }); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
 }
 
-// writeFileAtomic writes path through a temporary file in the same
-// directory: write, fsync, close, rename, fsync the directory.
-func writeFileAtomic(path string, write func(io.Writer) error) (err error) {
+// WriteFileAtomic writes path through a temporary file in the same
+// directory: write, fsync, close, rename, fsync the directory. Nothing is
+// left at path unless every step succeeded.
+func WriteFileAtomic(path string, write func(io.Writer) error) (err error) {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {

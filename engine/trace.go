@@ -170,7 +170,7 @@ func lastStepTrace(rec *stream.Recorder, n int) *StepTrace {
 
 // writeTrace writes spans as Chrome trace JSON to path, atomically.
 func writeTrace(path string, spans []stream.Span) error {
-	err := writeFileAtomic(path, func(w io.Writer) error {
+	err := WriteFileAtomic(path, func(w io.Writer) error {
 		bw := bufio.NewWriterSize(w, 1<<20)
 		if err := stream.WriteChrome(bw, spans); err != nil {
 			return err

@@ -36,6 +36,8 @@ const (
 	Activations              // saved forward activations
 	Workspace                // scratch: logits, staging, residual stream
 	numClasses
+	// NumClasses is the number of classes, for arrays indexed by Class.
+	NumClasses = numClasses
 )
 
 var classNames = [numClasses]string{"weights", "grads", "master", "adam_m", "adam_v", "activations", "workspace"}

@@ -34,19 +34,21 @@ type Hardware struct {
 	HostReserve   int64 `json:"host_reserve_bytes"`
 }
 
-// H200 is the profile of the lent H200 box (see /work/shared/gpu/README.md):
-// PCIe Gen5 x16 measured at 53 GB/s host-to-device, 55 GB/s back and about
-// 84 GB/s both at once; bf16 GEMM at 782 TFLOP/s. Host optimizer and disk
-// rates are assumptions until `spill doctor` measures them: 1e9 params/s
-// for AdamW on 16 cores, 3 GB/s read and 2 GB/s write for local NVMe.
+// H200 is the profile of the lent H200 box (see /work/shared/gpu/README.md
+// and OUT-OF-CORE.md): PCIe Gen5 x16 pinned copies measured at 48-53 GB/s
+// host-to-device, 48-55 GB/s back and 78-94 GB/s both at once; bf16 GEMM
+// at 782-848 TFLOP/s, of which a GPT training step in VRAM achieves about
+// 0.65 (gpt2-1.3b: 61k tokens/s); the vectorised host AdamW on 16 cores
+// is memory bound near 3e9 parameters/s (30 bytes each at ~90 GB/s).
+// Disk rates are assumptions until `spill doctor` measures them.
 func H200() Hardware {
 	return Hardware{
 		Name: "nvidia-h200 (defaults)",
-		H2D:  53e9, D2H: 55e9, Duplex: 84e9,
-		FLOPS16: 782e12, FLOPS32: 60e12, Efficiency: 0.5, HalfEfficiencyTokens: 1024,
+		H2D:  50e9, D2H: 50e9, Duplex: 80e9,
+		FLOPS16: 782e12, FLOPS32: 60e12, Efficiency: 0.68, HalfEfficiencyTokens: 256,
 		DeviceBandwidth: 4.8e12,
-		HostAdam:        1e9,
-		DiskRead:        3e9, DiskWrite: 2e9,
+		HostAdam:        2.5e9,
+		DiskRead:        1.4e9, DiskWrite: 1e9,
 		DeviceReserve: 1 << 30, HostReserve: 4 << 30,
 	}
 }

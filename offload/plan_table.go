@@ -19,7 +19,7 @@ func (p *Placement) WriteTable(w io.Writer) error {
 		params = fmt.Sprintf("%.2f B", float64(p.Params)/1e9)
 	}
 	fmt.Fprintf(&b, "model      %s, %s params, %s, seq %d\n", p.Model, params, p.Precision, p.SeqLen)
-	fmt.Fprintf(&b, "batch      %d sequences = micro-batch %d x %d accumulation steps\n", p.Batch, p.MicroBatch, p.Accum)
+	fmt.Fprintf(&b, "batch      %d sequences = micro-batch %d x %d accumulation steps, %s\n", p.Batch, p.MicroBatch, p.Accum, p.Order())
 	fmt.Fprintf(&b, "hardware   %s\n\n", p.Hardware.Name)
 
 	b.WriteString("placement\n")
@@ -29,11 +29,11 @@ func (p *Placement) WriteTable(w io.Writer) error {
 	}
 	gt := p.Grads.String()
 	if p.Grads == TierHost {
-		gt += " (sent per layer as backward produces them"
-		if p.Accum > 1 {
-			gt += ", accumulated in fp32"
+		if p.Accum > 1 && p.Group < p.Accum {
+			gt += " (accumulated on the device over each group of micro-batches, sent per layer after it and fetched back for the next)"
+		} else {
+			gt += " (accumulated on the device, sent per layer once the step's backward is done with it)"
 		}
-		gt += ")"
 	}
 	ot := p.Optimizer.String()
 	if p.Optimizer == TierDevice {
@@ -75,6 +75,14 @@ func (p *Placement) WriteTable(w io.Writer) error {
 		fmt.Fprintf(&b, "  %-21s %9.3f s busy\n", r.name, r.v)
 	}
 	fmt.Fprintf(&b, "  %-21s %s\n\n", "bottleneck", p.Bottleneck)
+
+	if len(p.Alternatives) > 0 {
+		b.WriteString("why not\n")
+		for _, a := range p.Alternatives {
+			fmt.Fprintf(&b, "  %s: %.3f s predicted; %s\n    %s\n", a.Family, a.StepTime, a.Why, a.Summary)
+		}
+		b.WriteString("\n")
+	}
 
 	b.WriteString("layers\n")
 	for i := 0; i < len(p.Layers); {

@@ -27,22 +27,31 @@ func lookupOrDefineBool(name, usage string) func() bool {
 }
 
 func TestPlanGolden(t *testing.T) {
+	disk := t.TempDir()
 	cases := []struct {
 		name string
 		args []string
 	}{
-		{"gpt2-roomy", []string{"--model", "gpt2", "--batch", "8", "--device-mem", "80GiB", "--host-mem", "64GiB"}},
-		{"gpt2-1.3b-16g", []string{"--model", "gpt2-1.3b", "--batch", "16", "--device-mem", "16GiB", "--host-mem", "100GiB"}},
-		{"gpt2-13b-disk", []string{"--model", "gpt2-13b", "--batch", "8", "--device-mem", "40GiB", "--host-mem", "64GiB", "--disk", "1TiB"}},
-		{"custom-fp32-json", []string{"--layers", "4", "--embd", "256", "--heads", "4", "--vocab", "1000", "--seq-len", "128",
-			"--batch", "4", "--precision", "fp32", "--device-mem", "3GiB", "--host-mem", "8GiB", "--json"}},
-		{"gpt2-70b-infeasible", []string{"--model", "gpt2-70b", "--batch", "4", "--device-mem", "8GiB", "--host-mem", "16GiB"}},
+		{"gpt2-roomy", []string{"--model", "gpt2", "--seq-len", "1024", "--batch", "8", "--device-memory", "80GiB", "--host-memory", "64GiB"}},
+		{"gpt2-1.3b-8g", []string{"--model", "gpt2-1.3b", "--seq-len", "1024", "--batch", "8", "--accum", "8",
+			"--device-memory", "8GiB", "--host-memory", "110GiB", "--disk-dir", disk, "--disk-memory", "60GiB"}},
+		{"gpt2-1.3b-16g", []string{"--model", "gpt2-1.3b", "--seq-len", "1024", "--batch", "16", "--device-memory", "16GiB",
+			"--host-memory", "100GiB", "--disk-dir", disk, "--disk-memory", "60GiB"}},
+		{"gpt2-13b-disk", []string{"--model", "gpt2-13b", "--seq-len", "1024", "--batch", "8", "--device-memory", "40GiB",
+			"--host-memory", "120GiB", "--disk-dir", disk, "--disk-memory", "1TiB"}},
+		{"gpt2-13b-host-short-infeasible", []string{"--model", "gpt2-13b", "--seq-len", "1024", "--batch", "8", "--device-memory", "40GiB",
+			"--host-memory", "64GiB", "--disk-dir", disk, "--disk-memory", "1TiB"}},
+		{"custom-fp32-json", []string{"--layers", "4", "--embd", "256", "--heads", "4", "--vocab", "1000", "--max-seq", "128",
+			"--model", "gpt2-124m", "--seq-len", "128", "--batch", "4", "--precision", "fp32", "--device-memory", "3GiB",
+			"--host-memory", "8GiB", "--disk-memory", "1GiB", "--disk-dir", disk, "--json"}},
+		{"gpt2-70b-infeasible", []string{"--model", "gpt2-70b", "--batch", "4", "--device-memory", "8GiB", "--host-memory", "16GiB",
+			"--disk-dir", disk, "--disk-memory", "100GiB"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
 			code := runMain(context.Background(), append([]string{"plan"}, c.args...), &out, &errb)
-			got := out.String() + errb.String()
+			got := strings.ReplaceAll(out.String()+errb.String(), disk, "DISK")
 			if strings.HasSuffix(c.name, "infeasible") {
 				if code != exitFailure {
 					t.Fatalf("exit %d, want %d: %s", code, exitFailure, got)
@@ -67,10 +76,55 @@ func TestPlanGolden(t *testing.T) {
 	}
 }
 
+// TestPlanIsWhatTrainRuns: spill plan --json prints, byte for byte, the
+// plan spill train runs with the same flags (--plan-json), out of core and
+// resident.
+func TestPlanIsWhatTrainRuns(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name  string
+		flags []string
+	}{
+		{"out-of-core", []string{"--device-memory", "4MiB", "--accum", "3"}},
+		{"layer-major", []string{"--device-memory", "3MiB", "--accum", "3"}},
+		{"resident", []string{"--device-memory", "64MiB"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			flags := append([]string{"--device", "cpu", "--threads", "2", "--host-memory", "1GiB", "--disk-dir", dir,
+				"--disk-memory", "1GiB", "--eval-every", "0"}, tc.flags...)
+			var out, errb bytes.Buffer
+			if code := runMain(context.Background(), append(append([]string{"plan"}, flags...), "--json"), &out, &errb); code != exitOK {
+				t.Fatalf("plan: exit %d: %s", code, errb.String())
+			}
+			planned := out.String()
+			path := filepath.Join(dir, tc.name+".json")
+			out.Reset()
+			errb.Reset()
+			args := append(append([]string{"train"}, flags...), "--steps", "1", "--quiet", "--plan-json", path)
+			if code := runMain(context.Background(), args, &out, &errb); code != exitOK {
+				t.Fatalf("train: exit %d: %s", code, errb.String())
+			}
+			ran, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(ran) != planned {
+				t.Fatalf("spill plan printed\n%s\nspill train ran\n%s", planned, ran)
+			}
+			if tc.name != "resident" && !strings.Contains(planned, `"optimizer": "host"`) {
+				t.Errorf("%s: the plan is not out of core:\n%s", tc.name, planned)
+			}
+			if tc.name == "layer-major" && strings.Contains(planned, `"group": 1,`) {
+				t.Errorf("the plan is not layer-major:\n%s", planned)
+			}
+		})
+	}
+}
+
 func TestPlanJSONAndUsage(t *testing.T) {
 	var out, errb bytes.Buffer
-	code := runMain(context.Background(), []string{"plan", "--model", "gpt2-medium", "--batch", "4",
-		"--device-mem", "8GiB", "--host-mem", "32GiB", "--json"}, &out, &errb)
+	code := runMain(context.Background(), []string{"plan", "--model", "gpt2-medium", "--seq-len", "1024", "--batch", "4",
+		"--device-memory", "8GiB", "--host-memory", "32GiB", "--json"}, &out, &errb)
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
@@ -78,13 +132,12 @@ func TestPlanJSONAndUsage(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &p); err != nil {
 		t.Fatalf("--json output does not parse: %v", err)
 	}
-	if p.Model != "gpt2-medium" || p.MicroBatch*p.Accum != 4 || len(p.Memory) != 3 || p.Memory[0].Peak > 8<<30 {
+	if p.Model != "gpt2-350m" || p.MicroBatch*p.Accum != 4 || len(p.Memory) != 3 || p.Memory[0].Peak > 8<<30 {
 		t.Fatalf("plan %+v", p)
 	}
 	for _, args := range [][]string{
 		{"plan", "--model", "nope"},
-		{"plan", "--layers", "4"},
-		{"plan", "--model", "gpt2", "--device-mem", "lots"},
+		{"plan", "--model", "gpt2", "--device-memory", "lots"},
 		{"plan", "--model", "gpt2", "--precision", "int4"},
 		{"plan", "--model", "gpt2", "extra"},
 	} {

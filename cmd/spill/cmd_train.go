@@ -141,8 +141,8 @@ func newConfigFlags(fs *flag.FlagSet) *configFlags {
 		"run each step's host optimizer during the next step (one step stale weights; trains out of core)", fs.BoolVar)
 	hostMem := &byteSizeFlag{}
 	bindValue(f, "host-memory", hostMem, func(c *engine.Config) { c.HostMemory = hostMem.n },
-		"host memory budget for offloaded state, pinned when the system allows, e.g. 64GiB (default: 80% of MemAvailable)")
-	str("disk-dir", func(c *engine.Config) *string { return &c.DiskDir }, "", "directory of the disk tier for optimizer state (default: no disk tier)")
+		"host memory budget for offloaded state, pinned when the system allows, e.g. 64GiB (default: MemAvailable less 5%, at least 2 GiB)")
+	str("disk-dir", func(c *engine.Config) *string { return &c.DiskDir }, "", "directory of the disk tier for optimizer state, used when the host budget is short (default: offload/ beside --checkpoint-dir, else spill/offload in the user cache directory)")
 	diskMem := &byteSizeFlag{}
 	bindValue(f, "disk-memory", diskMem, func(c *engine.Config) { c.DiskMemory = diskMem.n },
 		"disk tier budget, e.g. 1TiB (default: 90% of the free space of --disk-dir)")
@@ -211,6 +211,7 @@ type trainOptions struct {
 	quiet         bool
 	progressEvery int
 	memoryReport  bool
+	planJSON      string
 }
 
 // parseTrainArgs parses the arguments of spill train into a resolved and
@@ -223,6 +224,7 @@ func parseTrainArgs(args []string, stderr io.Writer) (engine.Config, trainOption
 	fs.BoolVar(&opts.quiet, "quiet", false, "no progress output (the summary is still printed)")
 	fs.IntVar(&opts.progressEvery, "progress-every", 10, "when stderr is not a terminal, print a progress line every N steps")
 	fs.BoolVar(&opts.memoryReport, "memory-report", false, "print the device memory summary and the plan-versus-measured table at the end")
+	fs.StringVar(&opts.planJSON, "plan-json", "", "write the plan the run trains with to this file, as spill plan --json prints it")
 	cf := newConfigFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return engine.Config{}, opts, err
@@ -284,7 +286,16 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 		reporters = append(reporters, engine.NewLineReporter(stderr, engine.ProgressOptions{Steps: cfg.Steps, Every: opts.progressEvery}))
 	}
 
-	sum, runErr := engine.Run(ctx, cfg, engine.RunOptions{Reporter: engine.MultiReporter(reporters...), Log: log})
+	ro := engine.RunOptions{Reporter: engine.MultiReporter(reporters...), Log: log}
+	if opts.planJSON != "" {
+		ro.OnPlan = func(tp *engine.TrainerPlan) error {
+			if err := engine.WriteFileAtomic(opts.planJSON, func(w io.Writer) error { return writePlan(w, tp, true) }); err != nil {
+				return fmt.Errorf("--plan-json %s: %w", opts.planJSON, err)
+			}
+			return nil
+		}
+	}
+	sum, runErr := engine.Run(ctx, cfg, ro)
 	if bar != nil {
 		bar.Finish()
 	}

@@ -1,0 +1,183 @@
+package offload
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spill-ml/spill/kernels"
+)
+
+// Budgets are the bytes each tier may hold. Disk 0 means no disk tier.
+type Budgets struct {
+	Device, Host, Disk int64
+}
+
+// ActPolicy is what a layer does with its saved activations.
+type ActPolicy uint8
+
+// Activation policies.
+const (
+	Keep      ActPolicy = iota // keep on the device until backward
+	OffloadTo                  // copy to the host during forward, back for backward
+	Recompute                  // keep only the input; rerun the forward in backward
+)
+
+func (a ActPolicy) String() string { return [...]string{"keep", "offload", "recompute"}[a] }
+
+// MarshalText prints the policy by name in JSON.
+func (a ActPolicy) MarshalText() ([]byte, error) { return []byte(a.String()), nil }
+
+// LayerPlan is one layer's activation policy.
+type LayerPlan struct {
+	Name   string    `json:"name"`
+	Params int64     `json:"params"`
+	Policy ActPolicy `json:"activations"`
+}
+
+// TierUse is the predicted peak use of one tier.
+type TierUse struct {
+	Tier    Tier            `json:"tier"`
+	Budget  int64           `json:"budget"`
+	Peak    int64           `json:"peak"`
+	ByClass map[Class]int64 `json:"by_class"`
+	// Reserve is what the profile leaves to others; Slack the allowance
+	// for allocator rounding and fragmentation (5% on the device).
+	Reserve int64 `json:"reserve"`
+	Slack   int64 `json:"slack"`
+}
+
+// Busy is the predicted time, in seconds per step, each resource is busy.
+type Busy struct {
+	Compute       float64 `json:"compute"`
+	H2D           float64 `json:"h2d"`
+	D2H           float64 `json:"d2h"`
+	HostOptimizer float64 `json:"host_optimizer"`
+	Disk          float64 `json:"disk"`
+}
+
+// Placement is a plan: where every tensor class lives, the activation
+// policy and micro-batching, and the predicted peak memory and step time.
+type Placement struct {
+	Model      string    `json:"model"`
+	Params     int64     `json:"params"`
+	Precision  Precision `json:"precision"`
+	SeqLen     int       `json:"seq_len"`
+	Batch      int       `json:"batch"`
+	MicroBatch int       `json:"micro_batch"`
+	Accum      int       `json:"accum"`
+	// Group is how many micro-batches run layer by layer together: 1 is
+	// micro-batch-major, Accum layer-major (offload/schedule).
+	Group int `json:"group"`
+	// Weights, Grads and Optimizer (master, adam_m, adam_v) are the tiers
+	// holding each class's home copy. Weights not on the device are
+	// streamed PrefetchDepth layers ahead; gradients on the host are sent
+	// layer by layer as backward produces them.
+	Weights       Tier `json:"weights"`
+	Grads         Tier `json:"grads"`
+	Optimizer     Tier `json:"optimizer"`
+	PrefetchDepth int  `json:"prefetch_depth"`
+	// Keep, Offload and Recompute count the layers of each activation
+	// policy; Layers gives each layer's.
+	Keep      int         `json:"act_keep"`
+	Offload   int         `json:"act_offload"`
+	Recompute int         `json:"act_recompute"`
+	Layers    []LayerPlan `json:"layers"`
+	// Memory is the predicted peak of device, host and disk, in that order.
+	Memory []TierUse `json:"memory"`
+	// StepTime is the predicted seconds per optimizer step.
+	StepTime     float64  `json:"step_time_s"`
+	TokensPerSec float64  `json:"tokens_per_s"`
+	Busy         Busy     `json:"busy_s"`
+	Bottleneck   string   `json:"bottleneck"`
+	Hardware     Hardware `json:"hardware"`
+	// Alternatives are the best candidates of the other families of
+	// placements and why they lost: the planner's reasons.
+	Alternatives []Alternative `json:"alternatives,omitempty"`
+}
+
+// Alternative is a placement the planner did not choose.
+type Alternative struct {
+	Family   string  `json:"family"`
+	Summary  string  `json:"summary"`
+	StepTime float64 `json:"step_time_s"`
+	Why      string  `json:"why"`
+}
+
+// Order names the placement's order of micro-batches and layers.
+func (p *Placement) Order() string {
+	switch {
+	case p.Accum <= 1 || p.Group <= 1:
+		return "micro-batch-major"
+	case p.Group >= p.Accum:
+		return "layer-major"
+	}
+	return fmt.Sprintf("layer-major in groups of %d micro-batches", p.Group)
+}
+
+// Summary is the placement in one line.
+func (p *Placement) Summary() string {
+	return fmt.Sprintf("weights on %s, grads on %s, optimizer on %s, micro-batch %d x %d, %s, activations keep %d / offload %d / recompute %d",
+		p.Weights, p.Grads, p.Optimizer, p.MicroBatch, p.Accum, p.Order(), p.Keep, p.Offload, p.Recompute)
+}
+
+// Hint is a one-line summary for budget errors.
+func (p *Placement) Hint() string { return "a plan that fits: " + p.Summary() }
+
+// ErrInfeasible is wrapped by the error Plan returns when no placement fits.
+var ErrInfeasible = errors.New("offload: no placement fits the budgets")
+
+// Shortfall is how much a tier is short.
+type Shortfall struct {
+	Tier         Tier
+	Need, Budget int64
+}
+
+// InfeasibleError explains why no placement fits: the shortfalls of the
+// placement that came closest.
+type InfeasibleError struct {
+	Shortfalls []Shortfall
+	NoDisk     bool       // there was no disk tier
+	Closest    *Placement // the placement that came closest, with its predicted peaks
+}
+
+func (e *InfeasibleError) Error() string {
+	var b strings.Builder
+	b.WriteString("offload: no placement fits the budgets: ")
+	for i, s := range e.Shortfalls {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%s short by %s (needs %s, budget %s)", s.Tier, kernels.FormatBytes(s.Need-s.Budget),
+			kernels.FormatBytes(s.Need), kernels.FormatBytes(s.Budget))
+	}
+	if p := e.Closest; p != nil {
+		fmt.Fprintf(&b, ", even with %s", p.Summary())
+	}
+	if len(e.Shortfalls) > 0 {
+		b.WriteString("; it would fit with")
+		for i, s := range e.Shortfalls {
+			if i > 0 {
+				b.WriteString(" and")
+			}
+			fmt.Fprintf(&b, " a %s budget of %s", s.Tier, kernels.FormatBytes(s.Need))
+		}
+	}
+	if e.NoDisk {
+		b.WriteString("; there is no disk tier: a disk budget could hold the weights and optimizer state")
+	}
+	return b.String()
+}
+
+func (e *InfeasibleError) Unwrap() error { return ErrInfeasible }
+
+// UnmarshalText parses a policy name.
+func (a *ActPolicy) UnmarshalText(b []byte) error {
+	for _, p := range []ActPolicy{Keep, OffloadTo, Recompute} {
+		if p.String() == string(b) {
+			*a = p
+			return nil
+		}
+	}
+	return fmt.Errorf("offload: unknown activation policy %q", b)
+}

@@ -1,0 +1,853 @@
+// Package plan is spill's one planner: from a model's layers, the tier
+// budgets and a hardware profile it chooses where every tensor class lives,
+// the micro-batch, the order of the step (micro-batch-major, layer-major or
+// groups between), the prefetch depth and each layer's activation policy,
+// and predicts the step time. `spill plan`, `spill train` and library users
+// call the same Plan.
+//
+// Memory is never estimated: the device peak of a candidate is the peak of
+// its compiled program (offload/schedule) plus what the trainer allocates
+// besides, and the host peak is counted tensor by tensor, so what Plan says
+// fits is what the trainer allocates. Time comes from a model of the
+// hardware (offload.Hardware): the compute at the micro-batch's GEMM
+// efficiency, the transfers each order makes per step, and the part of the
+// host optimizer that the order cannot hide behind the backward.
+//
+// Plan ranks every candidate by predicted time first (cheap) and then
+// checks the fastest ones for fit, compiling their programs, until one
+// fits; so a refusal is decided in bounded time, before anything is
+// allocated.
+package plan
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spill-ml/spill/kernels"
+	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/offload/schedule"
+)
+
+// Layer is one layer of a Model as the planner sees it.
+type Layer struct {
+	Name string
+	// Params is the number of parameters the layer owns.
+	Params int64
+	// ActBytes, OutBytes and ScratchBytes are the bytes per sequence of
+	// the layer's saved activations, its output and its scratch space.
+	// Model.Shape, when set, gives the exact sizes per micro-batch
+	// instead.
+	ActBytes, OutBytes, ScratchBytes int64
+	// FwdFLOPs is the forward pass's floating-point operations per token;
+	// the backward is taken as twice that.
+	FwdFLOPs float64
+	// Tied lists layers whose weights this one reads (schedule.Layer).
+	Tied []int
+	// Recomputable says whether the activation policy may recompute or
+	// offload this layer's activations (blocks, not the embedding or the
+	// head).
+	Recomputable bool
+}
+
+// Model is what Plan plans for.
+type Model struct {
+	Name      string
+	Precision offload.Precision
+	SeqLen    int
+	Layers    []Layer
+	// Shape, if set, returns the layers' schedule sizes for micro-batches
+	// of mb sequences exactly as the trainer allocates them (alignment
+	// included); nil scales the per-sequence sizes.
+	Shape func(mb int) []schedule.Layer
+	// Fixed, if set, is the device memory an out-of-core trainer allocates
+	// besides its programs' intervals (scratch, input and loss buffers of
+	// accum micro-batches of mb sequences); nil: the largest ScratchBytes.
+	Fixed func(mb, accum int) int64
+	// Resident, if set, is the device memory by class of the trainer that
+	// keeps everything on the device (optimizer included) at micro-batch
+	// mb; nil counts weights, gradients, master, moments, every layer's
+	// activations and the scratch.
+	Resident func(mb int) map[offload.Class]int64
+}
+
+// Params is the model's parameter count.
+func (m *Model) Params() int64 {
+	var n int64
+	for _, l := range m.Layers {
+		n += l.Params
+	}
+	return n
+}
+
+// Request is what Plan plans for.
+type Request struct {
+	Model Model
+	// Batch is the number of sequences per optimizer step; it is split
+	// into Accum micro-batches of MicroBatch sequences.
+	Batch   int
+	Budgets offload.Budgets
+	// Hardware is the performance profile; the zero value means
+	// offload.H200().
+	Hardware offload.Hardware
+	// MaxPrefetch bounds the prefetch depth tried. Default 2.
+	MaxPrefetch int
+	// Allow, if set, restricts the search to the placements it accepts
+	// (the user's overrides, or what a trainer executes). It sees every
+	// field of the candidate but the predictions.
+	Allow func(p *offload.Placement) bool
+	// DelayedUpdate: the host optimizer of step t runs during step t+1
+	// (off the critical path), and the host holds a second compute-dtype
+	// copy of the weights and of the gradients.
+	DelayedUpdate bool
+	// Deadline bounds the search: past it, the fastest candidates checked
+	// so far decide (default 2 s).
+	Deadline time.Duration
+}
+
+// cand is one point of the search space.
+type cand struct {
+	w, g, o  offload.Tier
+	mb, grp  int // micro-batch and micro-batches per group
+	depth    int
+	rec, off int // recomputable layers recomputed (the first rec) and offloaded (the next off)
+
+	p        *offload.Placement
+	step     float64
+	busy     offload.Busy
+	host     [offload.NumClasses]int64
+	disk     [offload.NumClasses]int64
+	estDev   int64
+	dev      map[offload.Class]int64 // exact, once checked
+	devPeak  int64
+	fitsHost bool
+}
+
+// Plan chooses the fastest placement of req's model that fits the budgets
+// (among equally fast ones, the largest micro-batch). When none fits, the
+// error is an *offload.InfeasibleError saying which tier is short by how
+// much, for the candidate that came closest.
+func Plan(req Request) (*offload.Placement, error) {
+	if req.Hardware == (offload.Hardware{}) {
+		req.Hardware = offload.H200()
+	}
+	if err := req.Hardware.Validate(); err != nil {
+		return nil, err
+	}
+	if req.MaxPrefetch <= 0 {
+		req.MaxPrefetch = 2
+	}
+	if req.Deadline <= 0 {
+		req.Deadline = 2 * time.Second
+	}
+	m := &req.Model
+	if req.Batch <= 0 {
+		return nil, fmt.Errorf("plan: batch %d must be positive", req.Batch)
+	}
+	if _, err := offload.ParsePrecision(string(m.Precision)); err != nil {
+		return nil, err
+	}
+	if len(m.Layers) == 0 || m.SeqLen <= 0 {
+		return nil, fmt.Errorf("plan: model %q has no layers or no sequence length", m.Name)
+	}
+	if req.Budgets.Device <= 0 || req.Budgets.Host <= 0 || req.Budgets.Disk < 0 {
+		return nil, fmt.Errorf("plan: device and host budgets must be positive, disk not negative (got %+v)", req.Budgets)
+	}
+	pl := newPlanner(&req)
+	return pl.search()
+}
+
+type planner struct {
+	req       *Request
+	m         *Model
+	hw        offload.Hardware
+	s         int64 // compute element size
+	P, Pmax   int64
+	T         int64
+	rec       []int // recomputable layers
+	allFlops  float64
+	recFlops  []float64 // prefix sums over rec
+	shapes    map[int][]schedule.Layer
+	peakCache map[peakKey]peakVal
+	start     time.Time
+}
+
+type peakKey struct {
+	w, g                 offload.Tier
+	mb, grp, depth, r, o int
+}
+
+type peakVal struct {
+	peak int64
+	by   map[offload.Class]int64
+	err  error
+}
+
+func newPlanner(req *Request) *planner {
+	m := &req.Model
+	pl := &planner{req: req, m: m, hw: req.Hardware, s: m.Precision.Elem(), T: int64(m.SeqLen),
+		shapes: map[int][]schedule.Layer{}, peakCache: map[peakKey]peakVal{}, start: time.Now()}
+	pl.recFlops = []float64{0}
+	for i, l := range m.Layers {
+		pl.P += l.Params
+		pl.Pmax = max(pl.Pmax, l.Params)
+		pl.allFlops += l.FwdFLOPs
+		if l.Recomputable {
+			pl.rec = append(pl.rec, i)
+			pl.recFlops = append(pl.recFlops, pl.recFlops[len(pl.recFlops)-1]+l.FwdFLOPs)
+		}
+	}
+	return pl
+}
+
+// shape is the layers' schedule sizes at micro-batch mb.
+func (pl *planner) shape(mb int) []schedule.Layer {
+	if s, ok := pl.shapes[mb]; ok {
+		return s
+	}
+	var s []schedule.Layer
+	if pl.m.Shape != nil {
+		s = pl.m.Shape(mb)
+	} else {
+		for i, l := range pl.m.Layers {
+			out := l.OutBytes * int64(mb)
+			if i == len(pl.m.Layers)-1 {
+				out = 0
+			}
+			s = append(s, schedule.Layer{ParamBytes: l.Params * pl.s, ActBytes: l.ActBytes * int64(mb), OutBytes: out, Tied: l.Tied})
+		}
+	}
+	pl.shapes[mb] = s
+	return s
+}
+
+func (pl *planner) fixed(mb, accum int) int64 {
+	if pl.m.Fixed != nil {
+		return pl.m.Fixed(mb, accum)
+	}
+	var sc int64
+	for _, l := range pl.m.Layers {
+		sc = max(sc, l.ScratchBytes*int64(mb))
+	}
+	return sc
+}
+
+// policies is the activation policy of every layer of c.
+func (pl *planner) policies(c *cand) []offload.ActPolicy {
+	a := make([]offload.ActPolicy, len(pl.m.Layers))
+	for j, i := range pl.rec {
+		switch {
+		case j < c.rec:
+			a[i] = offload.Recompute
+		case j < c.rec+c.off:
+			a[i] = offload.OffloadTo
+		}
+	}
+	return a
+}
+
+// Spec is the training program of a placement: what the trainer runs.
+func (pl *planner) spec(c *cand) schedule.Spec {
+	return schedule.Spec{Layers: pl.shape(c.mb), MicroBatches: pl.req.Batch / c.mb, Group: c.grp,
+		Weights: c.w, Grads: c.g, Acts: pl.policies(c), Prefetch: c.depth, Train: true}
+}
+
+// devicePeak is the exact device memory of c by class.
+func (pl *planner) devicePeak(c *cand) (int64, map[offload.Class]int64, error) {
+	if c.o == offload.TierDevice {
+		var by map[offload.Class]int64
+		if pl.m.Resident != nil {
+			by = pl.m.Resident(c.mb)
+		} else {
+			by = map[offload.Class]int64{}
+			var acts, sc int64
+			for _, l := range pl.m.Layers {
+				acts += l.ActBytes * int64(c.mb)
+				sc = max(sc, l.ScratchBytes*int64(c.mb))
+			}
+			by[offload.Weights] = pl.s * pl.P
+			by[offload.Grads] = pl.s * pl.P
+			if pl.m.Precision.Mixed() {
+				by[offload.Master] = 4 * pl.P
+			}
+			by[offload.AdamM], by[offload.AdamV] = 4*pl.P, 4*pl.P
+			by[offload.Activations] = acts
+			by[offload.Workspace] = sc
+		}
+		var n int64
+		for _, v := range by {
+			n += v
+		}
+		return n, by, nil
+	}
+	k := peakKey{c.w, c.g, c.mb, c.grp, c.depth, c.rec, c.off}
+	if v, ok := pl.peakCache[k]; ok {
+		return v.peak, v.by, v.err
+	}
+	accum := pl.req.Batch / c.mb
+	tp, tby, _, err := schedule.PeakOf(pl.spec(c))
+	var v peakVal
+	if err == nil {
+		ev := pl.spec(c)
+		ev.MicroBatches, ev.Group, ev.Acts, ev.Train = 1, 1, nil, false
+		var ep int64
+		var eby map[offload.Class]int64
+		ep, eby, _, err = schedule.PeakOf(ev)
+		if ep > tp {
+			tp, tby = ep, eby
+		}
+		fx := pl.fixed(c.mb, accum)
+		tby[offload.Workspace] += fx
+		v = peakVal{peak: tp + fx, by: tby, err: err}
+	} else {
+		v.err = err
+	}
+	pl.peakCache[k] = v
+	return v.peak, v.by, v.err
+}
+
+// HostState is the host memory an out-of-core trainer holds for the
+// layers' state, by class: per layer the fp32 master, the compute-dtype
+// weights fetches read (the master itself in fp32 without a delayed
+// update), the gradients' landing buffer, the Adam moments unless they
+// are on disk, and with a delayed update a second copy of the weights
+// and of the gradients. slots are the host slots of the program
+// (offloaded activations, tied gradients), by class.
+func HostState(params []int64, elem int64, mixed, delayed bool, optimizer offload.Tier, slots map[offload.Class]int64) map[offload.Class]int64 {
+	by := map[offload.Class]int64{}
+	for _, np := range params {
+		cb := np * elem
+		by[offload.Master] += 4 * np
+		if mixed || delayed {
+			by[offload.Weights] += cb
+		}
+		by[offload.Grads] += cb
+		if delayed {
+			by[offload.Weights] += cb
+			by[offload.Grads] += cb
+		}
+		if optimizer != offload.TierDisk {
+			by[offload.AdamM] += 4 * np
+			by[offload.AdamV] += 4 * np
+		}
+	}
+	for c, n := range slots {
+		by[c] += n
+	}
+	for k, v := range by {
+		if v == 0 {
+			delete(by, k)
+		}
+	}
+	return by
+}
+
+// SlotBytes is the host memory of a program's slots by class, each
+// rounded up to whole float32 words as the trainer allocates them.
+func SlotBytes(p *schedule.Program) map[offload.Class]int64 {
+	by := map[offload.Class]int64{}
+	counted := make([]bool, len(p.HostSlots))
+	for _, iv := range p.Intervals {
+		if iv.Slot >= 0 && !counted[iv.Slot] {
+			counted[iv.Slot] = true
+			by[iv.Class.Offload()] += 4 * ((p.HostSlots[iv.Slot] + 3) / 4)
+		}
+	}
+	return by
+}
+
+// hostDisk fills c's host and disk bytes by class.
+func (pl *planner) hostDisk(c *cand) {
+	if c.o == offload.TierDevice {
+		return
+	}
+	params := make([]int64, len(pl.m.Layers))
+	for i, l := range pl.m.Layers {
+		params[i] = l.Params
+	}
+	// Slots without compiling: an offloaded layer keeps one per
+	// micro-batch of a group, a tied layer's gradients one when they are
+	// streamed and leave between runs.
+	slots := map[offload.Class]int64{}
+	sh := pl.shape(c.mb)
+	for j, i := range pl.rec {
+		if j >= c.rec && j < c.rec+c.off {
+			slots[offload.Activations] += int64(c.grp) * 4 * ((sh[i].ActBytes + 3) / 4)
+		}
+	}
+	if c.g == offload.TierHost {
+		for _, l := range sh {
+			for _, t := range l.Tied {
+				slots[offload.Grads] += 4 * ((sh[t].ParamBytes + 3) / 4)
+			}
+		}
+	}
+	by := HostState(params, pl.s, pl.m.Precision.Mixed(), pl.req.DelayedUpdate, c.o, slots)
+	for cl, n := range by {
+		c.host[cl] = n
+	}
+	if c.o == offload.TierDisk {
+		c.disk[offload.AdamM], c.disk[offload.AdamV] = 4*pl.P, 4*pl.P
+	}
+}
+
+// estimate is a quick upper-ish estimate of c's device bytes, to skip
+// compiling candidates far over budget.
+func (pl *planner) estimate(c *cand) int64 {
+	if c.o == offload.TierDevice {
+		n, _, _ := pl.devicePeak(c)
+		return n
+	}
+	sh := pl.shape(c.mb)
+	var w, acts, maxAct, out int64
+	for i, l := range sh {
+		w = max(w, l.ParamBytes)
+		pol := offload.Keep
+		if j := indexOf(pl.rec, i); j >= 0 {
+			switch {
+			case j < c.rec:
+				pol = offload.Recompute
+			case j < c.rec+c.off:
+				pol = offload.OffloadTo
+			}
+		}
+		maxAct = max(maxAct, l.ActBytes)
+		out = max(out, l.OutBytes)
+		switch pol {
+		case offload.Keep:
+			acts += l.ActBytes
+		case offload.Recompute:
+			acts += l.OutBytes
+		}
+	}
+	n := int64(c.grp)*acts + 2*maxAct + 2*int64(c.grp)*out
+	if c.w == offload.TierDevice {
+		n += pl.s * pl.P
+	} else {
+		n += int64(c.depth+1) * w
+	}
+	if c.g == offload.TierDevice {
+		n += pl.s * pl.P
+	} else {
+		n += 2 * w
+	}
+	return n + pl.fixed(c.mb, pl.req.Batch/c.mb)
+}
+
+func indexOf(s []int, v int) int {
+	for i, x := range s {
+		if x == v {
+			return i
+		}
+	}
+	return -1
+}
+
+// timeOf predicts c's step time and busy times.
+func (pl *planner) timeOf(c *cand) {
+	hw, s, P := pl.hw, float64(pl.s), float64(pl.P)
+	A := pl.req.Batch / c.mb
+	ngroups := (A + c.grp - 1) / c.grp
+	peak := hw.FLOPS16
+	if pl.m.Precision == offload.FP32 {
+		peak = hw.FLOPS32
+	}
+	tok := float64(int64(c.mb) * pl.T)
+	rate := peak * hw.Efficiency * tok / (tok + hw.HalfEfficiencyTokens)
+	tcMB := tok * (3*pl.allFlops + pl.recFlops[c.rec]) / rate
+	compute := float64(A) * tcMB
+	// Transfers per step.
+	var actOff float64
+	sh := pl.shape(c.mb)
+	for j, i := range pl.rec {
+		if j >= c.rec && j < c.rec+c.off {
+			actOff += float64(sh[i].ActBytes)
+		}
+	}
+	h2d := float64(A) * actOff
+	d2h := float64(A) * actOff
+	ng := float64(ngroups)
+	if c.w == offload.TierHost {
+		h2d += ng * 2 * s * P
+	}
+	if c.g == offload.TierHost {
+		d2h += ng * s * P
+		h2d += (ng - 1) * s * P
+	}
+	var optH2D, optD2H float64
+	if c.o != offload.TierDevice {
+		if c.g == offload.TierDevice {
+			optD2H = s * P / hw.D2H
+		}
+		if c.w == offload.TierDevice {
+			optH2D = s * P / hw.H2D
+		}
+	}
+	core := max(compute, h2d/hw.H2D, d2h/hw.D2H, (h2d+d2h)/hw.Duplex)
+	if c.w == offload.TierHost {
+		// Fetching in lockstep with compute loses what a layer's fetch
+		// exceeds its compute by; prefetching d layers ahead hides all but
+		// 1/d of it, once per group and direction.
+		var sumMax, sumF, sumC float64
+		for _, l := range pl.m.Layers {
+			f := float64(l.Params) * s / hw.H2D
+			cc := float64(c.grp) * tok * 3 * l.FwdFLOPs / rate
+			sumMax += max(f, cc/3) + max(f, 2*cc/3)
+			sumF += 2 * f
+			sumC += cc
+		}
+		core += ng * (sumMax - max(sumF, sumC)) / float64(c.depth)
+	}
+	c.busy = offload.Busy{Compute: compute, H2D: h2d/hw.H2D + optH2D, D2H: d2h/hw.D2H + optD2H}
+	if c.o == offload.TierDevice {
+		opt := P * float64(2*(pl.masterBytes()+8)+2*pl.s) / hw.DeviceBandwidth
+		c.busy.Compute += opt
+		c.step = core + opt
+		return
+	}
+	// The host optimizer updates a layer once its gradients are final,
+	// during the backward of the last group; the next step's first
+	// forward waits for the first layer's update, the last to start.
+	U := P / hw.HostAdam
+	var disk float64
+	if c.o == offload.TierDisk {
+		st := 8 * P
+		disk = st/hw.DiskRead + st/hw.DiskWrite
+	}
+	c.busy.HostOptimizer, c.busy.Disk = U, disk
+	phase := max(U, disk, optD2H, optH2D)
+	n := float64(len(pl.m.Layers))
+	lastGroup := float64(min(c.grp, A)) * tcMB * 2 / 3
+	exposed := max(phase/n, phase-lastGroup*(n-1)/n)
+	if pl.req.DelayedUpdate {
+		exposed = max(phase-compute, 0)
+	}
+	c.step = core + exposed
+}
+
+func (pl *planner) masterBytes() int64 {
+	if pl.m.Precision.Mixed() {
+		return 4
+	}
+	return 0
+}
+
+// candidates enumerates the search space.
+func (pl *planner) candidates() []*cand {
+	var out []*cand
+	R := len(pl.rec)
+	// Activation policies on a grid: recompute the first r and offload
+	// the next o of the recomputable layers.
+	grid := func() [][2]int {
+		steps := []int{0, R / 4, R / 2, 3 * R / 4, R}
+		seen := map[[2]int]bool{}
+		var g [][2]int
+		for _, r := range steps {
+			for _, o := range steps {
+				if r+o <= R && !seen[[2]int{r, o}] {
+					seen[[2]int{r, o}] = true
+					g = append(g, [2]int{r, o})
+				}
+			}
+		}
+		return g
+	}()
+	tiers := []offload.Tier{offload.TierDevice, offload.TierHost}
+	for mb := pl.req.Batch; mb >= 1; mb-- {
+		if pl.req.Batch%mb != 0 {
+			continue
+		}
+		A := pl.req.Batch / mb
+		groups := []int{1}
+		for g := 2; g < A; g *= 2 {
+			groups = append(groups, g)
+		}
+		if A > 1 {
+			groups = append(groups, A)
+		}
+		// Everything on the device: the resident trainer.
+		out = append(out, &cand{w: offload.TierDevice, g: offload.TierDevice, o: offload.TierDevice, mb: mb, grp: 1, depth: 0})
+		for _, w := range tiers {
+			for _, g := range tiers {
+				for _, o := range []offload.Tier{offload.TierHost, offload.TierDisk} {
+					if o == offload.TierDisk && pl.req.Budgets.Disk == 0 {
+						continue
+					}
+					depths := []int{1}
+					if w == offload.TierHost || g == offload.TierHost {
+						depths = depths[:0]
+						for d := 1; d <= pl.req.MaxPrefetch; d++ {
+							depths = append(depths, d)
+						}
+					}
+					for _, grp := range groups {
+						for _, d := range depths {
+							for _, ro := range grid {
+								out = append(out, &cand{w: w, g: g, o: o, mb: mb, grp: grp, depth: d, rec: ro[0], off: ro[1]})
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// placement is c as an offload.Placement without predictions.
+func (pl *planner) placement(c *cand) *offload.Placement {
+	m := pl.m
+	p := &offload.Placement{
+		Model: m.Name, Params: pl.P, Precision: m.Precision, SeqLen: m.SeqLen,
+		Batch: pl.req.Batch, MicroBatch: c.mb, Accum: pl.req.Batch / c.mb, Group: c.grp,
+		Weights: c.w, Grads: c.g, Optimizer: c.o, PrefetchDepth: c.depth,
+		Recompute: c.rec, Offload: c.off, Keep: len(pl.rec) - c.rec - c.off, Hardware: pl.hw,
+	}
+	pols := pl.policies(c)
+	for i, l := range m.Layers {
+		p.Layers = append(p.Layers, offload.LayerPlan{Name: l.Name, Params: l.Params, Policy: pols[i]})
+	}
+	return p
+}
+
+func (pl *planner) budgets() [3]int64 {
+	b := pl.req.Budgets
+	return [3]int64{b.Device, b.Host, b.Disk}
+}
+
+func (pl *planner) reserves() [3]int64 {
+	return [3]int64{pl.hw.DeviceReserve, pl.hw.HostReserve, 0}
+}
+
+// peaks is c's predicted peak per tier (device exact when known, else the
+// estimate), with the reserves.
+func (pl *planner) peaks(c *cand) [3]int64 {
+	res := pl.reserves()
+	dev := c.estDev
+	if c.dev != nil {
+		dev = c.devPeak
+	}
+	var host, disk int64
+	for _, n := range c.host {
+		host += n
+	}
+	for _, n := range c.disk {
+		disk += n
+	}
+	if c.o == offload.TierDevice {
+		res[1] = 0 // nothing of the model on the host
+	}
+	return [3]int64{dev + res[0], host + res[1], disk}
+}
+
+func shortfall(peak, budget [3]int64) float64 {
+	var f float64
+	for t := range peak {
+		if peak[t] > budget[t] {
+			f += float64(peak[t]-budget[t]) / float64(max(budget[t], 1<<20))
+		}
+	}
+	return f
+}
+
+func (pl *planner) search() (*offload.Placement, error) {
+	budget := pl.budgets()
+	all := pl.candidates()
+	var cs []*cand
+	for _, c := range all {
+		c.p = pl.placement(c)
+		if pl.req.Allow != nil && !pl.req.Allow(c.p) {
+			continue
+		}
+		if pl.req.DelayedUpdate && c.o == offload.TierDevice {
+			continue
+		}
+		pl.timeOf(c)
+		pl.hostDisk(c)
+		c.estDev = pl.estimate(c)
+		if c.o == offload.TierDevice { // exact without compiling
+			c.devPeak, c.dev, _ = pl.devicePeak(c)
+		}
+		cs = append(cs, c)
+	}
+	if len(cs) == 0 {
+		return nil, errors.New("plan: the overrides allow no placement")
+	}
+	// Fastest first; among equally fast ones the largest micro-batch.
+	sort.SliceStable(cs, func(i, j int) bool {
+		if a, b := cs[i].step, cs[j].step; math.Abs(a-b) > 1e-9*max(a, b) {
+			return a < b
+		}
+		return cs[i].mb > cs[j].mb
+	})
+	var best, closest *cand
+	closestF := math.Inf(1)
+	var tried []*cand
+	for _, c := range cs {
+		pk := pl.peaks(c)
+		// Host and disk are exact already; the device is checked by
+		// compiling the program, unless the estimate is far over.
+		if pk[1] <= budget[1] && pk[2] <= budget[2] && float64(pk[0]) <= 1.3*float64(budget[0]) {
+			if time.Since(pl.start) > pl.req.Deadline && closest != nil {
+				break
+			}
+			peak, by, err := pl.devicePeak(c)
+			if err != nil {
+				continue
+			}
+			c.dev, c.devPeak = by, peak
+			pk = pl.peaks(c)
+			tried = append(tried, c)
+		}
+		if pk[0] <= budget[0] && pk[1] <= budget[1] && pk[2] <= budget[2] && c.dev != nil {
+			best = c
+			break
+		}
+		if f := shortfall(pk, budget); f < closestF {
+			closest, closestF = c, f
+		}
+	}
+	if best == nil {
+		e := &offload.InfeasibleError{NoDisk: budget[2] == 0}
+		if closest != nil {
+			e.Closest = pl.finish(closest)
+			pk := pl.peaks(closest)
+			for t, p := range pk {
+				if p > budget[t] {
+					e.Shortfalls = append(e.Shortfalls, offload.Shortfall{Tier: tierOrder[t], Need: p, Budget: budget[t]})
+				}
+			}
+		}
+		return nil, e
+	}
+	p := pl.finish(best)
+	p.Alternatives = pl.alternatives(best, cs, budget)
+	return p, nil
+}
+
+var tierOrder = []offload.Tier{offload.TierDevice, offload.TierHost, offload.TierDisk}
+
+// finish fills c's placement with its predictions.
+func (pl *planner) finish(c *cand) *offload.Placement {
+	p := c.p
+	pk := pl.peaks(c)
+	res := pl.reserves()
+	if c.o == offload.TierDevice {
+		res[1] = 0
+	}
+	dev := c.dev
+	if dev == nil {
+		dev = map[offload.Class]int64{offload.Workspace: c.estDev}
+	}
+	by := [3]map[offload.Class]int64{dev, {}, {}}
+	for cl, n := range c.host {
+		if n != 0 {
+			by[1][offload.Class(cl)] = n
+		}
+	}
+	for cl, n := range c.disk {
+		if n != 0 {
+			by[2][offload.Class(cl)] = n
+		}
+	}
+	budget := pl.budgets()
+	p.Memory = nil
+	for t := range 3 {
+		u := offload.TierUse{Tier: tierOrder[t], Budget: budget[t], Peak: pk[t], Reserve: res[t], ByClass: map[offload.Class]int64{}}
+		for cl, n := range by[t] {
+			if n != 0 {
+				u.ByClass[cl] = n
+			}
+		}
+		p.Memory = append(p.Memory, u)
+	}
+	p.StepTime, p.Busy = c.step, c.busy
+	p.TokensPerSec = float64(pl.req.Batch) * float64(p.SeqLen) / c.step
+	b := c.busy
+	p.Bottleneck = "compute"
+	top := b.Compute
+	for _, r := range []struct {
+		name string
+		v    float64
+	}{{"h2d", b.H2D}, {"d2h", b.D2H}, {"host optimizer", b.HostOptimizer}, {"disk", b.Disk}} {
+		if r.v > top {
+			p.Bottleneck, top = r.name, r.v
+		}
+	}
+	return p
+}
+
+// alternatives says why best won: the fastest candidate of each other
+// family (resident, weights and gradients on the device, streamed
+// micro-batch-major, streamed layer-major), with its predicted time and
+// what it lacked.
+func (pl *planner) alternatives(best *cand, cs []*cand, budget [3]int64) []offload.Alternative {
+	family := func(c *cand) string {
+		switch {
+		case c.o == offload.TierDevice:
+			return "everything on the device"
+		case c.w == offload.TierDevice && c.g == offload.TierDevice:
+			return "weights and gradients on the device, optimizer on the host"
+		case c.grp == 1:
+			return "streamed, micro-batch-major"
+		default:
+			return "streamed, layer-major (groups of micro-batches)"
+		}
+	}
+	seen := map[string]bool{family(best): true}
+	var out []offload.Alternative
+	for _, c := range cs {
+		f := family(c)
+		if seen[f] {
+			continue
+		}
+		seen[f] = true
+		// The fastest of the family that fits (checking a bounded number),
+		// else the fastest.
+		pick, checked := c, 0
+		for _, d := range cs {
+			if family(d) != f || checked >= 32 {
+				continue
+			}
+			pk := pl.peaks(d)
+			if pk[1] > budget[1] || pk[2] > budget[2] || float64(pk[0]) > 1.3*float64(budget[0]) {
+				continue
+			}
+			checked++
+			if d.dev == nil {
+				peak, by, err := pl.devicePeak(d)
+				if err != nil {
+					continue
+				}
+				d.dev, d.devPeak = by, peak
+			}
+			if pk = pl.peaks(d); pk[0] <= budget[0] {
+				pick = d
+				break
+			}
+		}
+		c := pick
+		a := offload.Alternative{Family: f, Summary: c.p.Summary(), StepTime: c.step}
+		pk := pl.peaks(c)
+		var short []string
+		for t, p := range pk {
+			if p > budget[t] {
+				short = append(short, fmt.Sprintf("%s short by %s", tierOrder[t], kernels.FormatBytes(p-budget[t])))
+			}
+		}
+		switch {
+		case len(short) > 0:
+			a.Why = "does not fit: " + strings.Join(short, ", ")
+			if c.dev == nil {
+				a.Why += " (estimated)"
+			}
+		default:
+			a.Why = fmt.Sprintf("fits, but %.0f%% slower", 100*(c.step/best.step-1))
+		}
+		out = append(out, a)
+	}
+	return out
+}
