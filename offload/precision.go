@@ -31,4 +31,3 @@ func (p Precision) Elem() int64 {
 
 // Mixed reports whether the precision keeps an fp32 master copy.
 func (p Precision) Mixed() bool { return p != FP32 }
-

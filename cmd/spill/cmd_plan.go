@@ -116,4 +116,3 @@ func writePlan(w io.Writer, tp *engine.TrainerPlan, asJSON bool) error {
 	}
 	return tp.Placement.WriteTable(w)
 }
-
