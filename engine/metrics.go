@@ -36,6 +36,13 @@ type StepMetrics struct {
 	PeakError           float64 `json:"peak_error,omitempty"`
 	PredictedStepTime   float64 `json:"predicted_step_time_s,omitempty"`
 	StepTimeError       float64 `json:"step_time_error,omitempty"`
+	// H2DBytes, D2HBytes and DiskBytes are what the out-of-core trainer
+	// moved during the step (0 when resident); HostRSS is the process's
+	// resident set after the step (0 where unknown).
+	H2DBytes  int64 `json:"h2d_bytes,omitempty"`
+	D2HBytes  int64 `json:"d2h_bytes,omitempty"`
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
+	HostRSS   int64 `json:"host_rss_bytes,omitempty"`
 	// Trace is the step's time breakdown when tracing (Config.Trace), nil
 	// otherwise; in JSON the fields trace_wall_s, trace_compute_s,
 	// trace_exposed_transfer_s, trace_optimizer_s and trace_loader_wait_s.
@@ -180,6 +187,17 @@ func AppendMetricsJSON(b []byte, m StepMetrics) []byte {
 	if m.PredictedStepTime > 0 {
 		b = num(b, "predicted_step_time_s", m.PredictedStepTime)
 		b = num(b, "step_time_error", m.StepTimeError)
+	}
+	for _, f := range []struct {
+		key string
+		v   int64
+	}{{"h2d_bytes", m.H2DBytes}, {"d2h_bytes", m.D2HBytes}, {"disk_bytes", m.DiskBytes}, {"host_rss_bytes", m.HostRSS}} {
+		if f.v > 0 {
+			b = append(b, ',', '"')
+			b = append(b, f.key...)
+			b = append(b, '"', ':')
+			b = strconv.AppendInt(b, f.v, 10)
+		}
 	}
 	if tr := m.Trace; tr != nil {
 		b = num(b, "trace_wall_s", tr.Wall.Seconds())

@@ -54,9 +54,19 @@ type Summary struct {
 	Breakdowns []stream.Breakdown
 	MeanTrace  *StepTrace
 
-	tokens   int64 // targets trained on in this run
-	stepTime float64
-	steps    int
+	// FirstStepAt is the time from the start of Run to the end of its
+	// first step (start-up included).
+	FirstStepAt time.Duration
+	// H2DPerStep, D2HPerStep and DiskPerStep are the mean bytes an
+	// out-of-core trainer moved per step; PeakHostRSS the process's peak
+	// resident set (0 where unknown).
+	H2DPerStep, D2HPerStep, DiskPerStep int64
+	PeakHostRSS                         int64
+
+	tokens         int64 // targets trained on in this run
+	stepTime       float64
+	steps          int
+	h2d, d2h, disk int64
 }
 
 // RunOptions are the caller's hooks into Run.
@@ -85,6 +95,7 @@ type RunOptions struct {
 // has been built), reports each step's breakdown in StepMetrics.Trace and
 // the whole run's in Summary.Breakdowns.
 func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err error) {
+	began := time.Now()
 	logf := func(format string, args ...any) {
 		if opts.Log != nil {
 			fmt.Fprintf(opts.Log, format+"\n", args...)
@@ -287,7 +298,10 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		sum.MemorySummary = memorySummary(tr, be)
 		if sum.steps > 0 {
 			sum.MeanStepTime = sum.stepTime / float64(sum.steps)
+			n := int64(sum.steps)
+			sum.H2DPerStep, sum.D2HPerStep, sum.DiskPerStep = sum.h2d/n, sum.d2h/n, sum.disk/n
 		}
+		sum.PeakHostRSS = offload.ReadPeakRSS()
 		if s := sum.Elapsed.Seconds(); s > 0 {
 			sum.TokensPerSec = float64(sum.tokens) / s
 		}
@@ -321,6 +335,7 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		sum.tokens += tr.TokensPerStep()
 		cursor = feed.cursor
 		if first {
+			sum.FirstStepAt = time.Since(began)
 			sum.FirstLoss, first = r.Loss, false
 		}
 		sum.LastLoss = r.Loss
@@ -330,7 +345,11 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		m := StepMetrics{
 			Step: tr.Step, Loss: r.Loss, LR: r.LR, GradNorm: r.GradNorm, LossScale: r.LossScale, Skipped: r.Skipped,
 			PeakDeviceBytes: be.MemStats().Peak, Elapsed: time.Since(start),
+			H2DBytes: r.H2DBytes, D2HBytes: r.D2HBytes, DiskBytes: r.DiskBytes, HostRSS: offload.ReadRSS(),
 		}
+		sum.h2d += r.H2DBytes
+		sum.d2h += r.D2HBytes
+		sum.disk += r.DiskBytes
 		if plan.Placement != nil {
 			m.PredictedDevicePeak, m.MeasuredDevicePeak = plan.DevicePeak, measuredDevicePeak(tr, be)
 			m.PeakError = relErr(float64(m.PredictedDevicePeak), float64(m.MeasuredDevicePeak))

@@ -5,6 +5,8 @@ package offload
 import (
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -64,4 +66,30 @@ func ReadLimits() (Limits, error) {
 	}
 	lim.MemAvailable = avail
 	return lim, nil
+}
+
+// ReadRSS is the process's resident set size in bytes (VmRSS), 0 if
+// unknown.
+func ReadRSS() int64 { return readStatusKB("VmRSS:") }
+
+// ReadPeakRSS is the process's peak resident set size in bytes (VmHWM),
+// 0 if unknown.
+func ReadPeakRSS() int64 { return readStatusKB("VmHWM:") }
+
+func readStatusKB(key string) int64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, key); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				if n, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+					return n << 10
+				}
+			}
+		}
+	}
+	return 0
 }

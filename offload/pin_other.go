@@ -19,3 +19,9 @@ func (p MmapPinner) CountsAgainstMemlock() bool { return false }
 
 // ReadLimits reports both limits as unknown.
 func ReadLimits() (Limits, error) { return Limits{Memlock: -1, MemAvailable: -1}, nil }
+
+// ReadRSS is 0: unknown on this system.
+func ReadRSS() int64 { return 0 }
+
+// ReadPeakRSS is 0: unknown on this system.
+func ReadPeakRSS() int64 { return 0 }

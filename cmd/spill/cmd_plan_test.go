@@ -32,7 +32,8 @@ func TestPlanGolden(t *testing.T) {
 		name string
 		args []string
 	}{
-		{"gpt2-roomy", []string{"--model", "gpt2", "--seq-len", "1024", "--batch", "8", "--device-memory", "80GiB", "--host-memory", "64GiB"}},
+		{"gpt2-roomy", []string{"--model", "gpt2", "--seq-len", "1024", "--batch", "8", "--device-memory", "80GiB", "--host-memory", "64GiB",
+			"--disk-dir", disk, "--disk-memory", "60GiB"}},
 		{"gpt2-1.3b-8g", []string{"--model", "gpt2-1.3b", "--seq-len", "1024", "--batch", "8", "--accum", "8",
 			"--device-memory", "8GiB", "--host-memory", "110GiB", "--disk-dir", disk, "--disk-memory", "60GiB"}},
 		{"gpt2-1.3b-16g", []string{"--model", "gpt2-1.3b", "--seq-len", "1024", "--batch", "16", "--device-memory", "16GiB",

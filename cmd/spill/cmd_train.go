@@ -360,8 +360,25 @@ func printTrainSummary(w io.Writer, s *engine.Summary, interrupted bool) {
 				mode += ", delayed update"
 			}
 		}
-		fmt.Fprintf(w, "  plan          %s, micro-batch %d x %d\n", mode, p.B, p.Accum)
+		fmt.Fprintf(w, "  plan          %s, micro-batch %d x %d, %s\n", mode, p.B, p.Accum, pl.Order())
 		fmt.Fprintf(w, "  device peak   %s predicted, %s measured\n", formatBytes(s.PredictedDevicePeak), formatBytes(s.MeasuredDevicePeak))
+		if !p.Resident {
+			fmt.Fprintf(w, "  traffic       %s in, %s out per step", formatBytes(s.H2DPerStep), formatBytes(s.D2HPerStep))
+			if s.DiskPerStep > 0 {
+				fmt.Fprintf(w, ", %s to and from disk", formatBytes(s.DiskPerStep))
+			}
+			fmt.Fprintln(w)
+		}
+	}
+	if s.PeakHostRSS > 0 {
+		fmt.Fprintf(w, "  host memory   peak RSS %s", formatBytes(s.PeakHostRSS))
+		if s.PredictedHostBytes > 0 {
+			fmt.Fprintf(w, " (%s of state planned)", formatBytes(s.PredictedHostBytes))
+		}
+		fmt.Fprintln(w)
+	}
+	if s.FirstStepAt > 0 {
+		fmt.Fprintf(w, "  first step    %s after start\n", engine.FormatDuration(s.FirstStepAt))
 	}
 	if s.MeanTrace != nil {
 		fmt.Fprintf(w, "  trace         %s (%d steps; open in https://ui.perfetto.dev)\n", s.Trace, len(s.Breakdowns))

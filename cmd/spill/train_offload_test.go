@@ -109,8 +109,9 @@ func TestPlanSharesTrainNamesAndFlags(t *testing.T) {
 		}
 		return out.String()
 	}
-	alias := run("--model", "gpt2-medium", "--seq-len", "1024", "--batch", "4", "--device-memory", "8GiB", "--host-memory", "32GiB")
-	cur := run("--model", "gpt2-350m", "--seq-len", "1024", "--batch", "4", "--device-memory", "8GiB", "--host-memory", "32GiB")
+	disk := []string{"--disk-dir", t.TempDir(), "--disk-memory", "10GiB"}
+	alias := run(append([]string{"--model", "gpt2-medium", "--seq-len", "1024", "--batch", "4", "--device-memory", "8GiB", "--host-memory", "32GiB"}, disk...)...)
+	cur := run(append([]string{"--model", "gpt2-350m", "--seq-len", "1024", "--batch", "4", "--device-memory", "8GiB", "--host-memory", "32GiB"}, disk...)...)
 	if alias != cur || !strings.Contains(cur, "gpt2-350m") {
 		t.Errorf("gpt2-350m differs from its alias gpt2-medium:\n%s\n---\n%s", cur, alias)
 	}
