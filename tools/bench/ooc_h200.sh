@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# ooc_h200.sh: the out-of-core benchmarks of issue 9 in one call on the lent
+# GPU machine (carry [".gpu"]; command "bash tools/bench/ooc_h200.sh"):
+#
+#   1. gpt2-1.3b, T 1024, 64 sequences per step (8 x 8), in VRAM and under
+#      --device-memory 8GiB, side by side (and with --delayed-update);
+#   2. gpt2-1.3b, 8 sequences per step, 8 GiB, beside PyTorch FSDP2 with
+#      CPUOffloadPolicy(pin_memory=True) (tools/bench/fsdp_ref.py);
+#   3. gpt2-6.7b, --device-memory 16GiB, 64 sequences per step, default
+#      budgets, model TFLOP/s.
+#
+# Every run writes its metrics, plan and summary under $OUT; the last step
+# (tools/bench/ooc_report.py) writes $OUT/ooc_h200.json with the ratios,
+# the date, commit and commands. SPILL_DEADLINE (default 560 s) bounds the
+# whole script; SPILL_OOC_RUNS (default all) picks runs by name.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+out=${OUT:-$(mktemp -d /tmp/spill-ooc.XXXXXX)}
+mkdir -p "$out/runs"
+if [ -f .gpu/env.sh ]; then source .gpu/env.sh; fi
+[ -f tools/cuda/env.sh ] && source tools/cuda/env.sh
+deadline=${SPILL_DEADLINE:-560}
+runs=${SPILL_OOC_RUNS:-all}
+want() { [ "$runs" = all ] || [[ ",$runs," == *",$1,"* ]]; }
+left() { echo $((deadline - SECONDS)); }
+
+echo "== build $(date -u +%FT%TZ)"
+go build -tags cuda -o /tmp/spill ./cmd/spill 2>&1 | tail -20 || exit 1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/nvidia-smi.txt"
+free -g | tee "$out/free.txt"
+
+# Synthetic tokens: 2400 sequences of 1025 GPT-2 token ids.
+python3 - "$out/train.bin" <<'PY'
+import sys, numpy as np
+np.random.default_rng(0).integers(0, 50257, 2400 * 1025, dtype=np.uint16).tofile(sys.argv[1])
+PY
+/tmp/spill convert --out /tmp/ooc-data --seq-len 1024 --vocab 50304 "$out/train.bin" >"$out/convert.log" 2>&1 || { cat "$out/convert.log"; exit 1; }
+rm -f "$out/train.bin"
+
+# run NAME LIMIT ARGS...: one spill train, its command recorded.
+run() {
+  local name=$1 limit=$2; shift 2
+  want "$name" || return 0
+  local l; l=$(left)
+  if [ "$l" -lt 30 ]; then echo "== $name: skipped, ${l}s left"; return 1; fi
+  [ "$limit" -le "$l" ] || limit=$l
+  local args=(train --data /tmp/ooc-data --eval-every 0 --quiet --metrics "$out/runs/$name.jsonl" --plan-json "$out/runs/$name.plan.json" "$@")
+  echo "spill ${args[*]}" >"$out/runs/$name.cmd"
+  echo "== $name (limit ${limit}s): spill ${args[*]}"
+  local t0=$SECONDS
+  timeout "$limit" /tmp/spill "${args[@]}" >"$out/runs/$name.out" 2>"$out/runs/$name.err"
+  local rc=$?
+  echo "$rc" >"$out/runs/$name.rc"
+  echo "== $name: exit $rc after $((SECONDS - t0))s"
+  tail -n 14 "$out/runs/$name.out"
+  [ $rc -eq 0 ] || tail -n 20 "$out/runs/$name.err"
+}
+m13=(--model gpt2-1.3b --seq-len 1024 --lr 1e-4 --warmup 2)
+run vram-1.3b-64 150 "${m13[@]}" --batch 8 --accum 8 --steps 8 --offload none
+run ooc-1.3b-64-8g 200 "${m13[@]}" --batch 8 --accum 8 --steps 8 --device-memory 8GiB
+run ooc-1.3b-8-8g 120 "${m13[@]}" --batch 8 --accum 1 --steps 12 --device-memory 8GiB
+if want fsdp-1.3b-8 && [ "$(left)" -gt 60 ]; then
+  echo "== fsdp-1.3b-8"
+  echo "python3 tools/bench/fsdp_ref.py 1.3b 8 6 2" >"$out/runs/fsdp-1.3b-8.cmd"
+  PYTHONUNBUFFERED=1 timeout $(( $(left) < 180 ? $(left) : 180 )) python3 tools/bench/fsdp_ref.py 1.3b 8 6 2 \
+    >"$out/runs/fsdp-1.3b-8.json" 2>"$out/runs/fsdp-1.3b-8.err"
+  echo "== fsdp-1.3b-8: exit $?"; tail -c 600 "$out/runs/fsdp-1.3b-8.json"; tail -n 5 "$out/runs/fsdp-1.3b-8.err"
+fi
+run ooc-6.7b-64-16g 300 --model gpt2-6.7b --seq-len 1024 --lr 1e-4 --warmup 2 --batch 8 --accum 8 --steps 3 --device-memory 16GiB
+run ooc-1.3b-64-8g-delayed 150 "${m13[@]}" --batch 8 --accum 8 --steps 6 --device-memory 8GiB --delayed-update
+run ooc-1.3b-64-8g-trace 150 "${m13[@]}" --batch 8 --accum 8 --steps 4 --device-memory 8GiB --trace "$out/runs/trace.json"
+rm -f "$out/runs/trace.json"
+
+python3 tools/bench/ooc_report.py "$out/runs" "$out/ooc_h200.json" "${SPILL_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" \
+  "$(cat "$out/nvidia-smi.txt")"
+tar -C "$out" -czf "$out/runs.tgz" runs && rm -rf "$out/runs"
