@@ -706,7 +706,14 @@ func (pl *planner) search() (*offload.Placement, error) {
 			best = c
 			break
 		}
-		if f := shortfall(pk, budget); f < closestF {
+		// The closest miss explains a refusal: among out-of-core
+		// candidates when there are any (a resident one only says the
+		// device is too small, which the budget says already).
+		f := shortfall(pk, budget)
+		if c.o == offload.TierDevice {
+			f += 1e6
+		}
+		if f < closestF {
 			closest, closestF = c, f
 		}
 	}

@@ -1,0 +1,244 @@
+package plan
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/offload/schedule"
+)
+
+const GiB = int64(1) << 30
+
+// hw is the H200 profile without a device reserve, as the engine plans
+// (its budgets count only the trainer's own allocations).
+func hw() offload.Hardware {
+	h := offload.H200()
+	h.DeviceReserve = 0
+	return h
+}
+
+// gpt is a GPT-like model of L blocks of width C, vocabulary V, sequence
+// T, with per-sequence sizes close to the engine's (bf16).
+func gpt(L, C, V, T int) Model {
+	c, v, t := int64(C), int64(V), int64(T)
+	m := Model{Name: fmt.Sprintf("gpt-%dx%d", L, C), Precision: offload.BF16, SeqLen: T}
+	m.Layers = append(m.Layers, Layer{Name: "embedding", Params: v*c + t*c, ActBytes: 2 * t * c, OutBytes: 2 * t * c})
+	for i := 0; i < L; i++ {
+		m.Layers = append(m.Layers, Layer{Name: fmt.Sprintf("h.%d", i), Params: 12*c*c + 13*c, ActBytes: 34 * t * c,
+			OutBytes: 2 * t * c, ScratchBytes: 16 * t * c, FwdFLOPs: 24*float64(c*c) + 4*float64(t*c), Recomputable: true})
+	}
+	m.Layers = append(m.Layers, Layer{Name: "head", Params: 2 * c, ActBytes: 2*t*v + 2*t*c, ScratchBytes: 2 * t * v,
+		FwdFLOPs: 2 * float64(v*c), Tied: []int{0}})
+	return m
+}
+
+// check verifies a placement's internal consistency against req.
+func check(t *testing.T, p *offload.Placement, req Request) {
+	t.Helper()
+	if p.MicroBatch*p.Accum != req.Batch || p.MicroBatch < 1 || p.Group < 1 || p.Group > p.Accum {
+		t.Fatalf("micro-batch %d x %d in groups of %d for batch %d", p.MicroBatch, p.Accum, p.Group, req.Batch)
+	}
+	budgets := []int64{req.Budgets.Device, req.Budgets.Host, req.Budgets.Disk}
+	for i, u := range p.Memory {
+		if u.Peak > budgets[i] || u.Budget != budgets[i] {
+			t.Fatalf("%s: predicted peak %d exceeds its budget %d", u.Tier, u.Peak, budgets[i])
+		}
+		var sum int64
+		for _, n := range u.ByClass {
+			sum += n
+		}
+		if sum+u.Reserve+u.Slack != u.Peak {
+			t.Fatalf("%s: classes %d + reserve %d + slack %d != peak %d", u.Tier, sum, u.Reserve, u.Slack, u.Peak)
+		}
+	}
+	if p.StepTime <= 0 || p.TokensPerSec <= 0 || p.Busy.Compute <= 0 {
+		t.Fatalf("predictions %+v", p)
+	}
+}
+
+// TestPlanDeviceExact: the device peak a plan reports is its compiled
+// program's peak plus the fixed bytes, not an estimate.
+func TestPlanDeviceExact(t *testing.T) {
+	m := gpt(8, 512, 8192, 256)
+	req := Request{Model: m, Batch: 16, Hardware: hw(), Budgets: offload.Budgets{Device: 200 << 20, Host: 64 * GiB}}
+	p, err := Plan(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, p, req)
+	if p.Optimizer == offload.TierDevice {
+		t.Fatalf("200 MiB holds a resident %d-parameter model? %+v", p.Params, p.Summary())
+	}
+	pl := newPlanner(&req)
+	c := &cand{w: p.Weights, g: p.Grads, o: p.Optimizer, mb: p.MicroBatch, grp: p.Group, depth: p.PrefetchDepth,
+		rec: p.Recompute, off: p.Offload}
+	spec := pl.spec(c)
+	prog, err := schedule.Compile(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	train, _ := prog.Peak()
+	spec.MicroBatches, spec.Group, spec.Acts, spec.Train = 1, 1, nil, false
+	eval, err := schedule.Compile(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := eval.Peak()
+	want := max(train, ep) + pl.fixed(p.MicroBatch, p.Accum)
+	if got := p.Memory[0].Peak; got != want {
+		t.Errorf("device peak %d, the program's %d", got, want)
+	}
+}
+
+// TestPlanMoreMemoryNeverSlower: a larger device or host budget never
+// predicts a slower step (the search is fastest-first over the same
+// candidates).
+func TestPlanMoreMemoryNeverSlower(t *testing.T) {
+	m := gpt(12, 768, 16384, 512)
+	prev := 0.0
+	for _, dev := range []int64{GiB / 2, GiB, 2 * GiB, 4 * GiB, 16 * GiB} {
+		req := Request{Model: m, Batch: 16, Hardware: hw(), Budgets: offload.Budgets{Device: dev, Host: 64 * GiB}}
+		p, err := Plan(req)
+		if err != nil {
+			t.Fatalf("device %d: %v", dev, err)
+		}
+		check(t, p, req)
+		if prev > 0 && p.StepTime > prev*(1+1e-9) {
+			t.Errorf("device %d GiB: %.4f s, slower than %.4f s with less", dev>>20, p.StepTime, prev)
+		}
+		prev = p.StepTime
+	}
+}
+
+// TestPlanPrefersLayerMajorWhenStreaming: with weights streamed and many
+// micro-batches, streaming them once per group beats once per
+// micro-batch, so the plan is layer-major (in groups); with room for
+// everything it is resident and micro-batch-major.
+func TestPlanPrefersLayerMajorWhenStreaming(t *testing.T) {
+	m := gpt(16, 1024, 16384, 512)
+	req := Request{Model: m, Batch: 32, Hardware: hw(), Budgets: offload.Budgets{Device: GiB, Host: 64 * GiB},
+		Allow: func(p *offload.Placement) bool { return p.Weights == offload.TierHost }}
+	p, err := Plan(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, p, req)
+	if p.Accum > 1 && p.Group == 1 {
+		t.Errorf("streamed weights, %d micro-batches, micro-batch-major: %s", p.Accum, p.Summary())
+	}
+	req = Request{Model: m, Batch: 8, Hardware: hw(), Budgets: offload.Budgets{Device: 200 * GiB, Host: 64 * GiB}}
+	if p, err = Plan(req); err != nil {
+		t.Fatal(err)
+	}
+	if p.Optimizer != offload.TierDevice || p.Order() != "micro-batch-major" {
+		t.Errorf("roomy device: %s", p.Summary())
+	}
+	if len(p.Alternatives) == 0 {
+		t.Error("no alternatives explained")
+	}
+}
+
+// TestPlanInfeasibleExplained: when nothing fits, the error names every
+// short tier with what it needs, says what would fit, and wraps
+// offload.ErrInfeasible.
+func TestPlanInfeasibleExplained(t *testing.T) {
+	m := gpt(24, 2048, 50304, 1024)
+	req := Request{Model: m, Batch: 8, Hardware: hw(), Budgets: offload.Budgets{Device: 8 * GiB, Host: 8 * GiB}}
+	_, err := Plan(req)
+	var ie *offload.InfeasibleError
+	if !errors.As(err, &ie) || !errors.Is(err, offload.ErrInfeasible) {
+		t.Fatalf("error %v", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{"host short by", "it would fit with a host budget of", "there is no disk tier"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error lacks %q: %s", want, msg)
+		}
+	}
+	for _, s := range ie.Shortfalls {
+		if s.Tier == offload.TierDevice {
+			t.Errorf("blames the device: %s", msg)
+		}
+	}
+}
+
+// TestPlanRefusesQuickly: a model far too large for its budgets is
+// refused within the deadline, however large.
+func TestPlanRefusesQuickly(t *testing.T) {
+	m := gpt(80, 8192, 50304, 2048)
+	req := Request{Model: m, Batch: 64, Hardware: hw(), Budgets: offload.Budgets{Device: 8 * GiB, Host: 16 * GiB, Disk: 100 * GiB},
+		Deadline: 500 * time.Millisecond}
+	start := time.Now()
+	_, err := Plan(req)
+	if !errors.Is(err, offload.ErrInfeasible) {
+		t.Fatalf("error %v", err)
+	}
+	// Generous: the deadline plus the candidate enumeration on a loaded
+	// CI machine. The benchmark below measures it.
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("refusal took %v", d)
+	}
+}
+
+func TestPlanRejectsBadRequests(t *testing.T) {
+	m := gpt(2, 64, 100, 16)
+	for _, req := range []Request{
+		{Model: m, Batch: 0, Hardware: hw(), Budgets: offload.Budgets{Device: GiB, Host: GiB}},
+		{Model: m, Batch: 1, Hardware: hw(), Budgets: offload.Budgets{Device: 0, Host: GiB}},
+		{Model: Model{Name: "empty", Precision: offload.BF16, SeqLen: 4}, Batch: 1, Hardware: hw(), Budgets: offload.Budgets{Device: GiB, Host: GiB}},
+		{Model: Model{Name: "bad", Precision: "int4", SeqLen: 4, Layers: m.Layers}, Batch: 1, Hardware: hw(), Budgets: offload.Budgets{Device: GiB, Host: GiB}},
+		{Model: m, Batch: 1, Hardware: hw(), Budgets: offload.Budgets{Device: GiB, Host: GiB}, Allow: func(*offload.Placement) bool { return false }},
+	} {
+		if _, err := Plan(req); err == nil {
+			t.Errorf("Plan(%+v) did not fail", req.Budgets)
+		}
+	}
+}
+
+// TestPlanDelayedUpdate: a delayed update is never resident and hides the
+// host optimizer behind the step, so it predicts a step no slower than
+// the synchronous plan of the same placement.
+func TestPlanDelayedUpdate(t *testing.T) {
+	m := gpt(12, 1024, 16384, 512)
+	b := offload.Budgets{Device: 2 * GiB, Host: 64 * GiB}
+	sync, err := Plan(Request{Model: m, Batch: 16, Budgets: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := func(p *offload.Placement) bool {
+		return p.Weights == sync.Weights && p.Grads == sync.Grads && p.MicroBatch == sync.MicroBatch && p.Group == sync.Group &&
+			p.Recompute == sync.Recompute && p.Offload == sync.Offload && p.PrefetchDepth == sync.PrefetchDepth
+	}
+	del, err := Plan(Request{Model: m, Batch: 16, Budgets: b, DelayedUpdate: true, Allow: same})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if del.Optimizer == offload.TierDevice || del.StepTime > sync.StepTime*(1+1e-9) {
+		t.Errorf("delayed %s %.4f s, synchronous %.4f s", del.Optimizer, del.StepTime, sync.StepTime)
+	}
+	if del.Memory[1].ByClass[offload.Weights] <= sync.Memory[1].ByClass[offload.Weights] {
+		t.Error("delayed update holds no second copy of the weights")
+	}
+}
+
+func BenchmarkPlanGPT13B(b *testing.B) {
+	m := gpt(24, 2048, 50304, 1024)
+	for b.Loop() {
+		if _, err := Plan(Request{Model: m, Batch: 64, Hardware: hw(), Budgets: offload.Budgets{Device: 8 * GiB, Host: 110 * GiB}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkPlanRefusal70B(b *testing.B) {
+	m := gpt(80, 8192, 50304, 2048)
+	for b.Loop() {
+		if _, err := Plan(Request{Model: m, Batch: 64, Hardware: hw(), Budgets: offload.Budgets{Device: 8 * GiB, Host: 16 * GiB, Disk: 100 * GiB}}); err == nil {
+			b.Fatal("a 70B model fit 8+16 GiB")
+		}
+	}
+}
