@@ -243,6 +243,9 @@ type PlanRequest struct {
 	// DelayedUpdate plans for OffloadOptions.DelayedUpdate: the resident
 	// trainer is never chosen (it has no delayed update).
 	DelayedUpdate bool
+	// GlobalNorm: the step clips gradients or scales the loss, so the host
+	// optimizer waits for the global norm (plan.Request.GlobalNorm).
+	GlobalNorm bool
 }
 
 // TrainerPlan is a placement and what the engine builds from it.
@@ -331,7 +334,7 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 	}
 	pl, err := plan.Plan(plan.Request{
 		Model: PlanModel(req.Name, m, req.T), Batch: req.B * req.Accum, Budgets: budgets, Hardware: req.Hardware,
-		Allow: allow, DelayedUpdate: req.DelayedUpdate, MaxPrefetch: maxPrefetch,
+		Allow: allow, DelayedUpdate: req.DelayedUpdate, MaxPrefetch: maxPrefetch, GlobalNorm: req.GlobalNorm,
 	})
 	if err != nil {
 		return nil, err
@@ -489,7 +492,7 @@ func diskFree(dir string) (int64, error) {
 func planRequest(cfg *Config, device string, B, T int, budget int64) PlanRequest {
 	req := PlanRequest{Name: cfg.Model, B: B, T: T, Accum: cfg.Accum, DiskDir: cfg.DiskDir,
 		Resident: cfg.Offload == OffloadNone, Prefetch: cfg.Prefetch, Activations: cfg.Activations,
-		DelayedUpdate: cfg.DelayedUpdate}
+		DelayedUpdate: cfg.DelayedUpdate, GlobalNorm: cfg.GradClip > 0 || cfg.Precision == "fp16"}
 	req.Budgets.Device = budget
 	req.Budgets.Host = cfg.HostMemory
 	if req.Budgets.Host == 0 {

@@ -103,6 +103,12 @@ type Request struct {
 	// (off the critical path), and the host holds a second compute-dtype
 	// copy of the weights and of the gradients.
 	DelayedUpdate bool
+	// GlobalNorm says the host optimizer waits for the step's global
+	// gradient norm (gradient clipping, fp16 loss scaling): the updates
+	// start after the last backward, in layer order, and overlap only the
+	// next step's first forward; without it each layer's update starts as
+	// soon as its gradients are final, during the last group's backward.
+	GlobalNorm bool
 	// Deadline bounds the search: past it, the fastest candidates checked
 	// so far decide (default 2 s).
 	Deadline time.Duration
@@ -508,9 +514,11 @@ func (pl *planner) timeOf(c *cand) {
 		c.step = core + opt
 		return
 	}
-	// The host optimizer updates a layer once its gradients are final,
-	// during the backward of the last group; the next step's first
-	// forward waits for the first layer's update, the last to start.
+	// The host optimizer updates one layer after the other, each once its
+	// gradients are final (or, with GlobalNorm, once the step's norm is
+	// known); layer l's next forward waits for layer l's update. A group
+	// of micro-batches gives each layer's update the time of the other
+	// layers' work on that group to hide behind.
 	U := P / hw.HostAdam
 	var disk float64
 	if c.o == offload.TierDisk {
@@ -520,8 +528,11 @@ func (pl *planner) timeOf(c *cand) {
 	c.busy.HostOptimizer, c.busy.Disk = U, disk
 	phase := max(U, disk, optD2H, optH2D)
 	n := float64(len(pl.m.Layers))
-	lastGroup := float64(min(c.grp, A)) * tcMB * 2 / 3
-	exposed := max(phase/n, phase-lastGroup*(n-1)/n)
+	overlap := float64(min(c.grp, A)) * tcMB * 2 / 3 // the last group's backward
+	if pl.req.GlobalNorm {
+		overlap /= 2 // the first group's forward
+	}
+	exposed := max(phase/n, phase-overlap*(n-1)/n)
 	if pl.req.DelayedUpdate {
 		exposed = max(phase-compute, 0)
 	}
