@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"math"
 	"math/bits"
 	"sync"
 	"unsafe"
@@ -92,15 +91,11 @@ func (v view) load(lo, hi int, s []float32) []float32 {
 		return v.f[lo:hi:hi]
 	case kernels.BF16:
 		s = s[:hi-lo]
-		for i, h := range v.h[lo:hi] {
-			s[i] = math.Float32frombits(uint32(h) << 16)
-		}
+		bf16ToF32(s, v.h[lo:hi])
 		return s
 	default:
 		s = s[:hi-lo]
-		for i, h := range v.h[lo:hi] {
-			s[i] = kernels.F32FromF16(h)
-		}
+		f16ToF32(s, v.h[lo:hi])
 		return s
 	}
 }
@@ -118,15 +113,9 @@ func (v view) store(lo int, s []float32) {
 			copy(d, s)
 		}
 	case kernels.BF16:
-		d := v.h[lo : lo+len(s)]
-		for i, x := range s {
-			d[i] = kernels.BF16FromF32(x)
-		}
+		f32ToBF16(v.h[lo:lo+len(s)], s)
 	default:
-		d := v.h[lo : lo+len(s)]
-		for i, x := range s {
-			d[i] = kernels.F16FromF32(x)
-		}
+		f32ToF16(v.h[lo:lo+len(s)], s)
 	}
 }
 
