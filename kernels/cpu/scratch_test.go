@@ -90,3 +90,49 @@ func TestScratchSteadyState(t *testing.T) {
 		t.Errorf("%d warm steps allocated %d bytes (%.1f output scratches of %d bytes); want at most 2", steps, got, float64(got)/float64(scratch), scratch)
 	}
 }
+
+// TestMatmulForwardRowBlocks: a 16-bit output larger than fwdScratch (a
+// logits-shaped product, computed a block of rows at a time through a
+// bounded scratch) has the bits of the float32 product of the whole
+// matrix (one gemm) rounded once, with and without bias, and the scratch
+// it takes is a block's, not the whole output's.
+func TestMatmulForwardRowBlocks(t *testing.T) {
+	be := openBE(t, 0)
+	q := be.DefaultQueue()
+	r := rand.New(rand.NewPCG(5, 6))
+	const BT, C, OC = 3*mcBlk + 5, 16, 50257
+	if BT*OC <= fwdScratch || max(1, fwdScratch/OC/mcBlk)*mcBlk >= BT {
+		t.Fatal("the shape does not exercise the row blocks")
+	}
+	x := upload(t, be, kernels.BF16, randVals(r, BT*C, 1))
+	w := upload(t, be, kernels.BF16, randVals(r, OC*C, 1))
+	bias := upload(t, be, kernels.BF16, randVals(r, OC, 1))
+	ref := upload(t, be, kernels.F32, make([]float32, BT*OC))
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
+		for _, bi := range []kernels.Tensor{{}, bias} {
+			out := upload(t, be, dt, make([]float32, BT*OC))
+			be.MatmulForward(q, ref, x, w, bi, BT, C, OC)
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
+			be.MatmulForward(q, out, x, w, bi, BT, C, OC)
+			syncQ(t, be)
+			runtime.ReadMemStats(&m1)
+			if got := m1.TotalAlloc - m0.TotalAlloc; got >= 4*BT*OC/2 {
+				t.Errorf("%v: the matmul allocated %d bytes, the whole float32 output is %d", dt, got, 4*BT*OC)
+			}
+			want, got := f32s(ref), u16s(out)
+			for i := range got {
+				var w uint16
+				if dt == kernels.BF16 {
+					w = kernels.BF16FromF32(want[i])
+				} else {
+					w = kernels.F16FromF32(want[i])
+				}
+				if got[i] != w {
+					t.Fatalf("%v, bias %v: element %d (row %d) = %#04x, want %#04x", dt, !bi.IsZero(), i, i/OC, got[i], w)
+				}
+			}
+			be.Free(out.Buf)
+		}
+	}
+}
