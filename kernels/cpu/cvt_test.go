@@ -13,7 +13,6 @@ import (
 // formats (ties, either side of them, sticky bits), plus random bits. The
 // lengths are not multiples of 8, so the scalar tails run too.
 func TestConvertSlices(t *testing.T) {
-	t.Logf("AVX2 bf16: %v, F16C: %v", useAVX2Cvt, useF16C)
 	src16 := make([]uint16, 1<<16+5)
 	for i := range src16 {
 		src16[i] = uint16(i)
