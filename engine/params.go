@@ -100,7 +100,7 @@ const initGrain = 1 << 16
 
 // at returns the generator positioned after k draws of r: splitmix64's
 // state after k draws is the seed plus k times the increment.
-func (r rng) at(k int) *rng { return &rng{s: r.s + uint64(k)*0x9e3779b97f4a7c15} }
+func (r rng) at(k int) rng { return rng{s: r.s + uint64(k)*0x9e3779b97f4a7c15} }
 
 // InitParams fills dst (the fp32 values of one layer's whole block, laid
 // out by specs) deterministically from seed.
@@ -113,7 +113,7 @@ func (r rng) at(k int) *rng { return &rng{s: r.s + uint64(k)*0x9e3779b97f4a7c15}
 func InitParams(dst []float32, specs []ParamSpec, seed uint64) {
 	type chunk struct {
 		t   []float32
-		r   *rng
+		r   rng // copied by the goroutine that fills t: generators on one cache line would be falsely shared
 		std float64
 	}
 	var work []chunk
@@ -153,7 +153,8 @@ func InitParams(dst []float32, specs []ParamSpec, seed uint64) {
 				if i >= len(work) {
 					return
 				}
-				work[i].r.fillNormal(work[i].t, work[i].std)
+				c := work[i]
+				c.r.fillNormal(c.t, c.std)
 			}
 		}()
 	}
