@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/spill-ml/spill/kernels"
 )
@@ -135,4 +136,40 @@ func TestMatmulForwardRowBlocks(t *testing.T) {
 			be.Free(out.Buf)
 		}
 	}
+}
+
+// TestLargeScratchAging: a large buffer left unused survives one garbage
+// collection (it is taken again after it) and is dropped after two.
+func TestLargeScratchAging(t *testing.T) {
+	cycles := func() int64 {
+		largeFree.Lock()
+		defer largeFree.Unlock()
+		return largeFree.cycles
+	}
+	// waitGC collects until ageLargeScratch has run k more times.
+	waitGC := func(k int64) {
+		want := cycles() + k
+		for deadline := time.Now().Add(10 * time.Second); cycles() < want; {
+			if time.Now().After(deadline) {
+				t.Fatalf("the scratch lists were not aged after %d collections", k)
+			}
+			runtime.GC()
+			time.Sleep(time.Millisecond)
+		}
+	}
+	const n = 3 << 20 // a class of its own in this test binary
+	a := getScratch(n)
+	putScratch(a)
+	waitGC(1)
+	b := getScratch(n)
+	if &b[0] != &a[0] {
+		t.Fatal("a buffer unused for less than a GC cycle was dropped")
+	}
+	putScratch(b)
+	waitGC(2)
+	c := getScratch(n)
+	if &c[0] == &a[0] {
+		t.Fatal("a buffer unused for two GC cycles was kept")
+	}
+	putScratch(c)
 }

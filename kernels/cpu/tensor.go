@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math/bits"
+	"runtime"
 	"sync"
 	"unsafe"
 
@@ -154,16 +155,43 @@ func (v view) set(i int, x float32) {
 // a sync.Pool keeps a buffer put on one P out of reach of a Get on another
 // P (its private slot), so each P could end up holding its own copy of a
 // logits-sized buffer; with the shared lists the large buffers retained are
-// at most those in use at once.
+// at most those in use at once. Like a sync.Pool's, the lists are aged at
+// every garbage collection: a buffer not taken again during a whole GC
+// cycle is dropped (after a change of shapes, say).
 const largeScratch = 1 << 18
 
 var (
 	scratchPools [4 * 64]sync.Pool
 	largeFree    struct {
 		sync.Mutex
-		lists [len(scratchPools)][][]float32
+		lists, victims [len(scratchPools)][][]float32
+		cycles         int64 // GC cycles seen (ageLargeScratch calls)
 	}
 )
+
+func init() { armScratchAging() }
+
+// armScratchAging has ageLargeScratch run after the next garbage
+// collection, and again after every one that follows.
+func armScratchAging() {
+	s := new([16]byte) // not a tiny allocation: its finalizer runs after the GC that frees it
+	runtime.SetFinalizer(s, func(*[16]byte) {
+		ageLargeScratch()
+		armScratchAging()
+	})
+}
+
+// ageLargeScratch drops the large buffers that stayed unused since the
+// previous call and keeps the others one more cycle.
+func ageLargeScratch() {
+	largeFree.Lock()
+	defer largeFree.Unlock()
+	for c := range largeFree.lists {
+		largeFree.victims[c] = largeFree.lists[c]
+		largeFree.lists[c] = nil
+	}
+	largeFree.cycles++
+}
 
 // scratchClass returns the smallest class holding n elements (n >= 1) and
 // its size.
@@ -193,11 +221,9 @@ func getScratch(n int) []float32 {
 	c, size := scratchClass(n)
 	if size >= largeScratch {
 		largeFree.Lock()
-		l := largeFree.lists[c]
-		var s []float32
-		if k := len(l); k > 0 {
-			s, l[k-1] = l[k-1], nil
-			largeFree.lists[c] = l[:k-1]
+		s := pop(&largeFree.lists[c])
+		if s == nil {
+			s = pop(&largeFree.victims[c])
 		}
 		largeFree.Unlock()
 		if s != nil {
@@ -207,6 +233,18 @@ func getScratch(n int) []float32 {
 		return (*p)[:n]
 	}
 	return make([]float32, n, size)
+}
+
+// pop takes the last buffer of a free list (nil if it is empty).
+func pop(l *[][]float32) []float32 {
+	k := len(*l)
+	if k == 0 {
+		return nil
+	}
+	s := (*l)[k-1]
+	(*l)[k-1] = nil
+	*l = (*l)[:k-1]
+	return s
 }
 
 func putScratch(s []float32) {
