@@ -3,6 +3,9 @@ package engine
 import (
 	"hash/fnv"
 	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
 )
 
 // Init says how a parameter tensor is initialised.
@@ -91,9 +94,29 @@ func (r *rng) fillNormal(dst []float32, std float64) {
 	}
 }
 
+// initGrain is the number of elements of a normal tensor one goroutine
+// fills at a time (even: a chunk starts on a Box-Muller pair).
+const initGrain = 1 << 16
+
+// at returns the generator positioned after k draws of r: splitmix64's
+// state after k draws is the seed plus k times the increment.
+func (r rng) at(k int) rng { return rng{s: r.s + uint64(k)*0x9e3779b97f4a7c15} }
+
 // InitParams fills dst (the fp32 values of one layer's whole block, laid
 // out by specs) deterministically from seed.
+//
+// Normal tensors are filled in chunks of initGrain elements on up to
+// GOMAXPROCS goroutines. Each element pair (2j, 2j+1) of a tensor takes
+// draws 2j and 2j+1 of the tensor's stream, so a chunk starting at an even
+// element i starts the stream at draw i (rng.at) and the values are those
+// of one serial pass over the tensor, bit for bit, whatever the split.
 func InitParams(dst []float32, specs []ParamSpec, seed uint64) {
+	type chunk struct {
+		t   []float32
+		r   rng // copied by the goroutine that fills t: generators on one cache line would be falsely shared
+		std float64
+	}
+	var work []chunk
 	for _, p := range specs {
 		t := dst[p.Offset : p.Offset+p.Elems()]
 		switch p.Init {
@@ -104,7 +127,36 @@ func InitParams(dst []float32, specs []ParamSpec, seed uint64) {
 				t[i] = 1
 			}
 		default:
-			newTensorRNG(seed, p.Name).fillNormal(t, p.Std)
+			r := newTensorRNG(seed, p.Name)
+			for lo := 0; lo < len(t); lo += initGrain {
+				work = append(work, chunk{t[lo:min(lo+initGrain, len(t))], r.at(lo), p.Std})
+			}
 		}
 	}
+	workers := min(runtime.GOMAXPROCS(0), len(work))
+	if workers <= 1 {
+		for _, c := range work {
+			c.r.fillNormal(c.t, c.std)
+		}
+		return
+	}
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(work) {
+					return
+				}
+				c := work[i]
+				c.r.fillNormal(c.t, c.std)
+			}
+		}()
+	}
+	wg.Wait()
 }

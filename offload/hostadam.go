@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/spill-ml/spill/kernels"
+	"github.com/spill-ml/spill/kernels/cpu"
 )
 
 // HostAdamW is the host optimizer: one AdamW step on layer state held in
@@ -21,85 +22,15 @@ import (
 // here is bitwise identical to one whose optimizer runs on the CPU
 // backend's device. param, m and v have the same length n; grad holds n
 // elements of gdt and out, if not nil, n elements of odt.
+//
+// The arithmetic is the CPU backend's own (cpu.HostAdamW runs the kernel's
+// code): vectorised, and parallel over GOMAXPROCS goroutines for a large
+// layer.
 func HostAdamW(param []float32, grad []byte, gdt kernels.DType, m, v []float32, out []byte, odt kernels.DType, p kernels.AdamWParams) error {
-	n := len(param)
-	if len(m) != n || len(v) != n || len(grad) != n*gdt.Size() || (out != nil && len(out) != n*odt.Size()) {
-		return fmt.Errorf("offload: host AdamW: %d params with %d grad bytes (%v), %d/%d moments, %d out bytes (%v)",
-			n, len(grad), gdt, len(m), len(v), len(out), odt)
-	}
-	if !gdt.IsFloat() || (out != nil && !odt.IsFloat()) {
-		return fmt.Errorf("offload: host AdamW: grad %v and out %v must be float dtypes", gdt, odt)
-	}
-	if p.Step < 1 {
-		return fmt.Errorf("offload: host AdamW: step %d, want >= 1 (1-based)", p.Step)
-	}
-	gs := p.GradScale
-	if gs == 0 {
-		gs = 1
-	}
-	b1, b2 := p.Beta1, p.Beta2
-	omb1, omb2 := 1-b1, 1-b2
-	ic1 := float32(1 / (1 - math.Pow(float64(b1), float64(p.Step))))
-	ic2 := float32(1 / (1 - math.Pow(float64(b2), float64(p.Step))))
-	lr, eps, wd := p.LR, p.Eps, p.WeightDecay
-	const chunk = 256
-	var ga [chunk]float32
-	for lo := 0; lo < n; lo += chunk {
-		hi := min(lo+chunk, n)
-		g := loadF32(grad, gdt, lo, hi, ga[:])
-		ps, ms, vs := param[lo:hi], m[lo:hi], v[lo:hi]
-		for i := range ps {
-			gi := g[i] * gs
-			mi := b1*ms[i] + omb1*gi
-			vi := b2*vs[i] + omb2*(gi*gi)
-			ms[i], vs[i] = mi, vi
-			den := float32(math.Sqrt(float64(vi*ic2))) + eps
-			upd := (mi*ic1)/den + wd*ps[i]
-			ps[i] -= lr * upd
-		}
-		if out != nil {
-			storeF32(out, odt, lo, ps)
-		}
+	if err := cpu.HostAdamW(param, grad, gdt, m, v, out, odt, p); err != nil {
+		return fmt.Errorf("offload: %w", err)
 	}
 	return nil
-}
-
-// loadF32 returns elements [lo, hi) of the host array b of dtype dt as
-// float32, converting into s when dt is not F32.
-func loadF32(b []byte, dt kernels.DType, lo, hi int, s []float32) []float32 {
-	switch dt {
-	case kernels.F32:
-		return F32s(b)[lo:hi]
-	case kernels.BF16:
-		h := u16s(b)[lo:hi]
-		for i, x := range h {
-			s[i] = kernels.F32FromBF16(x)
-		}
-	default:
-		h := u16s(b)[lo:hi]
-		for i, x := range h {
-			s[i] = kernels.F32FromF16(x)
-		}
-	}
-	return s[:hi-lo]
-}
-
-// storeF32 rounds s into elements [lo, lo+len(s)) of the host array b.
-func storeF32(b []byte, dt kernels.DType, lo int, s []float32) {
-	switch dt {
-	case kernels.F32:
-		copy(F32s(b)[lo:], s)
-	case kernels.BF16:
-		h := u16s(b)[lo : lo+len(s)]
-		for i, x := range s {
-			h[i] = kernels.BF16FromF32(x)
-		}
-	default:
-		h := u16s(b)[lo : lo+len(s)]
-		for i, x := range s {
-			h[i] = kernels.F16FromF32(x)
-		}
-	}
 }
 
 // F32s views host bytes (4-byte aligned, as every host buffer of this

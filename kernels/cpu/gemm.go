@@ -167,8 +167,9 @@ func kernelGo(k int, a, b, c []float32, ldc int) {
 	}
 }
 
-// gemmNT sets y(M,N) = x(M,K)·w(N,K)ᵀ + bias(N) (bias may be absent).
-func (b *Backend) gemmNT(y []float32, x, w view, bias []float32, M, K, N int) {
+// gemmNT sets y(M,N) = x(M,K)·w(N,K)ᵀ + bias(N) (bias may be absent),
+// x starting at element xoff of its view.
+func (b *Backend) gemmNT(y []float32, x view, xoff int, w view, bias []float32, M, K, N int) {
 	b.pool.parallel(M, max(1, 16384/N), func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			row := y[r*N : r*N+N]
@@ -179,7 +180,7 @@ func (b *Backend) gemmNT(y []float32, x, w view, bias []float32, M, K, N int) {
 			}
 		}
 	})
-	b.gemm(y, N, operand{v: x, rs: K, cs: 1}, operand{v: w, rs: 1, cs: K}, M, N, K)
+	b.gemm(y, N, operand{v: x, off: xoff, rs: K, cs: 1}, operand{v: w, rs: 1, cs: K}, M, N, K)
 }
 
 // gemmNN accumulates d(M,N) += g(M,K)·w(K,N).

@@ -19,12 +19,32 @@ func (b *Backend) MatmulForward(q kernels.Queue, out, inp, weight, bias kernels.
 			bf, relB = b.inputSmall(bi)
 			defer relB()
 		}
-		y, commit := b.output(o, false)
-		b.gemmNT(y, x, w, bf, BT, C, OC)
-		commit()
+		if o.dt == kernels.F32 || BT*OC <= fwdScratch {
+			y, commit := b.output(o, false)
+			b.gemmNT(y, x, 0, w, bf, BT, C, OC)
+			commit()
+			return nil
+		}
+		// A 16-bit output larger than fwdScratch (the logits) goes through
+		// a float32 scratch of a few row blocks at a time, not one of its
+		// whole size. The blocks are whole multiples of mcBlk rows, gemm's
+		// own row blocking, so every tile and every sum is the one of the
+		// unsplit product: the same bits.
+		rows := max(1, fwdScratch/OC/mcBlk) * mcBlk
+		y := getScratch(min(rows, BT) * OC)
+		defer putScratch(y)
+		for r0 := 0; r0 < BT; r0 += rows {
+			ys := y[:min(rows, BT-r0)*OC]
+			b.gemmNT(ys, x, r0*C, w, bf, len(ys)/OC, C, OC)
+			b.pool.parallel(len(ys), 1<<14, func(lo, hi int) { o.store(r0*OC+lo, ys[lo:hi]) })
+		}
 		return nil
 	})
 }
+
+// fwdScratch is the most elements of float32 scratch MatmulForward takes
+// for a 16-bit output (16 MiB) unless one block of mcBlk rows needs more.
+const fwdScratch = 1 << 22
 
 // MatmulBackward implements kernels.Ops.
 func (b *Backend) MatmulBackward(q kernels.Queue, dinp, dweight, dbias, dout, inp, weight kernels.Tensor, BT, C, OC int) {

@@ -276,27 +276,14 @@ func (b *Backend) AdamW(q kernels.Queue, param, grad, m, v, out kernels.Tensor, 
 	mw := f32view("AdamW", "m", m, n)
 	vw := f32view("AdamW", "v", v, n)
 	o, hasOut := optview("AdamW", "out", out, n)
-	if p.Step < 1 {
-		panic(fmt.Sprintf("kernels/cpu: AdamW: step %d, want >= 1 (1-based)", p.Step))
-	}
-	gs := p.GradScale
-	if gs == 0 {
-		gs = 1
-	}
-	c := &adamConsts{
-		gs: gs, b1: p.Beta1, omb1: 1 - p.Beta1, b2: p.Beta2, omb2: 1 - p.Beta2,
-		ic1: float32(1 / (1 - math.Pow(float64(p.Beta1), float64(p.Step)))),
-		ic2: float32(1 / (1 - math.Pow(float64(p.Beta2), float64(p.Step)))),
-		lr:  p.LR, eps: p.Eps, wd: p.WeightDecay,
+	c, err := newAdamConsts(p)
+	if err != nil {
+		panic("kernels/cpu: AdamW: " + err.Error())
 	}
 	b.queue(q).enqueue("AdamW", func() error {
 		b.elementwise(n, func(lo, hi int) {
-			var ga [scratchLen]float32
-			ps := pw[lo:hi:hi]
-			adamwStep(ps, g.load(lo, hi, ga[:]), mw[lo:hi:hi], vw[lo:hi:hi], c)
-			if hasOut {
-				o.store(lo, ps)
-			}
+			var ga [blk]float32
+			adamwBlock(pw, mw, vw, g, o, hasOut, lo, hi, &c, &ga)
 		})
 		return nil
 	})

@@ -2,7 +2,8 @@ package cpu
 
 import (
 	"fmt"
-	"math"
+	"math/bits"
+	"runtime"
 	"sync"
 	"unsafe"
 
@@ -91,15 +92,11 @@ func (v view) load(lo, hi int, s []float32) []float32 {
 		return v.f[lo:hi:hi]
 	case kernels.BF16:
 		s = s[:hi-lo]
-		for i, h := range v.h[lo:hi] {
-			s[i] = math.Float32frombits(uint32(h) << 16)
-		}
+		bf16ToF32(s, v.h[lo:hi])
 		return s
 	default:
 		s = s[:hi-lo]
-		for i, h := range v.h[lo:hi] {
-			s[i] = kernels.F32FromF16(h)
-		}
+		f16ToF32(s, v.h[lo:hi])
 		return s
 	}
 }
@@ -117,15 +114,9 @@ func (v view) store(lo int, s []float32) {
 			copy(d, s)
 		}
 	case kernels.BF16:
-		d := v.h[lo : lo+len(s)]
-		for i, x := range s {
-			d[i] = kernels.BF16FromF32(x)
-		}
+		f32ToBF16(v.h[lo:lo+len(s)], s)
 	default:
-		d := v.h[lo : lo+len(s)]
-		for i, x := range s {
-			d[i] = kernels.F16FromF32(x)
-		}
+		f32ToF16(v.h[lo:lo+len(s)], s)
 	}
 }
 
@@ -151,21 +142,124 @@ func (v view) set(i int, x float32) {
 	}
 }
 
-// scratch buffers for converted operands, recycled across ops.
-var scratchPool sync.Pool
+// Scratch buffers for converted operands are recycled across ops in one
+// pool per size class, so that a request is served by a buffer of about its
+// own size. (With a single pool any buffer at least as large served any
+// request: a logits-sized scratch ended up as some row's buffer on a worker
+// while the next logits op allocated a fresh one, and the idle large
+// buffers in the pool kept the heap, and RSS, growing step after step.)
+//
+// The classes are 2^e·(4+j)/4 elements for j = 0..3: a buffer is at most
+// 25% larger than its request. Classes of at least largeScratch elements
+// are kept on free lists shared by all threads rather than in sync.Pools:
+// a sync.Pool keeps a buffer put on one P out of reach of a Get on another
+// P (its private slot), so each P could end up holding its own copy of a
+// logits-sized buffer; with the shared lists the large buffers retained are
+// at most those in use at once. Like a sync.Pool's, the lists are aged at
+// every garbage collection: a buffer not taken again during a whole GC
+// cycle is dropped (after a change of shapes, say).
+const largeScratch = 1 << 18
+
+var (
+	scratchPools [4 * 64]sync.Pool
+	largeFree    struct {
+		sync.Mutex
+		lists, victims [len(scratchPools)][][]float32
+		cycles         int64 // GC cycles seen (ageLargeScratch calls)
+	}
+)
+
+func init() { armScratchAging() }
+
+// armScratchAging has ageLargeScratch run after the next garbage
+// collection, and again after every one that follows.
+func armScratchAging() {
+	s := new([16]byte) // not a tiny allocation: its finalizer runs after the GC that frees it
+	runtime.SetFinalizer(s, func(*[16]byte) {
+		ageLargeScratch()
+		armScratchAging()
+	})
+}
+
+// ageLargeScratch drops the large buffers that stayed unused since the
+// previous call and keeps the others one more cycle.
+func ageLargeScratch() {
+	largeFree.Lock()
+	defer largeFree.Unlock()
+	for c := range largeFree.lists {
+		largeFree.victims[c] = largeFree.lists[c]
+		largeFree.lists[c] = nil
+	}
+	largeFree.cycles++
+}
+
+// scratchClass returns the smallest class holding n elements (n >= 1) and
+// its size.
+func scratchClass(n int) (int, int) {
+	if n <= 4 {
+		return n - 1, n
+	}
+	e := bits.Len(uint(n-1)) - 3 // n-1 = 1jj·2^e + rest, e >= 0
+	j := (n - 1) >> e            // in [4, 7]
+	c := 4*e + j
+	return c, (j + 1) << e
+}
+
+// scratchClassOf returns the largest class whose size is at most c (c >= 1).
+func scratchClassOf(c int) int {
+	if c <= 4 {
+		return c - 1
+	}
+	e := bits.Len(uint(c)) - 3
+	return 4*e + c>>e - 1
+}
 
 func getScratch(n int) []float32 {
-	if p, ok := scratchPool.Get().(*[]float32); ok && cap(*p) >= n {
-		s := (*p)[:n]
-		return s
+	if n <= 0 {
+		return nil
 	}
-	return make([]float32, n)
+	c, size := scratchClass(n)
+	if size >= largeScratch {
+		largeFree.Lock()
+		s := pop(&largeFree.lists[c])
+		if s == nil {
+			s = pop(&largeFree.victims[c])
+		}
+		largeFree.Unlock()
+		if s != nil {
+			return s[:n]
+		}
+	} else if p, ok := scratchPools[c].Get().(*[]float32); ok {
+		return (*p)[:n]
+	}
+	return make([]float32, n, size)
+}
+
+// pop takes the last buffer of a free list (nil if it is empty).
+func pop(l *[][]float32) []float32 {
+	k := len(*l)
+	if k == 0 {
+		return nil
+	}
+	s := (*l)[k-1]
+	(*l)[k-1] = nil
+	*l = (*l)[:k-1]
+	return s
 }
 
 func putScratch(s []float32) {
-	if cap(s) >= 1024 {
-		scratchPool.Put(&s)
+	if cap(s) < 1024 {
+		return
 	}
+	s = s[:cap(s)]
+	c := scratchClassOf(cap(s))
+	if cap(s) >= largeScratch {
+		largeFree.Lock()
+		largeFree.lists[c] = append(largeFree.lists[c], s)
+		largeFree.Unlock()
+		return
+	}
+	scratchPools[c].Put(&s)
 }
 
 // input returns the whole of v as float32 (no copy for F32) and a release
