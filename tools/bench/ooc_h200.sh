@@ -57,19 +57,19 @@ run() {
   [ $rc -eq 0 ] || tail -n 20 "$out/runs/$name.err"
 }
 m13=(--model gpt2-1.3b --seq-len 1024 --lr 1e-4 --warmup 2)
-run vram-1.3b-64 150 "${m13[@]}" --batch 8 --accum 8 --steps 8 --offload none
-run ooc-1.3b-64-8g 200 "${m13[@]}" --batch 8 --accum 8 --steps 8 --device-memory 8GiB
-run ooc-1.3b-8-8g 120 "${m13[@]}" --batch 8 --accum 1 --steps 12 --device-memory 8GiB
+run vram-1.3b-64 120 "${m13[@]}" --batch 8 --accum 8 --steps 6 --offload none
+run ooc-1.3b-64-8g 150 "${m13[@]}" --batch 8 --accum 8 --steps 6 --device-memory 8GiB
+run ooc-6.7b-64-16g 240 --model gpt2-6.7b --seq-len 1024 --lr 1e-4 --warmup 2 --batch 8 --accum 8 --steps 3 --device-memory 16GiB
+run ooc-1.3b-8-8g 90 "${m13[@]}" --batch 8 --accum 1 --steps 10 --device-memory 8GiB
 if want fsdp-1.3b-8 && [ "$(left)" -gt 60 ]; then
   echo "== fsdp-1.3b-8"
-  echo "python3 tools/bench/fsdp_ref.py 1.3b 8 6 2" >"$out/runs/fsdp-1.3b-8.cmd"
-  PYTHONUNBUFFERED=1 timeout $(( $(left) < 180 ? $(left) : 180 )) python3 tools/bench/fsdp_ref.py 1.3b 8 6 2 \
+  echo "python3 tools/bench/fsdp_ref.py 1.3b 8 5 2" >"$out/runs/fsdp-1.3b-8.cmd"
+  PYTHONUNBUFFERED=1 timeout $(( $(left) < 150 ? $(left) : 150 )) python3 tools/bench/fsdp_ref.py 1.3b 8 5 2 \
     >"$out/runs/fsdp-1.3b-8.json" 2>"$out/runs/fsdp-1.3b-8.err"
   echo "== fsdp-1.3b-8: exit $?"; tail -c 600 "$out/runs/fsdp-1.3b-8.json"; tail -n 5 "$out/runs/fsdp-1.3b-8.err"
 fi
-run ooc-6.7b-64-16g 300 --model gpt2-6.7b --seq-len 1024 --lr 1e-4 --warmup 2 --batch 8 --accum 8 --steps 3 --device-memory 16GiB
-run ooc-1.3b-64-8g-delayed 150 "${m13[@]}" --batch 8 --accum 8 --steps 6 --device-memory 8GiB --delayed-update
-run ooc-1.3b-64-8g-trace 150 "${m13[@]}" --batch 8 --accum 8 --steps 4 --device-memory 8GiB --trace "$out/runs/trace.json"
+run ooc-1.3b-64-8g-delayed 100 "${m13[@]}" --batch 8 --accum 8 --steps 5 --device-memory 8GiB --delayed-update
+run ooc-1.3b-64-8g-trace 100 "${m13[@]}" --batch 8 --accum 8 --steps 4 --device-memory 8GiB --trace "$out/runs/trace.json"
 rm -f "$out/runs/trace.json"
 
 python3 tools/bench/ooc_report.py "$out/runs" "$out/ooc_h200.json" "${SPILL_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" \
