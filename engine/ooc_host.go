@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/spill-ml/spill/kernels"
+	"github.com/spill-ml/spill/kernels/cpu"
 	"github.com/spill-ml/spill/offload"
 	"github.com/spill-ml/spill/offload/exec"
 	"github.com/spill-ml/spill/stream"
@@ -67,7 +68,10 @@ type hostState struct {
 	note   string
 	stage  *exec.Staging // the ring of a degraded pool, else nil
 	slots  [][]byte      // host slots of offloaded activations, not yet handed out
-	diskRW int64         // bytes the disk tier read and wrote (atomic via mu)
+	diskRW int64         // bytes the disk tier read and wrote (guarded by mu)
+	// diskM, diskV are the host copies of the moments of the layer being
+	// updated when they live on disk (the worker's alone).
+	diskM, diskV []byte
 	mu     sync.Mutex
 	tabErr error
 }
@@ -454,7 +458,11 @@ func (hs *hostState) updateLayer(ctx context.Context, i int, hp kernels.AdamWPar
 	np := int64(l.NumParams())
 	km, kv := offload.Key{Layer: i, Class: offload.AdamM}, offload.Key{Layer: i, Class: offload.AdamV}
 	if hs.disk != nil {
-		mb, vb = offload.NewF32Bytes(4*np), offload.NewF32Bytes(4*np)
+		// Updates run one at a time: one pair of buffers serves them all.
+		if int64(len(hs.diskM)) < 4*np {
+			hs.diskM, hs.diskV = offload.NewF32Bytes(4*np), offload.NewF32Bytes(4*np)
+		}
+		mb, vb = hs.diskM[:4*np], hs.diskV[:4*np]
 		hs.recErr(errors.Join(t.BeginCopy(km, offload.TierDisk, offload.TierHost), t.BeginCopy(kv, offload.TierDisk, offload.TierHost)))
 		err := errors.Join(hs.disk.Load(ctx, km, mb).Wait(ctx), hs.disk.Load(ctx, kv, vb).Wait(ctx))
 		if err != nil {
@@ -541,11 +549,7 @@ func (hs *hostState) setMaster(i int, fill func(master []float32)) error {
 			copy(h.weights, h.master)
 		}
 	default:
-		m := offload.F32s(h.master)
-		for lo := 0; lo < len(m); lo += 4096 {
-			hi := min(lo+4096, len(m))
-			offloadStore(h.weights, hs.m.DType, lo, m[lo:hi])
-		}
+		cpu.StoreF32(h.weights, hs.m.DType, offload.F32s(h.master))
 	}
 	for _, cl := range []offload.Class{offload.Weights, offload.Master} {
 		k := offload.Key{Layer: i, Class: cl}
@@ -570,21 +574,6 @@ func (hs *hostState) setMasters(fill func(i int, master []float32)) error {
 		g.Go(func() error { return hs.setMaster(i, func(m []float32) { fill(i, m) }) })
 	}
 	return g.Wait()
-}
-
-// offloadStore rounds s into host array b of dtype dt at element lo.
-func offloadStore(b []byte, dt kernels.DType, lo int, s []float32) {
-	es := dt.Size()
-	for i, x := range s {
-		var h uint16
-		if dt == kernels.BF16 {
-			h = kernels.BF16FromF32(x)
-		} else {
-			h = kernels.F16FromF32(x)
-		}
-		b[(lo+i)*es] = byte(h)
-		b[(lo+i)*es+1] = byte(h >> 8)
-	}
 }
 
 // optim returns copies of layer i's master, m and v (fp32 bytes).
