@@ -2,8 +2,10 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/spill-ml/spill/kernels"
@@ -105,5 +107,30 @@ func TestLayerMajorTrafficPerStep(t *testing.T) {
 	}
 	if math.IsNaN(first.Loss) {
 		t.Fatal("no loss")
+	}
+}
+
+// TestRefusedBeforeAllocation: a run whose state fits no tier is refused
+// by the planner before the trainer allocates anything, naming what is
+// short and what would fit, disk tier included.
+func TestRefusedBeforeAllocation(t *testing.T) {
+	m := mustGPT(t)
+	be := openCPU(t)
+	cfg := DefaultConfig()
+	cfg.Model, cfg.Layers, cfg.Heads, cfg.Embd, cfg.Vocab, cfg.MaxSeq = "custom", oocShape.Layers, oocShape.Heads, oocShape.Embd, oocShape.Vocab, oocShape.MaxSeq
+	cfg.DeviceMemory, cfg.HostMemory = 64<<10, 64<<10
+	cfg.DiskDir, cfg.DiskMemory = t.TempDir(), 64<<10
+	_, _, err := newRunTrainer(&cfg, be, m, oocB, oocT, nil)
+	var ie *offload.InfeasibleError
+	if !errors.As(err, &ie) {
+		t.Fatalf("error %v, want an *offload.InfeasibleError", err)
+	}
+	for _, want := range []string{"host short by", "disk short by", "it would fit with"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+	if ms := be.MemStats(); ms.Allocs != 0 {
+		t.Errorf("%d device allocations before the refusal", ms.Allocs)
 	}
 }
