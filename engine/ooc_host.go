@@ -245,7 +245,10 @@ func (hs *hostState) openMemory(be kernels.Backend, req, slabs []int64) func(i i
 	if budget <= 0 {
 		budget = hostPoolBudget(slabs)
 	}
-	cfg := offload.HostConfig{Budget: max(budget, 1), Pinner: o.HostPinner, ReadLimits: o.HostLimits}
+	// The planner's host budget already leaves the margin for the system
+	// (HostMargin and the profile's reserve): the pool may pin up to 95%
+	// of what is available, not the pool's own default 80%.
+	cfg := offload.HostConfig{Budget: max(budget, 1), Pinner: o.HostPinner, ReadLimits: o.HostLimits, AvailableFraction: 0.95}
 	if cfg.Pinner == nil {
 		cfg.Pinner = offload.PinnerFor(be, false)
 	}
