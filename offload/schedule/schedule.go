@@ -462,9 +462,9 @@ func (c *compiler) acts() {
 				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: f, End: b}, 0)
 			case offload.Recompute:
 				// The forward writes the activations and copies its output
-				// into the checkpoint, which lives until the backward; the
-				// recompute writes them again.
-				c.add(Interval{Class: Ckpt, Layer: l, MB: k, Bytes: ly.OutBytes, Start: f, End: b, CkptOf: true}, 0)
+				// into the checkpoint, the next layer's input until that
+				// layer's backward; the recompute writes them again.
+				c.add(Interval{Class: Ckpt, Layer: l, MB: k, Bytes: ly.OutBytes, Start: f, End: at(c.bwd, l+1, k), CkptOf: true}, 0)
 				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: f, End: f}, 0)
 				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: at(c.rec, l, k), End: b}, 0)
 			case offload.OffloadTo:
