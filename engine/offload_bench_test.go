@@ -17,9 +17,11 @@ import (
 // and exposed optimizer time per step. Sub-benchmarks: "sync" clips
 // gradients, so the host AdamW waits for the global norm; "eager" does not
 // clip, so each layer's update starts when its gradients land; "delayed"
-// runs each step's update during the next step (DelayedUpdate).
+// runs each step's update during the next step (DelayedUpdate);
+// "accum4" and "layer-major4" accumulate 4 micro-batches, micro-batch-major
+// and layer-major, and report the bytes moved per step.
 func BenchmarkOffloadOverlap(b *testing.B) {
-	for _, mode := range []string{"sync", "eager", "delayed"} {
+	for _, mode := range []string{"sync", "eager", "delayed", "accum4", "layer-major4"} {
 		b.Run(mode, func(b *testing.B) { benchOverlap(b, mode) })
 	}
 }
@@ -48,6 +50,12 @@ func benchOverlap(b *testing.B, mode string) {
 	if mode == "eager" {
 		to.GradClip = 0
 	}
+	if mode == "accum4" || mode == "layer-major4" {
+		to.Accum = 4
+		if mode == "layer-major4" {
+			o.Group = 4
+		}
+	}
 	tr, err := NewOffloadTrainer(be, m, to, o)
 	if err != nil {
 		b.Fatal(err)
@@ -68,9 +76,11 @@ func benchOverlap(b *testing.B, mode string) {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
+	var moved int64
 	for i := 0; i < b.N; i++ {
 		end := rec.BeginStep(i)
-		_, err := tr.TrainStep(ctx, feed)
+		r, err := tr.TrainStep(ctx, feed)
+		moved += r.H2DBytes + r.D2HBytes
 		if err == nil && !o.DelayedUpdate {
 			err = tr.off.host.waitUpdates() // the step includes its update
 		}
@@ -96,5 +106,6 @@ func benchOverlap(b *testing.B, mode string) {
 		b.ReportMetric(float64(xfer.Microseconds())/float64(b.N), "transfer-µs/step")
 		b.ReportMetric(float64(comp.Microseconds())/float64(b.N), "compute-µs/step")
 		b.ReportMetric(float64(opt.Microseconds())/float64(b.N), "exposed-opt-µs/step")
+		b.ReportMetric(float64(moved)/float64(b.N)/(1<<20), "MiB-moved/step")
 	}
 }
