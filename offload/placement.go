@@ -21,9 +21,19 @@ const (
 	Keep      ActPolicy = iota // keep on the device until backward
 	OffloadTo                  // copy to the host during forward, back for backward
 	Recompute                  // keep only the input; rerun the forward in backward
+	// RecomputeHost recomputes like Recompute and keeps the layer's output
+	// (the next layer's input, its checkpoint) on the host between the
+	// next layer's forward and backward: what lets a layer-major step hold
+	// every micro-batch's boundary without device memory.
+	RecomputeHost
 )
 
-func (a ActPolicy) String() string { return [...]string{"keep", "offload", "recompute"}[a] }
+func (a ActPolicy) String() string {
+	return [...]string{"keep", "offload", "recompute", "recompute-host"}[a]
+}
+
+// Recomputes reports whether the policy reruns the layer's forward.
+func (a ActPolicy) Recomputes() bool { return a == Recompute || a == RecomputeHost }
 
 // MarshalText prints the policy by name in JSON.
 func (a ActPolicy) MarshalText() ([]byte, error) { return []byte(a.String()), nil }
@@ -82,6 +92,9 @@ type Placement struct {
 	Keep      int         `json:"act_keep"`
 	Offload   int         `json:"act_offload"`
 	Recompute int         `json:"act_recompute"`
+	// CheckpointsOnHost says the recomputed layers keep their checkpoints
+	// on the host (RecomputeHost).
+	CheckpointsOnHost bool `json:"checkpoints_on_host,omitempty"`
 	Layers    []LayerPlan `json:"layers"`
 	// Memory is the predicted peak of device, host and disk, in that order.
 	Memory []TierUse `json:"memory"`
@@ -173,7 +186,7 @@ func (e *InfeasibleError) Unwrap() error { return ErrInfeasible }
 
 // UnmarshalText parses a policy name.
 func (a *ActPolicy) UnmarshalText(b []byte) error {
-	for _, p := range []ActPolicy{Keep, OffloadTo, Recompute} {
+	for _, p := range []ActPolicy{Keep, OffloadTo, Recompute, RecomputeHost} {
 		if p.String() == string(b) {
 			*a = p
 			return nil

@@ -42,7 +42,11 @@ func (p *Placement) WriteTable(w io.Writer) error {
 		ot += " (AdamW on host)"
 	}
 	fmt.Fprintf(&b, "  %-14s %s\n  %-14s %s\n  %-14s %s\n", "weights", wt, "grads", gt, "master+adam", ot)
-	fmt.Fprintf(&b, "  %-14s keep %d, offload %d, recompute %d\n\n", "activations", p.Keep, p.Offload, p.Recompute)
+	ckpt := ""
+	if p.CheckpointsOnHost && p.Recompute > 0 {
+		ckpt = " (checkpoints on the host)"
+	}
+	fmt.Fprintf(&b, "  %-14s keep %d, offload %d, recompute %d%s\n\n", "activations", p.Keep, p.Offload, p.Recompute, ckpt)
 
 	fmt.Fprintf(&b, "memory (predicted peak) %12s %12s %12s\n", "device", "host", "disk")
 	row := func(name string, f func(u TierUse) int64) {

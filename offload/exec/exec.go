@@ -269,7 +269,7 @@ func (e *Executor) offDevice(iv *schedule.Interval) {
 	r, ok := t.Get(k)
 	switch {
 	case !ok || !r.Valid.Has(offload.TierDevice):
-	case iv.Class == schedule.Acts && iv.Evict:
+	case (iv.Class == schedule.Acts || iv.Class == schedule.Ckpt) && iv.Evict:
 		e.rec(t.Evict(k, offload.TierDevice))
 	case iv.Class == schedule.Acts || iv.Class == schedule.Ckpt:
 		e.rec(t.Drop(k))

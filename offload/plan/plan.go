@@ -119,7 +119,8 @@ type cand struct {
 	w, g, o  offload.Tier
 	mb, grp  int // micro-batch and micro-batches per group
 	depth    int
-	rec, off int // recomputable layers recomputed (the first rec) and offloaded (the next off)
+	rec, off int  // recomputable layers recomputed (the first rec) and offloaded (the next off)
+	ckptHost bool // the recomputed layers keep their checkpoints on the host
 
 	p        *offload.Placement
 	step     float64
@@ -184,6 +185,7 @@ type planner struct {
 type peakKey struct {
 	w, g                 offload.Tier
 	mb, grp, depth, r, o int
+	ckptHost             bool
 }
 
 type peakVal struct {
@@ -246,6 +248,8 @@ func (pl *planner) policies(c *cand) []offload.ActPolicy {
 	a := make([]offload.ActPolicy, len(pl.m.Layers))
 	for j, i := range pl.rec {
 		switch {
+		case j < c.rec && c.ckptHost:
+			a[i] = offload.RecomputeHost
 		case j < c.rec:
 			a[i] = offload.Recompute
 		case j < c.rec+c.off:
@@ -289,7 +293,7 @@ func (pl *planner) devicePeak(c *cand) (int64, map[offload.Class]int64, error) {
 		}
 		return n, by, nil
 	}
-	k := peakKey{c.w, c.g, c.mb, c.grp, c.depth, c.rec, c.off}
+	k := peakKey{c.w, c.g, c.mb, c.grp, c.depth, c.rec, c.off, c.ckptHost}
 	if v, ok := pl.peakCache[k]; ok {
 		return v.peak, v.by, v.err
 	}
@@ -380,7 +384,10 @@ func (pl *planner) hostDisk(c *cand) {
 	slots := map[offload.Class]int64{}
 	sh := pl.shape(c.mb)
 	for j, i := range pl.rec {
-		if j >= c.rec && j < c.rec+c.off {
+		switch {
+		case j < c.rec && c.ckptHost:
+			slots[offload.Activations] += int64(c.grp) * 4 * ((sh[i].OutBytes + 3) / 4)
+		case j >= c.rec && j < c.rec+c.off:
 			slots[offload.Activations] += int64(c.grp) * 4 * ((sh[i].ActBytes + 3) / 4)
 		}
 	}
@@ -426,7 +433,9 @@ func (pl *planner) estimate(c *cand) int64 {
 		case offload.Keep:
 			acts += l.ActBytes
 		case offload.Recompute:
-			acts += l.OutBytes
+			if !c.ckptHost {
+				acts += l.OutBytes
+			}
 		}
 	}
 	n := int64(c.grp)*acts + 2*maxAct + 2*int64(c.grp)*out
@@ -471,6 +480,13 @@ func (pl *planner) timeOf(c *cand) {
 	for j, i := range pl.rec {
 		if j >= c.rec && j < c.rec+c.off {
 			actOff += float64(sh[i].ActBytes)
+		}
+	}
+	if c.ckptHost {
+		for j, i := range pl.rec {
+			if j < c.rec {
+				actOff += float64(sh[i].OutBytes)
+			}
 		}
 	}
 	h2d := float64(A) * actOff
@@ -598,6 +614,9 @@ func (pl *planner) candidates() []*cand {
 						for _, d := range depths {
 							for _, ro := range grid {
 								out = append(out, &cand{w: w, g: g, o: o, mb: mb, grp: grp, depth: d, rec: ro[0], off: ro[1]})
+								if ro[0] > 0 && grp > 1 {
+									out = append(out, &cand{w: w, g: g, o: o, mb: mb, grp: grp, depth: d, rec: ro[0], off: ro[1], ckptHost: true})
+								}
 							}
 						}
 					}
@@ -616,6 +635,7 @@ func (pl *planner) placement(c *cand) *offload.Placement {
 		Batch: pl.req.Batch, MicroBatch: c.mb, Accum: pl.req.Batch / c.mb, Group: c.grp,
 		Weights: c.w, Grads: c.g, Optimizer: c.o, PrefetchDepth: c.depth,
 		Recompute: c.rec, Offload: c.off, Keep: len(pl.rec) - c.rec - c.off, Hardware: pl.hw,
+		CheckpointsOnHost: c.ckptHost && c.rec > 0,
 	}
 	pols := pl.policies(c)
 	for i, l := range m.Layers {

@@ -75,7 +75,7 @@ func TestPlanDeviceExact(t *testing.T) {
 	}
 	pl := newPlanner(&req)
 	c := &cand{w: p.Weights, g: p.Grads, o: p.Optimizer, mb: p.MicroBatch, grp: p.Group, depth: p.PrefetchDepth,
-		rec: p.Recompute, off: p.Offload}
+		rec: p.Recompute, off: p.Offload, ckptHost: p.CheckpointsOnHost}
 	spec := pl.spec(c)
 	prog, err := schedule.Compile(spec)
 	if err != nil {

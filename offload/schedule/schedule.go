@@ -294,7 +294,7 @@ func (c *compiler) ops() {
 		}
 		for l := n - 1; l >= 0; l-- {
 			for k := g0; k < g1; k++ {
-				if s.policy(l) == offload.Recompute {
+				if s.policy(l).Recomputes() {
 					add(Recompute, l, k, c.rec)
 				}
 				add(Backward, l, k, c.bwd)
@@ -321,7 +321,7 @@ func (c *compiler) add(iv Interval, lookahead int) int {
 	if iv.Persistent && iv.Fetch {
 		iv.FetchAt = max(iv.Start-lookahead-1, -1)
 	}
-	if (iv.Class != Acts && iv.Class != TGrads) || !(iv.Fetch || iv.Evict) {
+	if (iv.Class != Acts && iv.Class != Ckpt && iv.Class != TGrads) || !(iv.Fetch || iv.Evict) {
 		iv.Src, iv.Slot = -1, -1 // only offloaded activations and tied gradients have a host slot
 	}
 	if iv.Class != TGrads {
@@ -467,19 +467,31 @@ func (c *compiler) acts() {
 				c.add(Interval{Class: Ckpt, Layer: l, MB: k, Bytes: ly.OutBytes, Start: f, End: at(c.bwd, l+1, k), CkptOf: true}, 0)
 				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: f, End: f}, 0)
 				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: at(c.rec, l, k), End: b}, 0)
+			case offload.RecomputeHost:
+				// As Recompute, but the checkpoint goes to a host slot once
+				// the next layer's forward has read it and comes back for
+				// that layer's recompute or backward.
+				slot := c.slot(slots, l, k, ly.OutBytes)
+				out := c.add(Interval{Class: Ckpt, Layer: l, MB: k, Bytes: ly.OutBytes, Start: f, End: at(c.fwd, l+1, k),
+					CkptOf: true, Evict: true, Src: -1, Slot: slot}, 0)
+				back := at(c.rec, l+1, k)
+				if back < 0 {
+					back = at(c.bwd, l+1, k)
+				}
+				in := c.add(Interval{Class: Ckpt, Layer: l, MB: k, Bytes: ly.OutBytes, Start: back, End: at(c.bwd, l+1, k),
+					Fetch: true, Src: out, Slot: slot}, c.depth)
+				iv := &c.p.Intervals[in]
+				iv.AllocAt = max(iv.AllocAt, c.p.Intervals[out].End)
+				iv.FetchAt = iv.AllocAt
+				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: f, End: f}, 0)
+				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: at(c.rec, l, k), End: b}, 0)
 			case offload.OffloadTo:
 				// Out: from the forward to the next layer's forward, which
 				// reads the output; back: from the next layer's recompute
 				// or backward (which read it again) to the layer's own
 				// backward, fetched ahead but never before the copy out
 				// has been enqueued.
-				sk := [2]int{l, k % s.Group}
-				slot, ok := slots[sk]
-				if !ok {
-					slot = len(c.p.HostSlots)
-					slots[sk] = slot
-					c.p.HostSlots = append(c.p.HostSlots, ly.ActBytes)
-				}
+				slot := c.slot(slots, l, k, ly.ActBytes)
 				out := c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: f, End: at(c.fwd, l+1, k),
 					Evict: true, Src: -1, Slot: slot}, 0)
 				back := at(c.rec, l+1, k)
@@ -499,6 +511,21 @@ func (c *compiler) acts() {
 			}
 		}
 	}
+}
+
+// slot is the host slot of layer l's micro-batch k: one per micro-batch
+// of a group (a group's copies out all precede its copies back; the next
+// group's copy out follows, through the compute queue, the backward that
+// consumed the copy back).
+func (c *compiler) slot(slots map[[2]int]int, l, k int, bytes int64) int {
+	sk := [2]int{l, k % c.s.Group}
+	slot, ok := slots[sk]
+	if !ok {
+		slot = len(c.p.HostSlots)
+		slots[sk] = slot
+		c.p.HostSlots = append(c.p.HostSlots, bytes)
+	}
+	return slot
 }
 
 // covering is the interval of key k that contains op j, or -1.

@@ -197,7 +197,7 @@ func TestProgramInvariants(t *testing.T) {
 		for _, G := range []int{1, 2, A} {
 			for _, w := range []offload.Tier{offload.TierDevice, offload.TierHost} {
 				for _, g := range []offload.Tier{offload.TierDevice, offload.TierHost} {
-					for _, pol := range []offload.ActPolicy{offload.Keep, offload.Recompute, offload.OffloadTo} {
+					for _, pol := range []offload.ActPolicy{offload.Keep, offload.Recompute, offload.OffloadTo, offload.RecomputeHost} {
 						for _, pf := range []int{1, 3} {
 							s := fourLayers(A, G, pol)
 							s.Weights, s.Grads, s.Prefetch = w, g, pf
