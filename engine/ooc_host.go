@@ -72,8 +72,8 @@ type hostState struct {
 	// diskM, diskV are the host copies of the moments of the layer being
 	// updated when they live on disk (the worker's alone).
 	diskM, diskV []byte
-	mu     sync.Mutex
-	tabErr error
+	mu           sync.Mutex
+	tabErr       error
 }
 
 // hostSlab is the largest pinned allocation the host state asks for: few

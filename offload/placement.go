@@ -89,13 +89,13 @@ type Placement struct {
 	PrefetchDepth int  `json:"prefetch_depth"`
 	// Keep, Offload and Recompute count the layers of each activation
 	// policy; Layers gives each layer's.
-	Keep      int         `json:"act_keep"`
-	Offload   int         `json:"act_offload"`
-	Recompute int         `json:"act_recompute"`
+	Keep      int `json:"act_keep"`
+	Offload   int `json:"act_offload"`
+	Recompute int `json:"act_recompute"`
 	// CheckpointsOnHost says the recomputed layers keep their checkpoints
 	// on the host (RecomputeHost).
-	CheckpointsOnHost bool `json:"checkpoints_on_host,omitempty"`
-	Layers    []LayerPlan `json:"layers"`
+	CheckpointsOnHost bool        `json:"checkpoints_on_host,omitempty"`
+	Layers            []LayerPlan `json:"layers"`
 	// Memory is the predicted peak of device, host and disk, in that order.
 	Memory []TierUse `json:"memory"`
 	// StepTime is the predicted seconds per optimizer step.
