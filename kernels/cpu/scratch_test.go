@@ -50,8 +50,8 @@ func TestScratchSizeClass(t *testing.T) {
 // with the number of steps (issue 9: a bf16 GPT with a 50257-token
 // vocabulary went from 1.45 to 3.07 GB of RSS in 10 steps).
 func TestScratchSteadyState(t *testing.T) {
-	if testing.Short() {
-		t.Skip("short")
+	if testing.Short() || raceEnabled {
+		t.Skip("short, or counting allocations under the race detector")
 	}
 	be := openBE(t, 0)
 	q := be.DefaultQueue()
@@ -98,6 +98,9 @@ func TestScratchSteadyState(t *testing.T) {
 // matrix (one gemm) rounded once, with and without bias, and the scratch
 // it takes is a block's, not the whole output's.
 func TestMatmulForwardRowBlocks(t *testing.T) {
+	if raceEnabled {
+		t.Skip("counts allocations, which the race detector adds to")
+	}
 	be := openBE(t, 0)
 	q := be.DefaultQueue()
 	r := rand.New(rand.NewPCG(5, 6))
