@@ -37,6 +37,28 @@ func rmsnorm64(x, w []float64, N, C int, eps float64) (out, rstd []float64) {
 	return
 }
 
+// rmsnormGrad64 is the analytic gradient of Σ dy·rmsnorm(x, w): with
+// n = x·rstd, dx = rstd·(w·dy - n·mean(w·dy·n)) and dw = Σ_rows dy·n. The
+// tests check it against finite differences on small shapes and use it
+// on shapes too large for them.
+func rmsnormGrad64(x, w, dy []float64, N, C int, eps float64) (dx, dw []float64) {
+	_, rstd := rmsnorm64(x, w, N, C, eps)
+	dx, dw = make([]float64, N*C), make([]float64, C)
+	for r := 0; r < N; r++ {
+		s, m := rstd[r], 0.0
+		for i := 0; i < C; i++ {
+			m += w[i] * dy[r*C+i] * x[r*C+i] * s
+		}
+		m /= float64(C)
+		for i := 0; i < C; i++ {
+			n := x[r*C+i] * s
+			dx[r*C+i] = s * (w[i]*dy[r*C+i] - n*m)
+			dw[i] += dy[r*C+i] * n
+		}
+	}
+	return
+}
+
 func swiglu64(g, u []float64) []float64 {
 	out := make([]float64, len(g))
 	for i := range g {
@@ -115,6 +137,14 @@ func nans(n int) []float32 {
 	return out
 }
 
+func f32s64(xs []float64) []float32 {
+	out := make([]float32, len(xs))
+	for i, x := range xs {
+		out[i] = float32(x)
+	}
+	return out
+}
+
 func plus(a []float32, b []float64) []float64 {
 	out := make([]float64, len(b))
 	for i := range b {
@@ -185,7 +215,10 @@ func mustPanic(t *testing.T, what, want string, f func()) {
 
 func TestRMSNorm(t *testing.T) {
 	const eps = 1e-5
-	for _, s := range []struct{ N, C int }{{1, 1}, {3, 7}, {5, 33}, {9, 300}} {
+	// 67×515 runs in several parallel chunks, forward and backward; it
+	// is checked against the analytic gradient only (finite differences
+	// of every input would take minutes).
+	for _, s := range []struct{ N, C int }{{1, 1}, {3, 7}, {5, 33}, {9, 300}, {67, 515}} {
 		for _, dt := range floatDTypes {
 			t.Run(fmt.Sprintf("N%d_C%d/%v", s.N, s.C, dt), func(t *testing.T) {
 				N, C := s.N, s.C
@@ -202,8 +235,12 @@ func TestRMSNorm(t *testing.T) {
 				checkTol(t, "out", dt, download(t, be, out), o64)
 				checkTol(t, "rstd", kernels.F32, download(t, be, rstd), r64)
 
-				fwd := func(in [][]float64) []float64 { o, _ := rmsnorm64(in[0], in[1], N, C, eps); return o }
-				gx, gw := numGrad(fwd, ins, to64(dy), 0), numGrad(fwd, ins, to64(dy), 1)
+				gx, gw := rmsnormGrad64(ins[0], ins[1], to64(dy), N, C, eps)
+				if N*C < 10000 {
+					fwd := func(in [][]float64) []float64 { o, _ := rmsnorm64(in[0], in[1], N, C, eps); return o }
+					checkTol(t, "analytic dinp vs finite differences", kernels.F32, f32s64(gx), numGrad(fwd, ins, to64(dy), 0))
+					checkTol(t, "analytic dweight vs finite differences", kernels.F32, f32s64(gw), numGrad(fwd, ins, to64(dy), 1))
+				}
 				dx, dw := upload(t, be, dt, dx0), upload(t, be, dt, dw0)
 				be.RMSNormBackward(q, dx, dw, tdy, tx, tw, rstd, N, C)
 				checkTol(t, "dinp", dt, download(t, be, dx), plus(dx0, gx))
@@ -267,7 +304,8 @@ var ropeConfigs = []struct {
 }
 
 func TestRoPE(t *testing.T) {
-	shapes := []ropeShape{{1, 1, 1, 1, 2}, {2, 5, 4, 2, 6}, {1, 7, 3, 1, 10}, {2, 3, 2, 2, 8}, {1, 9, 6, 3, 4}}
+	// The last shape runs in several parallel chunks of rows.
+	shapes := []ropeShape{{1, 1, 1, 1, 2}, {2, 5, 4, 2, 6}, {1, 7, 3, 1, 10}, {2, 3, 2, 2, 8}, {1, 9, 6, 3, 4}, {2, 150, 4, 2, 8}}
 	for _, s := range shapes {
 		for _, rc := range ropeConfigs {
 			for _, dt := range floatDTypes {
@@ -326,7 +364,20 @@ func testRoPE(t *testing.T, s ropeShape, cfg kernels.RoPEConfig, dt kernels.DTyp
 	}
 
 	// Backward: accumulating, and overwriting (out of place and in place).
-	grad := numGrad(fwd, ins, to64(dy), 0)
+	// The gradient: finite differences where they are cheap; else, since
+	// the op is linear, x ↦ Σ dy·R·x has gradient Rᵀ·dy, which is the
+	// reference with the table's sines negated (checked against finite
+	// differences on the small shapes).
+	inv := to64(tab)
+	for p := 0; p < T; p++ {
+		for i := hs / 2; i < hs; i++ {
+			inv[p*hs+i] = -inv[p*hs+i]
+		}
+	}
+	grad := rope64(to64(dy), inv, B, T, NH, NKV, hs)
+	if n < 2000 {
+		checkTol(t, "Rᵀ·dy vs finite differences", kernels.F32, f32s64(grad), numGrad(fwd, ins, to64(dy), 0))
+	}
 	dx := upload(t, be, dt, dx0)
 	be.RoPEBackward(q, dx, tdy, ttab, B, T, NH, NKV, hs)
 	checkTol(t, "dinp", dt, download(t, be, dx), plus(dx0, grad))
@@ -398,6 +449,24 @@ func TestRoPEMisuse(t *testing.T) {
 		be.GQAttentionForward(q, buf, buf, buf, 1, 1, 3, 2, 2)
 	})
 	syncQ(t, be)
+}
+
+// TestGQAttentionForwardLarge runs the forward in several parallel
+// chunks of rows (the backward's tasks are (batch, key/value head) pairs,
+// several in TestGQAttention already).
+func TestGQAttentionForwardLarge(t *testing.T) {
+	const B, T, NH, NKV, hs = 2, 40, 4, 2, 8
+	W, C := kernels.GQAWidth(NH, NKV, hs), NH*hs
+	for _, dt := range floatDTypes {
+		be := openBE(t, 0)
+		r := rand.New(rand.NewPCG(50, 51))
+		x := randVals(r, B*T*W, 1)
+		out, lse := upload(t, be, dt, nans(B*T*C)), upload(t, be, kernels.F32, nans(B*NH*T))
+		be.GQAttentionForward(be.DefaultQueue(), out, lse, upload(t, be, dt, x), B, T, NH, NKV, hs)
+		o64, l64 := gqa64(to64(x), B, T, NH, NKV, hs)
+		checkTol(t, fmt.Sprint("out ", dt), dt, download(t, be, out), o64)
+		checkTol(t, fmt.Sprint("lse ", dt), kernels.F32, download(t, be, lse), l64)
+	}
 }
 
 func TestGQAttention(t *testing.T) {
