@@ -128,8 +128,13 @@ func runDT(t *testing.T, c dtCase, dtOf func(i int) kernels.DType) (fl, f32 [][]
 	return fl, f32
 }
 
-func TestDTypePathsRoundOnce(t *testing.T) {
-	for _, c := range dtCases() {
+func TestDTypePathsRoundOnce(t *testing.T) { checkRoundOnce(t, dtCases()) }
+
+// checkRoundOnce runs each case in f32, then in bf16 and f16 (all float
+// operands, and every other one), and requires each output to be the f32
+// result rounded once into its dtype.
+func checkRoundOnce(t *testing.T, cases []dtCase) {
+	for _, c := range cases {
 		ref, ref32 := runDT(t, c, func(int) kernels.DType { return kernels.F32 })
 		for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
 			for _, mixed := range []bool{false, true} {
