@@ -163,7 +163,7 @@ func TestLargeScratchAging(t *testing.T) {
 	const n = 3 << 20 // a class of its own in this test binary
 	// Other tests' collections can age the lists too: a try counts only
 	// when exactly one cycle passed between the put and the get.
-	var a []byte
+	var a []float32
 	for try := 0; ; try++ {
 		a = getScratch(n)
 		putScratch(a)
