@@ -313,7 +313,7 @@ func (e *Executor) Run(ctx context.Context, p *schedule.Program, m Model, h Host
 			return
 		}
 		// Nothing may use a block once it is freed.
-		_ = sync3(ctx, e.cfg.Backend, q)
+		_ = sync3(context.Background(), q) // even when ctx is done: the work must finish first
 		for _, k := range r.landEnd {
 			e.landed(k)
 		}
@@ -348,7 +348,7 @@ func (e *Executor) Run(ctx context.Context, p *schedule.Program, m Model, h Host
 	if err := r.release(len(p.Ops)); err != nil {
 		return err
 	}
-	if err := sync3(ctx, e.cfg.Backend, q); err != nil {
+	if err := sync3(ctx, q); err != nil {
 		return err
 	}
 	for _, k := range r.landEnd {
@@ -358,7 +358,7 @@ func (e *Executor) Run(ctx context.Context, p *schedule.Program, m Model, h Host
 }
 
 // sync3 waits for the three queues.
-func sync3(ctx context.Context, be kernels.Backend, q Queues) error {
+func sync3(ctx context.Context, q Queues) error {
 	var errs []error
 	for _, s := range []Queue{q.Compute, q.H2D, q.D2H} {
 		if err := s.Queue().Synchronize(ctx); err != nil {
