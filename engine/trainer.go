@@ -109,8 +109,8 @@ type Trainer struct {
 // allocIO lays out with tensor the pass's input, targets and losses (and the
 // F32 staging of the features of a non-fp32 MLP), and sets nLoss and lossMul.
 func (t *Trainer) allocIO(m *Model, p *Pass, B, T int, tensor func(n int, dt kernels.DType) kernels.Tensor) {
-	switch m.Kind {
-	case "gpt":
+	switch m.Family.Input() {
+	case InputTokens:
 		t.nLoss = B * T
 		p.Input = tensor(B*T, kernels.I32)
 		p.Targets = tensor(B*T, kernels.I32)
@@ -270,7 +270,7 @@ func (t *Trainer) setLayerMaster(ctx context.Context, i int, data []byte) error 
 func (t *Trainer) upload(hb *HostBatch) {
 	p := t.pass
 	switch {
-	case t.model.Kind == "gpt" || t.model.DType == kernels.F32:
+	case t.model.Family.Input() == InputTokens || t.model.DType == kernels.F32:
 		t.be.CopyToDevice(t.q, p.Input, hb.Input)
 	default:
 		t.be.CopyToDevice(t.q, t.feat32, hb.Input)
