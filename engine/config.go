@@ -42,10 +42,13 @@ type Config struct {
 	EvalFraction float64 `toml:"eval_fraction" json:"eval_fraction"`
 
 	// Model is a preset name (PresetNames), which picks the model family:
-	// GPT ("tiny", the default, "gpt2-124m", "gpt2-350m", ...) or "mlp".
+	// GPT ("tiny", the default, "gpt2-124m", "gpt2-350m", ...), Llama
+	// ("llama-tiny", "llama3.2-1b", "llama3.1-8b", "llama2-7b", ...) or
+	// "mlp".
 	Model string `toml:"model" json:"model"`
 	// Layers, Heads, Embd, Vocab and MaxSeq override the preset's
-	// transformer shape; 0 takes the preset's value (Vocab 0: the dataset schema's
+	// transformer shape (a Llama keeps its preset's key/value heads,
+	// intermediate size and RoPE); 0 takes the preset's value (Vocab 0: the dataset schema's
 	// vocabulary, else the preset's).
 	Layers int `toml:"layers" json:"layers"`
 	Heads  int `toml:"heads" json:"heads"`

@@ -21,7 +21,8 @@ const (
 	InputFeatures
 )
 
-// Family is a model architecture: GPT-2 (gpt.go) and the MLP (mlp.go). A family owns its presets (one table, looked up through
+// Family is a model architecture: GPT-2 (gpt.go), Llama (llama.go) and
+// the MLP (mlp.go). A family owns its presets (one table, looked up through
 // the registry by LookupPreset), builds its layers (whose names are the
 // tensor names of its checkpoints and whose FwdFLOPs, see FLOPer, give the
 // model FLOPs), and says what its input is. Nothing outside the family's
@@ -30,7 +31,7 @@ const (
 //
 // The config hooks are unexported: families live in package engine.
 type Family interface {
-	// Name is the family's name ("gpt", "mlp").
+	// Name is the family's name ("gpt", "llama", "mlp").
 	Name() string
 	// Input is what the model reads.
 	Input() InputKind
@@ -53,7 +54,7 @@ type Family interface {
 }
 
 // families is the registry, in the order PresetNames lists them.
-var families = []Family{gptFamily{}, mlpFamily{}}
+var families = []Family{gptFamily{}, llamaFamily{}, mlpFamily{}}
 
 // presetIndex maps every preset name to its preset and family.
 var presetIndex = func() map[string]presetEntry {
@@ -87,9 +88,10 @@ func FamilyOf(name string) Family {
 	return gptFamily{}
 }
 
-// Preset is a named model shape of a family. The shape fields (Layers,
-// Heads, Embd, Vocab, MaxSeq) are those Config can override. A family
-// without a fixed shape (the MLP) leaves them zero.
+// Preset is a named model shape of a family. The GPT fields (Layers,
+// Heads, Embd, Vocab, MaxSeq) are those Config can override; the Llama
+// fields are the preset's alone. A family without a fixed shape (the MLP)
+// leaves them zero.
 type Preset struct {
 	Name   string
 	Layers int // transformer blocks
@@ -97,6 +99,13 @@ type Preset struct {
 	Embd   int // channels (C)
 	Vocab  int // 0: take the vocabulary from the dataset schema
 	MaxSeq int // longest sequence (rows of wpe; max_position_embeddings)
+
+	// Llama only.
+	KVHeads int                // key/value heads (num_key_value_heads); divides Heads
+	FFN     int                // intermediate_size of the SwiGLU MLP
+	RoPE    kernels.RoPEConfig // rope_theta and rope_scaling
+	NormEps float64            // rms_norm_eps
+	Tied    bool               // tie_word_embeddings
 
 	// Training defaults: the steps and peak learning rate of a run that
 	// does not set them.

@@ -104,8 +104,9 @@ type Model struct {
 	// InputTokens); 0 otherwise.
 	Vocab int
 	// The shape, in the field of the model's family.
-	GPT GPTShape
-	MLP MLPShape
+	GPT   GPTShape
+	Llama LlamaShape
+	MLP   MLPShape
 }
 
 // NumParams is the number of parameters of the model.

@@ -1,7 +1,7 @@
 package engine
 
-// Each family's presets are in its file (gptPresets in gpt.go, the MLP's
-// in mlp.go) and are looked up through the registry
+// Each family's presets are in its file (gptPresets in gpt.go, llamaPresets
+// in llama.go, the MLP's in mlp.go) and are looked up through the registry
 // (family.go: LookupPreset, FamilyOf, PresetNames).
 
 // aliases are other names of presets: Hugging Face's GPT-2 names.

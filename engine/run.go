@@ -151,6 +151,9 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		logf("%s", note)
 	}
 	cfg.Device = be.Name()
+	if err := CheckBackend(be, model); err != nil {
+		return nil, err
+	}
 	B, T := cfg.Batch, cfg.SeqLen
 	if !cfg.tokens() {
 		T = 1

@@ -137,6 +137,9 @@ func NewTrainer(be kernels.Backend, m *Model, o TrainerOptions) (*Trainer, error
 	if o.B <= 0 || o.T <= 0 || o.Accum <= 0 {
 		return nil, fmt.Errorf("engine: trainer: batch %d, seq %d, accum %d must be positive", o.B, o.T, o.Accum)
 	}
+	if err := CheckBackend(be, m); err != nil {
+		return nil, err
+	}
 	st, pass, err := AllocState(be, m, StateOptions{Train: true, B: o.B, T: o.T})
 	if err != nil {
 		return nil, err
