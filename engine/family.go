@@ -51,7 +51,15 @@ type Family interface {
 	// build builds the model c describes over data of schema s (after
 	// the dataset-derived fields have been filled) in compute dtype dt.
 	build(c *Config, s dataset.Schema, dt kernels.DType) (*Model, error)
+	// checkBackend reports why be cannot run the family's layers (nil
+	// if it can).
+	checkBackend(be kernels.Backend) error
 }
+
+// CheckBackend reports whether be can run m's layers: a Llama needs a
+// backend with kernels.LlamaOps. NewTrainer and Run check it before they
+// allocate anything.
+func CheckBackend(be kernels.Backend, m *Model) error { return m.Family.checkBackend(be) }
 
 // families is the registry, in the order PresetNames lists them.
 var families = []Family{gptFamily{}, llamaFamily{}, mlpFamily{}}

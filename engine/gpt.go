@@ -36,6 +36,8 @@ func (gptFamily) Presets() []Preset     { return gptPresets }
 func (gptFamily) InPlaceResidual() bool { return true }
 func (gptFamily) defaults(c *Config)    {}
 
+func (gptFamily) checkBackend(kernels.Backend) error { return nil }
+
 func (gptFamily) validate(c *Config, bad func(key, format string, args ...any)) {
 	validateTokens(c, bad)
 }

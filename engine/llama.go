@@ -135,7 +135,7 @@ func NewLlama(s LlamaShape, dt kernels.DType) (*Model, error) {
 
 // llamaOps returns the backend's Llama kernels; a backend without them
 // cannot run a Llama layer, which is a programming error by the time a
-// layer runs (Run checks the backend first: CheckLlamaBackend).
+// layer runs (Run and NewTrainer check the backend first: CheckBackend).
 func llamaOps(be kernels.Backend) kernels.LlamaOps {
 	lo, ok := be.(kernels.LlamaOps)
 	if !ok {
@@ -144,12 +144,7 @@ func llamaOps(be kernels.Backend) kernels.LlamaOps {
 	return lo
 }
 
-// CheckBackend reports whether be can run m: a Llama needs a backend
-// with kernels.LlamaOps.
-func CheckBackend(be kernels.Backend, m *Model) error {
-	if _, ok := m.Family.(llamaFamily); !ok {
-		return nil
-	}
+func (llamaFamily) checkBackend(be kernels.Backend) error {
 	if _, ok := be.(kernels.LlamaOps); !ok {
 		return fmt.Errorf("engine: the %s backend has no Llama kernels (kernels.LlamaOps); train Llama models with --device cpu", be.Name())
 	}

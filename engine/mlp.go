@@ -19,6 +19,8 @@ func (mlpFamily) Name() string          { return "mlp" }
 func (mlpFamily) Input() InputKind      { return InputFeatures }
 func (mlpFamily) InPlaceResidual() bool { return false }
 
+func (mlpFamily) checkBackend(kernels.Backend) error { return nil }
+
 func (mlpFamily) Presets() []Preset {
 	return []Preset{{Name: ModelMLP, Steps: 200, LR: 1e-3}}
 }
