@@ -88,6 +88,20 @@ func TestLlamaPresetShapes(t *testing.T) {
 		if got := m.NumParams(); got != c.params || LlamaParams(m.Llama) != c.params {
 			t.Errorf("%s: %d parameters (LlamaParams %d), want %d", c.name, got, LlamaParams(m.Llama), c.params)
 		}
+		// Model FLOPs: 6 per parameter of the blocks (their norms
+		// counted too, as for the GPT) and of the LM head (the tied
+		// embedding's when tied; the lookup costs none), and 3·4·T·C per
+		// layer for attention.
+		const T = 2048
+		vc := int64(p.Vocab) * int64(p.Embd)
+		matmul := c.params - vc - int64(p.Embd) // less the lookup and the final norm
+		if p.Tied {
+			matmul += vc
+		}
+		wantF := 6*float64(matmul) + 12*float64(T)*float64(p.Embd)*float64(p.Layers)
+		if got := ModelFLOPsPerToken(m, T); math.Abs(got-wantF) > 1e-9*wantF {
+			t.Errorf("%s: %.6g model FLOPs per token, want %.6g", c.name, got, wantF)
+		}
 		head := m.Layers[len(m.Layers)-1]
 		if tied := len(head.Tied()) == 1; tied != p.Tied {
 			t.Errorf("%s: head tied %v, preset %v", c.name, tied, p.Tied)
