@@ -41,11 +41,14 @@ type Config struct {
 	// EvalData is "". Default 0.05; 0 = no held-out split.
 	EvalFraction float64 `toml:"eval_fraction" json:"eval_fraction"`
 
-	// Model is a preset name: "tiny" (default), "gpt2-124m", "gpt2-350m",
-	// "gpt2-774m", "gpt2-1.3b", "gpt2-2.7b", "gpt2-6.7b" or "mlp".
+	// Model is a preset name (PresetNames), which picks the model family:
+	// GPT ("tiny", the default, "gpt2-124m", "gpt2-350m", ...), Llama
+	// ("llama-tiny", "llama3.2-1b", "llama3.1-8b", "llama2-7b", ...) or
+	// "mlp".
 	Model string `toml:"model" json:"model"`
-	// Layers, Heads, Embd, Vocab and MaxSeq override the preset's GPT
-	// shape; 0 takes the preset's value (Vocab 0: the dataset schema's
+	// Layers, Heads, Embd, Vocab and MaxSeq override the preset's
+	// transformer shape (a Llama keeps its preset's key/value heads,
+	// intermediate size and RoPE); 0 takes the preset's value (Vocab 0: the dataset schema's
 	// vocabulary, else the preset's).
 	Layers int `toml:"layers" json:"layers"`
 	Heads  int `toml:"heads" json:"heads"`
@@ -182,9 +185,6 @@ type Config struct {
 	// no tracing (and no tracing overhead).
 	Trace string `toml:"trace" json:"trace"`
 }
-
-// Model preset names that are not GPT shapes.
-const ModelMLP = "mlp"
 
 // DefaultConfig returns the defaults that do not depend on the model
 // preset. Preset-dependent fields (shape, Steps, LR, MinLR, Warmup) are left
@@ -328,8 +328,11 @@ func FormatByteSize(n int64) string {
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
 }
 
-// IsGPT reports whether the config trains a GPT (any preset but "mlp").
-func (c *Config) IsGPT() bool { return c.Model != ModelMLP }
+// Family is the family of the model the config names (FamilyOf).
+func (c *Config) Family() Family { return FamilyOf(c.Model) }
+
+// tokens reports whether the config's model reads token sequences.
+func (c *Config) tokens() bool { return c.Family().Input() == InputTokens }
 
 // EnsureDefaults fills zero fields with their defaults, taking the model
 // shape, Steps and LR from the preset named by Model. It is idempotent.
@@ -382,11 +385,7 @@ func (c *Config) EnsureDefaults() {
 	c.Model = CanonicalModel(c.Model)
 
 	defSteps, defLR := 200, 1e-3
-	if c.Model == ModelMLP {
-		if len(c.Hidden) == 0 {
-			c.Hidden = []int{256, 256}
-		}
-	} else if p, ok := LookupPreset(c.Model); ok {
+	if p, ok := LookupPreset(c.Model); ok {
 		if c.Layers == 0 {
 			c.Layers = p.Layers
 		}
@@ -399,10 +398,9 @@ func (c *Config) EnsureDefaults() {
 		if c.MaxSeq == 0 {
 			c.MaxSeq = p.MaxSeq
 		}
-		if c.Model != "tiny" {
-			defSteps, defLR = 5000, 6e-4
-		}
+		defSteps, defLR = p.Steps, p.LR
 	}
+	c.Family().defaults(c)
 	if c.Steps == 0 {
 		c.Steps = defSteps
 	}
@@ -442,10 +440,8 @@ func (c *Config) Validate() error {
 		return true
 	}
 
-	if c.Model != ModelMLP {
-		if _, ok := LookupPreset(c.Model); !ok {
-			bad("model", "unknown model %q (want one of %s)", c.Model, strings.Join(PresetNames(), ", "))
-		}
+	if _, ok := LookupPreset(c.Model); !ok {
+		bad("model", "unknown model %q (want one of %s)", c.Model, strings.Join(PresetNames(), ", "))
 	}
 	if finite("eval_fraction", c.EvalFraction) && (c.EvalFraction < 0 || c.EvalFraction >= 1) {
 		bad("eval_fraction", "must be in [0, 1), got %v", c.EvalFraction)
@@ -457,28 +453,7 @@ func (c *Config) Validate() error {
 		{"classes", c.Classes}, {"seq_len", c.SeqLen}, {"threads", c.Threads}, {"eval_every", c.EvalEvery}, {"warmup", c.Warmup}} {
 		nonNeg(f.key, f.v)
 	}
-	if c.IsGPT() {
-		if c.Heads > 0 && c.Embd > 0 && c.Embd%c.Heads != 0 {
-			bad("embd", "%d is not divisible by heads (%d)", c.Embd, c.Heads)
-		}
-		if c.SeqLen > 0 && c.MaxSeq > 0 && c.SeqLen > c.MaxSeq {
-			bad("seq_len", "%d exceeds the model's max_seq %d", c.SeqLen, c.MaxSeq)
-		}
-		if len(c.Hidden) > 0 {
-			bad("hidden", "only applies to model \"mlp\"")
-		}
-	} else {
-		for i, h := range c.Hidden {
-			if h <= 0 {
-				bad("hidden", "size %d (index %d) must be > 0", h, i)
-			}
-		}
-		switch c.Task {
-		case "", "classification", "regression":
-		default:
-			bad("task", "unknown task %q (want \"classification\" or \"regression\")", c.Task)
-		}
-	}
+	c.Family().validate(c, bad)
 	positive("batch", c.Batch)
 	positive("accum", c.Accum)
 	positive("steps", c.Steps)

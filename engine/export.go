@@ -77,6 +77,9 @@ func ExportTensors(weights []NamedTensor, cfg Config, format string) ([]NamedTen
 		}
 	}
 	meta := map[string]string{"format": "pt", "spill_format": format, "spill_model": cfg.Model}
+	if f := cfg.Family(); f.Name() == "llama" {
+		return nil, nil, fmt.Errorf("export: model %s: exporting %s models is not supported yet", cfg.Model, f.Name())
+	}
 	if cfg.Model == ModelMLP {
 		if format != FormatNanoGPT {
 			return nil, nil, fmt.Errorf("export: format %q is for GPT models; export an MLP with --format %s", format, FormatNanoGPT)

@@ -4,8 +4,60 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/spill-ml/spill/dataset"
 	"github.com/spill-ml/spill/kernels"
 )
+
+// gptPresets are the GPT family's shapes. The GPT-2 shapes (gpt2-124m,
+// -350m, -774m) use a 1024-token context; the GPT-3 shapes (gpt2-1.3b,
+// -2.7b, -6.7b) a 2048-token one. Every non-tiny preset pads the GPT-2
+// vocabulary (50257) to 50304, a multiple of 128, as llm.c and nanoGPT do.
+var gptPresets = []Preset{
+	{Name: "tiny", Layers: 4, Heads: 4, Embd: 128, Vocab: 0, MaxSeq: 256, Steps: 200, LR: 1e-3},
+	{Name: "gpt2-124m", Layers: 12, Heads: 12, Embd: 768, Vocab: 50304, MaxSeq: 1024, Steps: 5000, LR: 6e-4},
+	{Name: "gpt2-350m", Layers: 24, Heads: 16, Embd: 1024, Vocab: 50304, MaxSeq: 1024, Steps: 5000, LR: 6e-4},
+	{Name: "gpt2-774m", Layers: 36, Heads: 20, Embd: 1280, Vocab: 50304, MaxSeq: 1024, Steps: 5000, LR: 6e-4},
+	{Name: "gpt2-1.5b", Layers: 48, Heads: 25, Embd: 1600, Vocab: 50304, MaxSeq: 1024, Steps: 5000, LR: 6e-4},
+	{Name: "gpt2-1.3b", Layers: 24, Heads: 16, Embd: 2048, Vocab: 50304, MaxSeq: 2048, Steps: 5000, LR: 6e-4},
+	{Name: "gpt2-2.7b", Layers: 32, Heads: 32, Embd: 2560, Vocab: 50304, MaxSeq: 2048, Steps: 5000, LR: 6e-4},
+	{Name: "gpt2-6.7b", Layers: 32, Heads: 32, Embd: 4096, Vocab: 50304, MaxSeq: 2048, Steps: 5000, LR: 6e-4},
+	{Name: "gpt2-13b", Layers: 40, Heads: 40, Embd: 5120, Vocab: 50304, MaxSeq: 2048, Steps: 5000, LR: 6e-4},
+	{Name: "gpt2-30b", Layers: 48, Heads: 56, Embd: 7168, Vocab: 50304, MaxSeq: 2048, Steps: 5000, LR: 6e-4},
+	{Name: "gpt2-70b", Layers: 80, Heads: 64, Embd: 8192, Vocab: 50304, MaxSeq: 2048, Steps: 5000, LR: 6e-4},
+}
+
+// gptFamily is GPT-2 (nanoGPT's GPT): learned position embeddings,
+// pre-LN blocks with biases, a GELU MLP and the LM head tied to wte.
+type gptFamily struct{}
+
+func (gptFamily) Name() string          { return "gpt" }
+func (gptFamily) Input() InputKind      { return InputTokens }
+func (gptFamily) Presets() []Preset     { return gptPresets }
+func (gptFamily) InPlaceResidual() bool { return true }
+func (gptFamily) defaults(c *Config)    {}
+
+func (gptFamily) checkBackend(kernels.Backend) error { return nil }
+
+func (gptFamily) validate(c *Config, bad func(key, format string, args ...any)) {
+	validateTokens(c, bad)
+}
+
+func (gptFamily) build(c *Config, s dataset.Schema, dt kernels.DType) (*Model, error) {
+	return NewGPT(GPTShape{Layers: c.Layers, Heads: c.Heads, Embd: c.Embd, Vocab: c.Vocab, MaxSeq: c.MaxSeq}, dt)
+}
+
+// validateTokens is the config checks of a transformer over tokens.
+func validateTokens(c *Config, bad func(key, format string, args ...any)) {
+	if c.Heads > 0 && c.Embd > 0 && c.Embd%c.Heads != 0 {
+		bad("embd", "%d is not divisible by heads (%d)", c.Embd, c.Heads)
+	}
+	if c.SeqLen > 0 && c.MaxSeq > 0 && c.SeqLen > c.MaxSeq {
+		bad("seq_len", "%d exceeds the model's max_seq %d", c.SeqLen, c.MaxSeq)
+	}
+	if len(c.Hidden) > 0 {
+		bad("hidden", "only applies to model \"mlp\"")
+	}
+}
 
 // GPTShape is the shape of a GPT (nanoGPT's GPTConfig).
 type GPTShape struct {
@@ -30,7 +82,7 @@ func NewGPT(s GPTShape, dt kernels.DType) (*Model, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Model{Kind: "gpt", DType: dt, GPT: s}
+	m := &Model{Family: gptFamily{}, DType: dt, GPT: s, Vocab: s.Vocab}
 	emb := newEmbedding(s, dt)
 	m.Layers = append(m.Layers, emb)
 	for i := 0; i < s.Layers; i++ {

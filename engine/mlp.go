@@ -4,8 +4,53 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/spill-ml/spill/dataset"
 	"github.com/spill-ml/spill/kernels"
 )
+
+// ModelMLP is the MLP family's one preset: its shape comes from
+// Config.Hidden and the dataset.
+const ModelMLP = "mlp"
+
+// mlpFamily is the multi-layer perceptron over fixed-size records.
+type mlpFamily struct{}
+
+func (mlpFamily) Name() string          { return "mlp" }
+func (mlpFamily) Input() InputKind      { return InputFeatures }
+func (mlpFamily) InPlaceResidual() bool { return false }
+
+func (mlpFamily) checkBackend(kernels.Backend) error { return nil }
+
+func (mlpFamily) Presets() []Preset {
+	return []Preset{{Name: ModelMLP, Steps: 200, LR: 1e-3}}
+}
+
+func (mlpFamily) defaults(c *Config) {
+	if len(c.Hidden) == 0 {
+		c.Hidden = []int{256, 256}
+	}
+}
+
+func (mlpFamily) validate(c *Config, bad func(key, format string, args ...any)) {
+	for i, h := range c.Hidden {
+		if h <= 0 {
+			bad("hidden", "size %d (index %d) must be > 0", h, i)
+		}
+	}
+	switch c.Task {
+	case "", "classification", "regression":
+	default:
+		bad("task", "unknown task %q (want \"classification\" or \"regression\")", c.Task)
+	}
+}
+
+func (mlpFamily) build(c *Config, s dataset.Schema, dt kernels.DType) (*Model, error) {
+	out := 1
+	if c.Task == TaskClassification {
+		out = c.Classes
+	}
+	return NewMLP(MLPShape{In: s.Features, Hidden: c.Hidden, Out: out, Task: c.Task}, dt)
+}
 
 // Tasks of an MLP.
 const (
@@ -54,7 +99,7 @@ func NewMLP(s MLPShape, dt kernels.DType) (*Model, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Model{Kind: "mlp", DType: dt, MLP: s}
+	m := &Model{Family: mlpFamily{}, DType: dt, MLP: s}
 	widths := append(append([]int{s.In}, s.Hidden...), s.Out)
 	for i := 0; i+1 < len(widths); i++ {
 		d := &dense{dt: dt, idx: i, in: widths[i], out: widths[i+1], last: i+2 == len(widths), task: s.Task}

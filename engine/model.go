@@ -97,13 +97,16 @@ type StateTable struct {
 
 // Model is a list of layers of one compute dtype.
 type Model struct {
-	Kind   string // "gpt" or "mlp"
+	Family Family // the architecture that built it
 	DType  kernels.DType
 	Layers []Layer
-	// GPT shape (Kind "gpt").
-	GPT GPTShape
-	// MLP shape (Kind "mlp").
-	MLP MLPShape
+	// Vocab is the vocabulary of a model over tokens (Family.Input
+	// InputTokens); 0 otherwise.
+	Vocab int
+	// The shape, in the field of the model's family.
+	GPT   GPTShape
+	Llama LlamaShape
+	MLP   MLPShape
 }
 
 // NumParams is the number of parameters of the model.
@@ -193,10 +196,10 @@ func (m *Model) Backward(q kernels.Queue, p *Pass) {
 	cur := 0
 	for i := len(m.Layers) - 1; i >= 0; i-- {
 		if i > 0 {
-			if m.Kind == "gpt" {
-				// A GPT block's Backward updates the residual-stream
-				// gradient in place (DIn may alias DOut), so one buffer
-				// serves every layer.
+			if m.Family.InPlaceResidual() {
+				// A transformer block's Backward updates the
+				// residual-stream gradient in place (DIn may alias
+				// DOut), so one buffer serves every layer.
 				cur = 0
 			}
 			n := m.Layers[i-1].OutputElems(p.B, p.T)

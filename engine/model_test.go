@@ -68,7 +68,10 @@ func randomWeights(t *testing.T, tr *Trainer, seed uint64) [][]float32 {
 // gradCheck compares the trainer's analytic gradients on feed with central
 // finite differences at a few elements of every parameter tensor: the
 // element of largest gradient and two pseudo-random ones.
-func gradCheck(t *testing.T, tr *Trainer, feed *fixedFeed) {
+func gradCheck(t *testing.T, tr *Trainer, feed *fixedFeed) { gradCheckStep(t, tr, feed, 1e-2) }
+
+// gradCheckStep is gradCheck with finite differences of step h.
+func gradCheckStep(t *testing.T, tr *Trainer, feed *fixedFeed, h float64) {
 	ctx := context.Background()
 	w := randomWeights(t, tr, 7)
 	_, grads, err := tr.Gradients(ctx, feed)
@@ -89,7 +92,6 @@ func gradCheck(t *testing.T, tr *Trainer, feed *fixedFeed) {
 			for _, j := range []int{best, int(r.next() % uint64(len(g))), int(r.next() % uint64(len(g)))} {
 				k := ps.Offset + j
 				orig := w[li][k]
-				const h = 1e-2
 				plus, minus := float32(float64(orig)+h), float32(float64(orig)-h)
 				loss := func(v float32) float64 {
 					w[li][k] = v

@@ -154,7 +154,7 @@ func ioBytes(m *Model, B, T, micro int, round bool) int64 {
 		}
 		return n
 	}
-	if m.Kind == "gpt" {
+	if m.Family.Input() == InputTokens {
 		n := int64(B) * int64(T) * 4
 		return 3 * r(n) // input, targets, losses
 	}
@@ -665,7 +665,7 @@ func PlanConfig(ctx context.Context, cfg Config, device string, deviceLimit int6
 		return nil, nil, err
 	}
 	B, T := cfg.Batch, cfg.SeqLen
-	if !cfg.IsGPT() {
+	if !cfg.tokens() {
 		T = 1
 	}
 	budget := cfg.DeviceMemory

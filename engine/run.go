@@ -151,8 +151,11 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		logf("%s", note)
 	}
 	cfg.Device = be.Name()
+	if err := CheckBackend(be, model); err != nil {
+		return nil, err
+	}
 	B, T := cfg.Batch, cfg.SeqLen
-	if !cfg.IsGPT() {
+	if !cfg.tokens() {
 		T = 1
 	}
 	var rec *stream.Recorder // nil: no tracing
@@ -392,7 +395,7 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 // GPT; Task, Classes for an MLP) and checks the data fits the model.
 func resolveData(cfg *Config, ds *dataset.Dataset, dir string) error {
 	s := ds.Schema()
-	if cfg.IsGPT() {
+	if cfg.tokens() {
 		if s.Kind != dataset.KindTokens {
 			return fmt.Errorf("engine: model %s needs a tokens dataset, %s is %s (use model \"mlp\" for records)", cfg.Model, dir, s.Kind)
 		}
@@ -455,14 +458,7 @@ func BuildModel(cfg *Config, s dataset.Schema) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.IsGPT() {
-		return NewGPT(GPTShape{Layers: cfg.Layers, Heads: cfg.Heads, Embd: cfg.Embd, Vocab: cfg.Vocab, MaxSeq: cfg.MaxSeq}, dt)
-	}
-	out := 1
-	if cfg.Task == TaskClassification {
-		out = cfg.Classes
-	}
-	return NewMLP(MLPShape{In: s.Features, Hidden: cfg.Hidden, Out: out, Task: cfg.Task}, dt)
+	return cfg.Family().build(cfg, s, dt)
 }
 
 // subSource is the samples [off, off+n) of a source (the train and held-out
@@ -488,7 +484,7 @@ func (s *subSource) Advise(from, to int64) {
 
 // decoder turns dataset samples into rows of a HostBatch.
 type decoder struct {
-	gpt      bool
+	tokens   bool
 	T        int
 	tokSize  int
 	vocab    int
@@ -500,9 +496,9 @@ type decoder struct {
 }
 
 func newDecoder(m *Model, s dataset.Schema, B, T int, dir string) *decoder {
-	d := &decoder{gpt: m.Kind == "gpt", T: T, dir: dir}
-	if d.gpt {
-		d.tokSize, d.vocab = s.TokenSize(), m.GPT.Vocab
+	d := &decoder{tokens: m.Family.Input() == InputTokens, T: T, dir: dir}
+	if d.tokens {
+		d.tokSize, d.vocab = s.TokenSize(), m.Vocab
 	} else {
 		d.features, d.intFeat, d.floatLab = s.Features, s.FeatureDType == "int32", s.LabelDType == "float32"
 		if m.MLP.Task == TaskClassification {
@@ -515,7 +511,7 @@ func newDecoder(m *Model, s dataset.Schema, B, T int, dir string) *decoder {
 // row decodes sample idx (bytes smp) into row k of hb.
 func (d *decoder) row(hb *HostBatch, k int, idx int64, smp []byte) error {
 	le := binary.LittleEndian
-	if d.gpt {
+	if d.tokens {
 		in, tg := hb.Input[4*k*d.T:], hb.Targets[4*k*d.T:]
 		for t := 0; t <= d.T; t++ {
 			var tok uint32
@@ -588,7 +584,7 @@ type seqFeed struct {
 
 func (f *seqFeed) Next(ctx context.Context, hb *HostBatch) error {
 	rows := len(hb.Targets) / 4
-	if f.dec.gpt {
+	if f.dec.tokens {
 		rows /= f.dec.T
 	}
 	for k := 0; k < rows; k++ {

@@ -109,8 +109,8 @@ type Trainer struct {
 // allocIO lays out with tensor the pass's input, targets and losses (and the
 // F32 staging of the features of a non-fp32 MLP), and sets nLoss and lossMul.
 func (t *Trainer) allocIO(m *Model, p *Pass, B, T int, tensor func(n int, dt kernels.DType) kernels.Tensor) {
-	switch m.Kind {
-	case "gpt":
+	switch m.Family.Input() {
+	case InputTokens:
 		t.nLoss = B * T
 		p.Input = tensor(B*T, kernels.I32)
 		p.Targets = tensor(B*T, kernels.I32)
@@ -136,6 +136,9 @@ func (t *Trainer) allocIO(m *Model, p *Pass, B, T int, tensor func(n int, dt ker
 func NewTrainer(be kernels.Backend, m *Model, o TrainerOptions) (*Trainer, error) {
 	if o.B <= 0 || o.T <= 0 || o.Accum <= 0 {
 		return nil, fmt.Errorf("engine: trainer: batch %d, seq %d, accum %d must be positive", o.B, o.T, o.Accum)
+	}
+	if err := CheckBackend(be, m); err != nil {
+		return nil, err
 	}
 	st, pass, err := AllocState(be, m, StateOptions{Train: true, B: o.B, T: o.T})
 	if err != nil {
@@ -270,7 +273,7 @@ func (t *Trainer) setLayerMaster(ctx context.Context, i int, data []byte) error 
 func (t *Trainer) upload(hb *HostBatch) {
 	p := t.pass
 	switch {
-	case t.model.Kind == "gpt" || t.model.DType == kernels.F32:
+	case t.model.Family.Input() == InputTokens || t.model.DType == kernels.F32:
 		t.be.CopyToDevice(t.q, p.Input, hb.Input)
 	default:
 		t.be.CopyToDevice(t.q, t.feat32, hb.Input)

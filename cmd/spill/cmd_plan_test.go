@@ -148,3 +148,34 @@ func TestPlanJSONAndUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanLlama: a Llama 3.1 8B at T 2048 is planned under a 24 GiB
+// device: the plan has the model's published size, its 32 decoder layers
+// and head, and a device peak within the budget.
+func TestPlanLlama(t *testing.T) {
+	disk := t.TempDir()
+	args := []string{"plan", "--model", "llama3.1-8b", "--seq-len", "2048", "--batch", "1", "--accum", "8",
+		"--device-memory", "24GiB", "--device", "cpu", "--threads", "2", "--host-memory", "100GiB",
+		"--disk-dir", disk, "--disk-memory", "200GiB"}
+	var out, errb bytes.Buffer
+	if code := runMain(context.Background(), args, &out, &errb); code != exitOK {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	text := out.String()
+	for _, want := range []string{"llama3.1-8b, 8.03 B params", "seq 2048", "embed_tokens", "layers.31", "head", "budget                    24.0 GiB"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("plan lacks %q:\n%s", want, text)
+		}
+	}
+	out.Reset()
+	if code := runMain(context.Background(), append(args, "--json"), &out, &errb); code != exitOK {
+		t.Fatalf("--json: exit %d: %s", code, errb.String())
+	}
+	var p offload.Placement
+	if err := json.Unmarshal(out.Bytes(), &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Model != "llama3.1-8b" || len(p.Layers) != 34 || p.Memory[0].Peak > 24<<30 || p.Memory[0].Peak < 1<<30 {
+		t.Errorf("plan: model %s, %d layers, device peak %d", p.Model, len(p.Layers), p.Memory[0].Peak)
+	}
+}
