@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/spill-ml/spill/dataset"
 	"github.com/spill-ml/spill/dataset/ingest"
+
+	"github.com/spill-ml/spill/internal/bytesize"
 )
 
 func init() {
@@ -116,11 +116,11 @@ func (f *convertFlags) options() (ingest.Options, error) {
 		}
 		o.Format = ff
 	}
-	shard, err := parseSize(f.shardSize)
+	shard, err := bytesize.Parse(f.shardSize)
 	if err != nil || shard < 1 {
 		return o, usagef("convert: --shard-size %q: want a positive size such as 64MiB", f.shardSize)
 	}
-	chunk, err := parseSize(f.chunkSize)
+	chunk, err := bytesize.Parse(f.chunkSize)
 	if err != nil || chunk < 4 || chunk > dataset.MaxChunkSize {
 		return o, usagef("convert: --chunk-size %q: want a size from 4 B to %s", f.chunkSize, formatBytes(dataset.MaxChunkSize))
 	}
@@ -185,37 +185,4 @@ func ratio(raw, stored int64) float64 {
 		return 0
 	}
 	return float64(raw) / float64(stored)
-}
-
-// parseSize parses a byte size: a plain number of bytes, or a number with a binary
-// suffix (KiB, MiB, GiB, TiB; K, M, G, T are the same) or a decimal one (KB, MB, GB,
-// TB). Fractions are allowed with a suffix ("1.5GiB").
-func parseSize(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	i := len(t)
-	for i > 0 && (t[i-1] < '0' || t[i-1] > '9') && t[i-1] != '.' {
-		i--
-	}
-	num, suf := strings.TrimSpace(t[:i]), strings.TrimSpace(t[i:])
-	mult := map[string]float64{
-		"": 1, "B": 1,
-		"K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20,
-		"G": 1 << 30, "GiB": 1 << 30, "T": 1 << 40, "TiB": 1 << 40,
-		"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-	}[suf]
-	if mult == 0 || num == "" {
-		return 0, fmt.Errorf("bad size %q", s)
-	}
-	if suf == "" || suf == "B" {
-		n, err := strconv.ParseInt(num, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("bad size %q", s)
-		}
-		return n, nil
-	}
-	v, err := strconv.ParseFloat(num, 64)
-	if err != nil || v < 0 || v*mult >= 1<<62 {
-		return 0, fmt.Errorf("bad size %q", s)
-	}
-	return int64(v * mult), nil
 }

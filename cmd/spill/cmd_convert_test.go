@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/spill-ml/spill/dataset"
+	"github.com/spill-ml/spill/offload"
 )
 
 // run runs spill with args and returns the exit code, stdout and stderr.
@@ -161,19 +163,26 @@ func TestConvertInterrupted(t *testing.T) {
 	assertEmpty(t, parent)
 }
 
-func TestParseSize(t *testing.T) {
-	good := map[string]int64{
-		"64MiB": 64 << 20, "1GiB": 1 << 30, "512": 512, "4KiB": 4096, "1.5GiB": 3 << 29,
-		"2M": 2 << 20, "10MB": 10_000_000, "7B": 7, " 8 KiB ": 8192,
-	}
-	for s, want := range good {
-		if got, err := parseSize(s); err != nil || got != want {
-			t.Errorf("parseSize(%q) = %d, %v; want %d", s, got, err, want)
+// TestByteSizesAgree: train, plan and convert read a size the same way
+// (one parser: "16G" and "16g" are 16 GiB in all three, "16GB" is 16e9).
+func TestByteSizesAgree(t *testing.T) {
+	for in, want := range map[string]int64{"16G": 16 << 30, "16g": 16 << 30, "16GiB": 16 << 30, "16GB": 16e9, "512mib": 512 << 20} {
+		cfg, _, err := parseTrainArgs([]string{"--device-memory", in}, io.Discard)
+		if err != nil || cfg.DeviceMemory != want {
+			t.Errorf("train --device-memory %s = %d, %v; want %d", in, cfg.DeviceMemory, err, want)
+		}
+		if got, err := offload.ParseBytes(in); err != nil || got != want {
+			t.Errorf("plan --device-memory %s = %d, %v; want %d", in, got, err, want)
+		}
+		var f convertFlags
+		f.out, f.shardSize, f.chunkSize, f.compress, f.level, f.seqLen, f.header = "x", in, "1MiB", "none", 3, 8, "auto"
+		if o, err := f.options(); err != nil || o.Writer.ShardSize != want {
+			t.Errorf("convert --shard-size %s = %d, %v; want %d", in, o.Writer.ShardSize, err, want)
 		}
 	}
-	for _, s := range []string{"", "MiB", "12XB", "-1GiB", "1.5", "1e3", "99999999TiB"} {
-		if got, err := parseSize(s); err == nil {
-			t.Errorf("parseSize(%q) = %d, want an error", s, got)
-		}
+	// plan refused a lower-case unit before there was one parser.
+	code, _, stderr := run(t, context.Background(), "plan", "--model", "gpt2-124m", "--device-memory", "16g")
+	if code != exitOK {
+		t.Fatalf("plan --device-memory 16g: exit %d, stderr %s", code, stderr)
 	}
 }
