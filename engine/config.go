@@ -13,6 +13,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/spill-ml/spill/internal/bytesize"
+	"path/filepath"
 )
 
 // Config describes one training run. It is read from a TOML file
@@ -118,8 +119,13 @@ type Config struct {
 	// KeepCheckpoints is how many of the newest checkpoints are kept.
 	// Default 3.
 	KeepCheckpoints int `toml:"keep_checkpoints" json:"keep_checkpoints"`
-	// Resume continues from the latest checkpoint in CheckpointDir.
+	// Resume continues from the latest complete checkpoint in
+	// CheckpointDir (see ResolveResume).
 	Resume bool `toml:"resume" json:"resume"`
+	// ResumeFrom is a checkpoint directory (CheckpointDir/step-N) to
+	// resume from; it implies Resume, and CheckpointDir defaults to its
+	// parent. "" = the latest in CheckpointDir when Resume.
+	ResumeFrom string `toml:"resume_from" json:"resume_from"`
 
 	// Device is the compute backend: "auto" (default: "cuda" when the
 	// binary was built with -tags cuda and the GPU opens, else "cpu"),
@@ -341,6 +347,12 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.Device == "" {
 		c.Device = d.Device
+	}
+	if c.ResumeFrom != "" {
+		c.Resume = true
+		if c.CheckpointDir == "" {
+			c.CheckpointDir = filepath.Dir(filepath.Clean(c.ResumeFrom))
+		}
 	}
 	if c.Offload == "" {
 		c.Offload = d.Offload

@@ -71,6 +71,72 @@ func (m multiReporter) Report(s StepMetrics) {
 	}
 }
 
+// Err returns the first error of the reporters that keep one.
+func (m multiReporter) Err() error { return ReporterErr(m...) }
+
+// ReporterErr returns the first error kept by a reporter that has an
+// Err() error method (JSONLReporter, MultiReporter), nil otherwise. Run
+// checks it after every step and stops at the first lost report.
+func ReporterErr(rs ...Reporter) error {
+	for _, r := range rs {
+		if e, ok := r.(interface{ Err() error }); ok {
+			if err := e.Err(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// TruncateMetrics cuts a metrics JSONL file back to the lines of steps
+// 1..step, as a run resumed from the checkpoint of step continues it: it
+// keeps the longest prefix of complete lines whose "step" is at most step
+// and drops everything from the first other line on (the steps a killed
+// run took after its last checkpoint, and a line cut by the kill). A
+// missing file is not an error.
+func TruncateMetrics(path string, step int) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	defer f.Close()
+	br := bufio.NewReader(f)
+	var keep int64
+	for {
+		line, err := br.ReadBytes('\n')
+		if err == io.EOF {
+			break // a final line without its newline is cut
+		}
+		if err != nil {
+			return fmt.Errorf("metrics %s: %w", path, err)
+		}
+		var m struct {
+			Step *int `json:"step"`
+		}
+		if json.Unmarshal(line, &m) != nil || m.Step == nil || *m.Step > step {
+			break
+		}
+		keep += int64(len(line))
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("metrics %s: %w", path, err)
+	}
+	if st.Size() == keep {
+		return nil
+	}
+	if err := f.Truncate(keep); err != nil {
+		return fmt.Errorf("metrics %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("metrics %s: %w", path, err)
+	}
+	return nil
+}
+
 // ReporterFunc adapts a function to Reporter.
 type ReporterFunc func(StepMetrics)
 
@@ -93,7 +159,8 @@ func NewJSONLReporter(path string) (*JSONLReporter, error) {
 }
 
 // AppendJSONLReporter opens path for appending (creating it if needed), as
-// a resumed run does: the steps it repeats appear again after the old ones.
+// a resumed run does, after TruncateMetrics has cut the lines of the steps
+// it repeats.
 func AppendJSONLReporter(path string) (*JSONLReporter, error) {
 	return openJSONL(path, os.O_APPEND)
 }

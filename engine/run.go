@@ -87,6 +87,9 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 			fmt.Fprintf(opts.Log, format+"\n", args...)
 		}
 	}
+	if err := ResolveResume(&cfg, func(err error) { logf("warning: %v", err) }); err != nil {
+		return nil, err
+	}
 	cfg.EnsureDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -192,11 +195,7 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 	var tokens int64
 	resumed := false
 	if cfg.Resume {
-		path, err := LatestCheckpoint(cfg.CheckpointDir)
-		if err != nil {
-			return nil, err
-		}
-		if path != "" {
+		if path := cfg.ResumeFrom; path != "" { // see ResolveResume
 			ck, err := LoadCheckpoint(path)
 			if err != nil {
 				return nil, err
@@ -347,6 +346,10 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		}
 		if opts.Reporter != nil {
 			opts.Reporter.Report(m)
+			if err := ReporterErr(opts.Reporter); err != nil {
+				// Output is being lost: stop, keeping the work done.
+				return finish(), errors.Join(err, save())
+			}
 		}
 		if cfg.CheckpointEvery > 0 && tr.Step%cfg.CheckpointEvery == 0 {
 			if err := save(); err != nil {

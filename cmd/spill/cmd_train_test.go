@@ -82,3 +82,40 @@ func TestTrainPrintConfigRoundTrips(t *testing.T) {
 		t.Errorf("printed config: %+v", cfg)
 	}
 }
+
+// TestTrainMetricsWriteError: a metrics file that cannot be written (a full
+// disk) fails the run with the path named; the run stops at the first lost
+// line, and no "finished" summary appears on stdout.
+func TestTrainMetricsWriteError(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full")
+	}
+	var out, errb bytes.Buffer
+	code := runMain(context.Background(), []string{"train", "--eval-every", "0", "--quiet", "--threads", "2",
+		"--layers", "1", "--embd", "32", "--heads", "2", "--steps", "50", "--metrics", "/dev/full"}, &out, &errb)
+	if code != exitFailure || !strings.Contains(errb.String(), "metrics /dev/full") {
+		t.Fatalf("exit %d, stderr:\n%s", code, errb.String())
+	}
+	if strings.Contains(out.String(), "finished") {
+		t.Errorf("a failed run printed a finished summary on stdout:\n%s", out.String())
+	}
+	if !strings.Contains(errb.String(), "failed at step 1 ") {
+		t.Errorf("the run did not stop at the first lost line:\n%s", errb.String())
+	}
+}
+
+// TestTrainZeroSettings: --batch 0 (and the like) is refused, not replaced
+// by the default.
+func TestTrainZeroSettings(t *testing.T) {
+	for _, flag := range []string{"--batch", "--accum", "--eval-batches", "--checkpoint-every", "--keep-checkpoints"} {
+		_, _, err := parseTrainArgs([]string{flag, "0"}, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s 0: %v", flag, err)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "run.toml")
+	os.WriteFile(file, []byte("batch = 0\n"), 0o644)
+	if _, _, err := parseTrainArgs([]string{"--config", file}, io.Discard); err == nil || !strings.Contains(err.Error(), "batch") {
+		t.Errorf("batch = 0 in a config file: %v", err)
+	}
+}
