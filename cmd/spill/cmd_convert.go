@@ -89,11 +89,16 @@ func runConvert(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	read := new(atomic.Int64)
 	opts.BytesRead = read
 	prog := newProgress(stderr, "convert", unitBytes, f.quiet)
+	var warnings []string // printed once the progress line is done
+	opts.Warn = func(msg string) { warnings = append(warnings, msg) }
 	prog.SetTotal(total)
 	prog.Track(read.Load)
 	prog.Start()
 	m, err := ingest.Convert(ctx, f.out, inputs, opts)
 	prog.Stop()
+	for _, w := range warnings {
+		fmt.Fprintf(stderr, "spill convert: %s\n", w)
+	}
 	if err != nil {
 		return err
 	}

@@ -186,3 +186,42 @@ func TestByteSizesAgree(t *testing.T) {
 		t.Fatalf("plan --device-memory 16g: exit %d, stderr %s", code, stderr)
 	}
 }
+
+// TestConvertRemovesStaleTemp: the temporary directory a killed convert
+// left next to --out is removed by the next convert of the same name, which
+// says so; one that a live writer holds is left alone.
+func TestConvertRemovesStaleTemp(t *testing.T) {
+	dir := t.TempDir()
+	in := writeTokens(t, dir, 5000)
+	out := filepath.Join(dir, "ds")
+	stale := filepath.Join(dir, ".ds.tmp-123456")
+	os.MkdirAll(stale, 0o755)
+	os.WriteFile(filepath.Join(stale, "shard-00000.spill"), make([]byte, 3000), 0o644)
+	live, err := dataset.Create(context.Background(), out, dataset.WriterOptions{Schema: dataset.Schema{Kind: dataset.KindTokens, TokenDType: "uint16", SeqLen: 8}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(live.StaleTemps()) != 1 || live.StaleTemps()[0].Path != stale || live.StaleTemps()[0].Bytes != 3000 {
+		t.Errorf("Create removed %+v", live.StaleTemps())
+	}
+	defer live.Abort()
+	// A leftover from a run killed before this one (no lock held).
+	os.MkdirAll(stale, 0o755)
+	code, _, stderr := run(t, context.Background(), "convert", "--out", out, "--seq-len", "64", "--quiet", in)
+	if code != exitOK || !strings.Contains(stderr, "removed "+stale+" (0 B), left by an interrupted conversion") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+	if strings.Count(stderr, "removed") != 1 {
+		t.Errorf("the live writer's directory was removed too: %q", stderr)
+	}
+	ents, _ := os.ReadDir(dir)
+	var tmps int
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".ds.tmp-") {
+			tmps++
+		}
+	}
+	if tmps != 1 {
+		t.Errorf("%d temporary directories next to %s, want the live writer's only", tmps, out)
+	}
+}

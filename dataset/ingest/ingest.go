@@ -27,6 +27,8 @@ import (
 	"sync/atomic"
 
 	"github.com/spill-ml/spill/dataset"
+
+	"github.com/spill-ml/spill/internal/bytesize"
 )
 
 // Format names an input file format.
@@ -129,6 +131,9 @@ type Options struct {
 	Writer dataset.WriterOptions
 	// BytesRead, if not nil, is advanced as input bytes are consumed (for progress).
 	BytesRead *atomic.Int64
+	// Warn, if not nil, receives messages the user should see that do not
+	// stop the conversion (a stale temporary directory removed, ...).
+	Warn func(msg string)
 
 	labelIdx int // label index resolved by the first records input, plus 1; 0 = none yet
 }
@@ -145,6 +150,12 @@ func (o *Options) setDefaults() {
 	}
 	if o.BytesRead == nil {
 		o.BytesRead = new(atomic.Int64)
+	}
+}
+
+func (o *Options) warn(msg string) {
+	if o.Warn != nil {
+		o.Warn(msg)
 	}
 }
 
@@ -231,6 +242,9 @@ func Convert(ctx context.Context, out string, inputs []string, opts Options) (*d
 		first.Close()
 		removeDirs(made)
 		return nil, err
+	}
+	for _, st := range w.StaleTemps() {
+		opts.warn(fmt.Sprintf("removed %s (%s), left by an interrupted conversion to %s", st.Path, bytesize.Format(st.Bytes), out))
 	}
 	m, err := convertAll(ctx, w, first, inputs, formats, schema, &opts)
 	if err != nil {
