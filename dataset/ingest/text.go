@@ -107,6 +107,9 @@ func (s *jsonlSource) run(ctx context.Context, e *emitter) error {
 		if !ok {
 			return fmt.Errorf("%s:%d: no field %q (use --field to choose the text field)", s.path, lineNo, s.o.Field)
 		}
+		if string(raw) == "null" {
+			continue // no text: not a document (as a Parquet null)
+		}
 		if err := json.Unmarshal(raw, &text); err != nil {
 			return fmt.Errorf("%s:%d: field %q is not a string", s.path, lineNo, s.o.Field)
 		}

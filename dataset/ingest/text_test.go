@@ -25,7 +25,9 @@ func byteStream(docs ...string) []uint32 {
 func TestTextAndJSONL(t *testing.T) {
 	dir := t.TempDir()
 	a := writeFile(t, dir, "a.txt", []byte("hello, world\nsecond line\n"))
-	j := writeFile(t, dir, "b.jsonl", []byte("{\"text\": \"caf\\u00e9\", \"id\": 1}\n\n{\"id\": 2, \"text\": \"line\\nbreak\"}\r\n{\"text\":\"last\"}"))
+	// A null text is no document, as a Parquet null is (it repeated the
+	// previous line's text before).
+	j := writeFile(t, dir, "b.jsonl", []byte("{\"text\": \"caf\\u00e9\", \"id\": 1}\n\n{\"id\": 2, \"text\": \"line\\nbreak\"}\r\n{\"text\": null}\n{\"text\":\"last\"}"))
 	c := writeFile(t, dir, "c.txt", []byte("\x00\xff bytes"))
 	d, _ := convertOK(t, []string{a, j, c}, Options{SeqLen: 3, Writer: dataset.WriterOptions{Compression: dataset.CompressionZstd}})
 	s := d.Schema()
