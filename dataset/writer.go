@@ -639,6 +639,20 @@ func syncClose(f *os.File, path string) error {
 }
 
 // shutdown stops the pipeline and waits for it. Safe to call more than once.
+// SetLabelClasses records the class names of a records dataset's int32
+// labels in the manifest (Schema.LabelClasses), for labels converted from
+// strings as they are met. Call it before Commit.
+func (w *Writer) SetLabelClasses(names []string) error {
+	if err := w.usable(); err != nil {
+		return err
+	}
+	if w.schema.Kind != KindRecords || w.schema.LabelDType != "int32" {
+		return fmt.Errorf("dataset: label classes need a records dataset with int32 labels, not %s", w.schema.Kind)
+	}
+	w.schema.LabelClasses = append([]string(nil), names...)
+	return nil
+}
+
 // StaleTemps returns the temporary directories that interrupted writers of
 // the same dataset had left and that Create removed.
 func (w *Writer) StaleTemps() []StaleTemp { return w.stale }

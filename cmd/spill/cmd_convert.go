@@ -29,7 +29,8 @@ Formats (detected from the extension, or set with --format):
   npy      1-D integer array -> tokens; 2-D float32/float64/int32 array -> records
   jsonl    one JSON object per line; the --field string is byte-tokenized -> tokens
   text     plain text, one document per file, byte-tokenized -> tokens
-  csv      numeric columns, optional header -> records (float32 features + label)
+  csv      numeric columns, optional header -> records (float32 features + label;
+           string labels such as iris's species become class ids 0, 1, ...)
   parquet  the --field string column -> tokens, else all numeric columns -> records
 
 The byte-level tokenizer maps each byte to its value and puts EOT (256) between
@@ -38,7 +39,7 @@ documents: vocab 257, uint16 tokens.
 Examples:
   spill convert --out data/shakespeare --seq-len 256 input.txt
   spill convert --out data/owt --compress zstd train.bin
-  spill convert --out data/iris --label-col species --label-type int32 iris.csv`
+  spill convert --out data/iris --label-col species iris.csv`
 
 // convertFlags are the parsed flags of spill convert.
 type convertFlags struct {
@@ -62,7 +63,7 @@ func runConvert(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.IntVar(&f.level, "level", 3, "zstd level 1 (fastest) .. 4 (best); 3 scans ~1.15x faster than 2 on token data")
 	fs.IntVar(&f.workers, "workers", 0, "parallel compression workers (0 = one per CPU)")
 	fs.StringVar(&f.labelCol, "label-col", "", "records: label column `name or index` (0-based, negative from the end; default last)")
-	fs.StringVar(&f.labelType, "label-type", "", "records: label `type` float32 or int32 (default float32; int32 for int32 .npy)")
+	fs.StringVar(&f.labelType, "label-type", "", "records: label `type` float32 or int32 (default: int32 for an integer column of .npy or Parquet, a CSV column whose first label is an integer, and string labels mapped to class ids; float32 otherwise)")
 	fs.StringVar(&f.field, "field", "text", "JSONL field or Parquet column holding text")
 	fs.StringVar(&f.header, "header", "auto", "CSV header row: auto, yes or no")
 	fs.BoolVar(&f.quiet, "quiet", false, "print no progress and no summary")

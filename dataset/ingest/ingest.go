@@ -29,6 +29,7 @@ import (
 	"github.com/spill-ml/spill/dataset"
 
 	"github.com/spill-ml/spill/internal/bytesize"
+	"math"
 )
 
 // Format names an input file format.
@@ -98,7 +99,7 @@ type HeaderMode string
 
 // CSV header modes.
 const (
-	HeaderAuto HeaderMode = "auto" // a header iff some field of the first row is not a number
+	HeaderAuto HeaderMode = "auto" // a header iff two or more fields of the first row (or all) are not numbers
 	HeaderYes  HeaderMode = "yes"
 	HeaderNo   HeaderMode = "no"
 )
@@ -136,6 +137,24 @@ type Options struct {
 	Warn func(msg string)
 
 	labelIdx int // label index resolved by the first records input, plus 1; 0 = none yet
+	// classes maps string labels to class ids, in order of first
+	// appearance over all inputs (classNames); nil when labels are numbers.
+	classes    map[string]int32
+	classNames []string
+}
+
+// classID returns the class id of a string label, adding it if new.
+func (o *Options) classID(name string) (int32, error) {
+	if id, ok := o.classes[name]; ok {
+		return id, nil
+	}
+	if len(o.classNames) >= math.MaxInt32 {
+		return 0, errors.New("too many label classes")
+	}
+	id := int32(len(o.classNames))
+	o.classes[name] = id
+	o.classNames = append(o.classNames, name)
+	return id, nil
 }
 
 func (o *Options) setDefaults() {
@@ -314,6 +333,11 @@ func convertAll(ctx context.Context, w *dataset.Writer, first source, inputs []s
 		}
 	} else if e.records == 0 {
 		return nil, errors.New("inputs hold no records")
+	}
+	if opts.classes != nil {
+		if err := w.SetLabelClasses(opts.classNames); err != nil {
+			return nil, err
+		}
 	}
 	return w.Commit(ctx)
 }
