@@ -383,7 +383,8 @@ func resolveData(cfg *Config, ds *dataset.Dataset, dir string) error {
 			}
 		}
 		if s.VocabSize > cfg.Vocab {
-			return fmt.Errorf("engine: dataset %s has vocabulary %d, larger than the model's %d", dir, s.VocabSize, cfg.Vocab)
+			return fmt.Errorf("engine: dataset %s has vocabulary %d%s, larger than the model's %d: train with --vocab %d (or a --model preset of that vocabulary)",
+				dir, s.VocabSize, tokenizerNote(s), cfg.Vocab, s.VocabSize)
 		}
 		if cfg.SeqLen == 0 {
 			cfg.SeqLen = min(s.SeqLen, cfg.MaxSeq)
@@ -421,6 +422,14 @@ func resolveData(cfg *Config, ds *dataset.Dataset, dir string) error {
 		cfg.Classes = int(hi) + 1
 	}
 	return nil
+}
+
+// tokenizerNote names the dataset's tokenizer, when its manifest does.
+func tokenizerNote(s dataset.Schema) string {
+	if s.Tokenizer == "" {
+		return ""
+	}
+	return " (tokenizer " + s.Tokenizer + ")"
 }
 
 // BuildModel builds the model cfg describes over data of schema s, after
@@ -500,7 +509,7 @@ func (d *decoder) row(hb *HostBatch, k int, idx int64, smp []byte) error {
 				tok = le.Uint32(smp[4*t:])
 			}
 			if tok >= uint32(d.vocab) {
-				return fmt.Errorf("engine: dataset %s: sample %d: token %d at position %d is outside the model's vocabulary (%d)", d.dir, idx, tok, t, d.vocab)
+				return fmt.Errorf("engine: dataset %s: sample %d: token %d at position %d is outside the model's vocabulary (%d): train with a larger --vocab, or convert the data with --vocab (or --tokenizer) so that its manifest records its vocabulary", d.dir, idx, tok, t, d.vocab)
 			}
 			if t < d.T {
 				le.PutUint32(in[4*t:], tok)

@@ -25,7 +25,8 @@ Inputs are streamed: memory stays bounded whatever their size. On any error,
 or Ctrl-C, nothing is left at DIR.
 
 Formats (detected from the extension, or set with --format):
-  bin      nanoGPT train.bin: raw little-endian uint16 tokens -> tokens
+  bin      nanoGPT train.bin: raw little-endian uint16 tokens -> tokens (GPT-2's
+           vocabulary 50257 is recorded unless --vocab says otherwise)
   npy      1-D integer array -> tokens; 2-D float32/float64/int32 array -> records
   jsonl    one JSON object per line; the --field string is byte-tokenized -> tokens
   text     plain text, one document per file, byte-tokenized -> tokens

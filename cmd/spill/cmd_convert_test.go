@@ -225,3 +225,22 @@ func TestConvertRemovesStaleTemp(t *testing.T) {
 		t.Errorf("%d temporary directories next to %s, want the live writer's only", tmps, out)
 	}
 }
+
+// TestConvertBinThenTrain: a train.bin converted without --vocab trains
+// (it failed in train with "vocabulary of 257": the manifest now records the
+// GPT-2 vocabulary), and inspect names the tokenizer.
+func TestConvertBinThenTrain(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "ds")
+	if code, _, stderr := run(t, context.Background(), "convert", "--out", out, "--seq-len", "16", "--quiet", writeTokens(t, dir, 4000)); code != exitOK {
+		t.Fatalf("convert: exit %d: %s", code, stderr)
+	}
+	if code, stdout, _ := run(t, context.Background(), "inspect", out); code != exitOK || !strings.Contains(stdout, "vocab 50257, tokenizer gpt2") {
+		t.Errorf("inspect: exit %d\n%s", code, stdout)
+	}
+	code, _, stderr := run(t, context.Background(), "train", "--data", out, "--layers", "1", "--heads", "2", "--embd", "32", "--max-seq", "16",
+		"--steps", "1", "--batch", "2", "--eval-every", "0", "--threads", "2", "--quiet")
+	if code != exitOK {
+		t.Fatalf("train: exit %d: %s", code, stderr)
+	}
+}

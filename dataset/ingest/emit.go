@@ -22,6 +22,7 @@ type emitter struct {
 	wide   bool   // tokens stored as uint32
 	limit  uint64 // tokens: largest allowed value
 	vocab  int    // tokens: the schema's vocab size, 0 = unknown
+	hint   string // tokens: where vocab came from, for the range error
 	buf    []byte
 	tokens int64 // tokens emitted
 	docs   int64 // documents emitted by the byte-level tokenizer
@@ -70,6 +71,9 @@ func (e *emitter) rangeErr(v int64, elem int64) error {
 	}
 	if e.vocab > 0 {
 		what = fmt.Sprintf("vocab size %d", e.vocab)
+		if e.hint != "" {
+			what += " (" + e.hint + ")"
+		}
 	}
 	return fmt.Errorf("%s: element %d: token %d out of range for %s", e.file, elem, v, what)
 }

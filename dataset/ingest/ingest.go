@@ -54,6 +54,10 @@ const (
 	ByteVocab = 257 // vocabulary size of the byte-level tokenizer
 )
 
+// GPT2Vocab is the vocabulary of the GPT-2 tokenizer, which a nanoGPT
+// train.bin holds: a .bin converted without Options.Vocab records it.
+const GPT2Vocab = 50257
+
 // ParseFormat checks a --format value.
 func ParseFormat(s string) (Format, error) {
 	for _, f := range Formats {
@@ -244,7 +248,11 @@ func Convert(ctx context.Context, out string, inputs []string, opts Options) (*d
 	if err != nil {
 		return nil, err
 	}
-	schema, err := finalSchema(first.schema(), &opts)
+	natural := first.schema()
+	if formats[0] == FormatBin && opts.Vocab == 0 {
+		natural.VocabSize, natural.Tokenizer = GPT2Vocab, "gpt2"
+	}
+	schema, err := finalSchema(natural, &opts)
 	if err != nil {
 		first.Close()
 		return nil, fmt.Errorf("%s: %w", inputs[0], err)
@@ -305,6 +313,9 @@ func removeDirs(dirs []string) {
 
 func convertAll(ctx context.Context, w *dataset.Writer, first source, inputs []string, formats []Format, schema dataset.Schema, opts *Options) (*dataset.Manifest, error) {
 	e := newEmitter(w, schema, opts.Vocab)
+	if formats[0] == FormatBin && opts.Vocab == 0 {
+		e.hint = "the GPT-2 vocabulary that a nanoGPT .bin holds; pass --vocab with the size of your tokenizer's"
+	}
 	for i, in := range inputs {
 		src := first
 		if i > 0 {
@@ -356,7 +367,7 @@ func finalSchema(s dataset.Schema, o *Options) (dataset.Schema, error) {
 		}
 		if o.Vocab > 0 {
 			if s.VocabSize > 0 && o.Vocab < s.VocabSize {
-				return s, fmt.Errorf("vocab %d is smaller than the byte-level tokenizer's %d", o.Vocab, s.VocabSize)
+				return s, fmt.Errorf("vocab %d is smaller than the %s tokenizer's %d", o.Vocab, s.Tokenizer, s.VocabSize)
 			}
 			s.VocabSize = o.Vocab
 		}

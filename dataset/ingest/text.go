@@ -15,7 +15,7 @@ import (
 
 // byteTokensSchema is the natural schema of byte-tokenized text.
 func byteTokensSchema() dataset.Schema {
-	return dataset.Schema{Kind: dataset.KindTokens, TokenDType: "uint16", VocabSize: ByteVocab}
+	return dataset.Schema{Kind: dataset.KindTokens, TokenDType: "uint16", VocabSize: ByteVocab, Tokenizer: "byte"}
 }
 
 // textSource byte-tokenizes a plain text file as one document.

@@ -71,5 +71,5 @@ func TestJSONLMalformed(t *testing.T) {
 
 func TestByteVocabTooSmall(t *testing.T) {
 	p := writeFile(t, t.TempDir(), "a.txt", []byte("abcdef"))
-	convertFail(t, []string{p}, Options{SeqLen: 2, Vocab: 100}, "a.txt", "smaller than the byte-level tokenizer's 257")
+	convertFail(t, []string{p}, Options{SeqLen: 2, Vocab: 100}, "a.txt", "smaller than the byte tokenizer's 257")
 }
