@@ -423,6 +423,9 @@ func (s *npySource) recordBlock(r0, n int64, buf, col []byte) error {
 
 func (s *npySource) runRecords(ctx context.Context, e *emitter) error {
 	rows, cols := s.h.shape[0], int(s.h.shape[1])
+	if rows == 0 {
+		return nil
+	}
 	isz := s.h.size
 	rowBytes := int64(cols * isz)
 	block := max(1, recordBlockBytes/rowBytes)
