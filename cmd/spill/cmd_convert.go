@@ -11,6 +11,7 @@ import (
 	"github.com/spill-ml/spill/dataset"
 	"github.com/spill-ml/spill/dataset/ingest"
 
+	"github.com/spill-ml/spill/dataset/tokenize"
 	"github.com/spill-ml/spill/internal/bytesize"
 )
 
@@ -34,11 +35,18 @@ Formats (detected from the extension, or set with --format):
            string labels such as iris's species become class ids 0, 1, ...)
   parquet  the --field string column -> tokens, else all numeric columns -> records
 
-The byte-level tokenizer maps each byte to its value and puts EOT (256) between
-documents: vocab 257, uint16 tokens.
+Text is tokenized by --tokenizer, in parallel on every CPU: byte (the default)
+maps each byte to its value and puts EOT (256) between documents (vocab 257,
+uint16 tokens); gpt2, cl100k_base and o200k_base are OpenAI's encodings (no
+network needed; invalid UTF-8 becomes U+FFFD first); a tokenizer.json path
+reads a Hugging Face byte-level BPE tokenizer (GPT-2's, or one trained with
+tokenizers' ByteLevelBPETokenizer). Documents are separated by the tokenizer's
+end-of-text token; the manifest records the tokenizer and its vocabulary, and
+uint32 tokens are stored when the vocabulary needs them.
 
 Examples:
   spill convert --out data/shakespeare --seq-len 256 input.txt
+  spill convert --out data/owt --tokenizer gpt2 --seq-len 1024 --field text owt-*.parquet
   spill convert --out data/owt --compress zstd train.bin
   spill convert --out data/iris --label-col species iris.csv`
 
@@ -46,6 +54,7 @@ Examples:
 type convertFlags struct {
 	out, format, tokenDType, field, labelCol, labelType, header string
 	compress, shardSize, chunkSize                              string
+	tokenizer                                                   string
 	seqLen, vocab, level, workers                               int
 	quiet                                                       bool
 }
@@ -66,6 +75,7 @@ func runConvert(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&f.labelCol, "label-col", "", "records: label column `name or index` (0-based, negative from the end; default last)")
 	fs.StringVar(&f.labelType, "label-type", "", "records: label `type` float32 or int32 (default: int32 for an integer column of .npy or Parquet, a CSV column whose first label is an integer, and string labels mapped to class ids; float32 otherwise)")
 	fs.StringVar(&f.field, "field", "text", "JSONL field or Parquet column holding text")
+	fs.StringVar(&f.tokenizer, "tokenizer", "", "tokenizer of text, JSONL and Parquet text: byte, gpt2, cl100k_base, o200k_base or the `path` of a Hugging Face tokenizer.json (byte-level BPE); for .bin and .npy tokens, the tokenizer that made them (default: byte for text, gpt2 for .bin)")
 	fs.StringVar(&f.header, "header", "auto", "CSV header row: auto, yes or no")
 	fs.BoolVar(&f.quiet, "quiet", false, "print no progress and no summary")
 	inputs, err := parseInterspersed(fs, args)
@@ -162,6 +172,13 @@ func (f *convertFlags) options() (ingest.Options, error) {
 	case ingest.HeaderAuto, ingest.HeaderYes, ingest.HeaderNo:
 	default:
 		return o, usagef("convert: --header %q: want auto, yes or no", f.header)
+	}
+	if f.tokenizer != "" {
+		tk, err := tokenize.Open(f.tokenizer)
+		if err != nil {
+			return o, usagef("convert: --tokenizer: %v", err)
+		}
+		o.Tokenizer = tk
 	}
 	o.SeqLen, o.Vocab, o.TokenDType = f.seqLen, f.vocab, f.tokenDType
 	o.Field, o.LabelCol, o.LabelType, o.Header = f.field, f.labelCol, f.labelType, ingest.HeaderMode(f.header)

@@ -244,3 +244,27 @@ func TestConvertBinThenTrain(t *testing.T) {
 		t.Fatalf("train: exit %d: %s", code, stderr)
 	}
 }
+
+// TestConvertTokenizer: --tokenizer gpt2 tokenizes text; inspect shows the
+// tokenizer and vocabulary; train sizes the tiny model for it; a bad name
+// is a usage error that lists the choices.
+func TestConvertTokenizer(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "a.txt")
+	os.WriteFile(in, []byte(strings.Repeat("The quick brown fox jumps over the lazy dog. ", 200)), 0o644)
+	out := filepath.Join(dir, "ds")
+	if code, _, stderr := run(t, context.Background(), "convert", "--out", out, "--seq-len", "16", "--tokenizer", "gpt2", "--quiet", in); code != exitOK {
+		t.Fatalf("convert: exit %d: %s", code, stderr)
+	}
+	if code, stdout, _ := run(t, context.Background(), "inspect", out); code != exitOK || !strings.Contains(stdout, "vocab 50257, tokenizer gpt2") || !strings.Contains(stdout, "(2001 tokens)") {
+		t.Errorf("inspect: exit %d\n%s", code, stdout)
+	}
+	code, _, stderr := run(t, context.Background(), "train", "--data", out, "--layers", "1", "--heads", "2", "--embd", "32", "--max-seq", "16",
+		"--vocab", "1000", "--steps", "1", "--batch", "2", "--eval-every", "0", "--threads", "2", "--quiet")
+	if code != exitFailure || !strings.Contains(stderr, "vocabulary 50257 (tokenizer gpt2), larger than the model's 1000: train with --vocab 50257") {
+		t.Errorf("train with a small vocab: exit %d: %s", code, stderr)
+	}
+	if code, _, stderr := run(t, context.Background(), "convert", "--out", out+"2", "--tokenizer", "llama", in); code != exitUsage || !strings.Contains(stderr, "cl100k_base") {
+		t.Errorf("bad tokenizer: exit %d: %s", code, stderr)
+	}
+}

@@ -5,12 +5,15 @@
 // size of the input. Supported inputs:
 //
 //   - bin: nanoGPT train.bin, raw little-endian uint16 tokens -> tokens dataset
-//   - npy: 1-D integer arrays -> tokens; 2-D float32/float64/int32 arrays -> records
-//   - jsonl: one JSON object per line, a string field byte-tokenized -> tokens
-//   - text: plain text files, byte-tokenized, one document per file -> tokens
+//   - npy: 1-D integer arrays -> tokens; 2-D float or integer arrays (C or Fortran order) -> records
+//   - jsonl: one JSON object per line, a string field tokenized -> tokens
+//   - text: plain text files, tokenized, one document per file -> tokens
 //   - csv: numeric columns, optional header -> records
-//   - parquet: a string column (byte-tokenized) -> tokens, or numeric columns -> records
+//   - parquet: a string column (tokenized) -> tokens, or numeric columns -> records
 //
+// Text is byte-tokenized unless Options.Tokenizer names another tokenizer
+// (package tokenize: gpt2, cl100k_base, o200k_base or a Hugging Face
+// tokenizer.json), which runs on every CPU with bounded memory (tokpipe.go).
 // The byte-level tokenizer maps each byte to the token of the same value and
 // separates documents with EOT (256); its vocabulary has 257 tokens, stored
 // as uint16.
@@ -28,8 +31,10 @@ import (
 
 	"github.com/spill-ml/spill/dataset"
 
+	"github.com/spill-ml/spill/dataset/tokenize"
 	"github.com/spill-ml/spill/internal/bytesize"
 	"math"
+	"runtime"
 )
 
 // Format names an input file format.
@@ -136,6 +141,13 @@ type Options struct {
 	Writer dataset.WriterOptions
 	// BytesRead, if not nil, is advanced as input bytes are consumed (for progress).
 	BytesRead *atomic.Int64
+	// Tokenizer turns the text of text, JSONL and Parquet text inputs into
+	// tokens; nil is the byte-level tokenizer. Its name and vocabulary go
+	// into the schema (Vocab, when set, must be at least its vocabulary).
+	Tokenizer tokenize.Tokenizer
+	// TokenizerWorkers is the number of goroutines that tokenize; 0 = one
+	// per CPU (GOMAXPROCS).
+	TokenizerWorkers int
 	// Warn, if not nil, receives messages the user should see that do not
 	// stop the conversion (a stale temporary directory removed, ...).
 	Warn func(msg string)
@@ -174,6 +186,26 @@ func (o *Options) setDefaults() {
 	if o.BytesRead == nil {
 		o.BytesRead = new(atomic.Int64)
 	}
+}
+
+func (o *Options) tokenizerWorkers() int {
+	if o.TokenizerWorkers > 0 {
+		return o.TokenizerWorkers
+	}
+	return runtime.GOMAXPROCS(0)
+}
+
+// textSchema is the natural schema of tokenized text.
+func (o *Options) textSchema() dataset.Schema {
+	tk := o.Tokenizer
+	if tk == nil {
+		return byteTokensSchema()
+	}
+	dt := "uint16"
+	if tk.Vocab() > 1<<16 {
+		dt = "uint32"
+	}
+	return dataset.Schema{Kind: dataset.KindTokens, TokenDType: dt, VocabSize: tk.Vocab(), Tokenizer: tk.Name()}
 }
 
 func (o *Options) warn(msg string) {
@@ -249,8 +281,14 @@ func Convert(ctx context.Context, out string, inputs []string, opts Options) (*d
 		return nil, err
 	}
 	natural := first.schema()
-	if formats[0] == FormatBin && opts.Vocab == 0 {
-		natural.VocabSize, natural.Tokenizer = GPT2Vocab, "gpt2"
+	if f := formats[0]; (f == FormatBin || f == FormatNPY) && natural.Kind == dataset.KindTokens {
+		// Token ids made elsewhere: --tokenizer names what made them.
+		switch {
+		case opts.Tokenizer != nil:
+			natural.VocabSize, natural.Tokenizer = opts.Tokenizer.Vocab(), opts.Tokenizer.Name()
+		case f == FormatBin && opts.Vocab == 0:
+			natural.VocabSize, natural.Tokenizer = GPT2Vocab, "gpt2"
+		}
 	}
 	schema, err := finalSchema(natural, &opts)
 	if err != nil {
@@ -313,6 +351,9 @@ func removeDirs(dirs []string) {
 
 func convertAll(ctx context.Context, w *dataset.Writer, first source, inputs []string, formats []Format, schema dataset.Schema, opts *Options) (*dataset.Manifest, error) {
 	e := newEmitter(w, schema, opts.Vocab)
+	if tk := opts.Tokenizer; tk != nil && tk.Name() != "byte" && formats[0] != FormatBin && formats[0] != FormatNPY {
+		e.tok = newTokPipe(tk, opts.tokenizerWorkers())
+	}
 	if formats[0] == FormatBin && opts.Vocab == 0 {
 		e.hint = "the GPT-2 vocabulary that a nanoGPT .bin holds; pass --vocab with the size of your tokenizer's"
 	}
@@ -331,7 +372,7 @@ func convertAll(ctx context.Context, w *dataset.Writer, first source, inputs []s
 		e.file = in
 		err := src.run(ctx, e)
 		if err == nil {
-			err = e.flush(ctx)
+			err = e.endInput(ctx)
 		}
 		src.Close()
 		if err != nil {

@@ -67,7 +67,7 @@ func newParquetSource(path string, f *os.File, size int64, o *Options) (*parquet
 			return nil, fmt.Errorf("%s: column %q is repeated; want one string per row", path, o.Field)
 		}
 		s.textCol = leaf.ColumnIndex
-		s.s = byteTokensSchema()
+		s.s = o.textSchema()
 		return s, nil
 	}
 	var kinds []parquet.Kind

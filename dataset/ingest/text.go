@@ -33,7 +33,7 @@ func openText(path string, o *Options) (source, error) {
 	return &textSource{path: path, f: f, o: o}, nil
 }
 
-func (s *textSource) schema() dataset.Schema { return byteTokensSchema() }
+func (s *textSource) schema() dataset.Schema { return s.o.textSchema() }
 
 func (s *textSource) Close() error { return s.f.Close() }
 
@@ -75,7 +75,7 @@ func openJSONL(path string, o *Options) (source, error) {
 	return &jsonlSource{path: path, f: f, o: o}, nil
 }
 
-func (s *jsonlSource) schema() dataset.Schema { return byteTokensSchema() }
+func (s *jsonlSource) schema() dataset.Schema { return s.o.textSchema() }
 
 func (s *jsonlSource) Close() error { return s.f.Close() }
 
