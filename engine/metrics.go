@@ -27,6 +27,15 @@ type StepMetrics struct {
 	PeakDeviceBytes int64         `json:"peak_device_bytes"`
 	Elapsed         time.Duration `json:"elapsed_ns"` // since the start of this process's run
 	EvalLoss        *float64      `json:"eval_loss,omitempty"`
+	// For run reports (0 when unknown): the targets trained on so far
+	// (resumed steps included), this step's wall time, the model's
+	// training FLOPs per target (ModelFLOPsPerToken), and the host memory
+	// of the trainer's offloaded state with the plan's prediction of it.
+	Tokens             int64   `json:"tokens"`
+	StepTime           float64 `json:"step_time_s"`
+	FLOPsPerToken      float64 `json:"model_flops_per_token,omitempty"`
+	HostBytes          int64   `json:"host_bytes,omitempty"`
+	PredictedHostBytes int64   `json:"predicted_host_bytes,omitempty"`
 	// Plan versus measurement, when the run was planned for a device
 	// budget (0 otherwise): the predicted and measured device peak (bytes
 	// the trainer's blocks held at most), the predicted step time and the
@@ -234,6 +243,7 @@ func AppendMetricsJSON(b []byte, m StepMetrics) []byte {
 	b = strconv.AppendInt(b, m.PeakDeviceBytes, 10)
 	b = append(b, `,"elapsed_ns":`...)
 	b = strconv.AppendInt(b, int64(m.Elapsed), 10)
+	b = appendReportFields(b, m, num)
 	if m.EvalLoss != nil {
 		b = num(b, "eval_loss", *m.EvalLoss)
 	}
@@ -256,6 +266,35 @@ func AppendMetricsJSON(b []byte, m StepMetrics) []byte {
 		b = num(b, "trace_loader_wait_s", tr.LoaderWait.Seconds())
 	}
 	return append(b, '}')
+}
+
+// appendReportFields appends the fields StepMetrics carries for reports.
+func appendReportFields(b []byte, m StepMetrics, num func([]byte, string, float64) []byte) []byte {
+	b = append(b, `,"tokens":`...)
+	b = strconv.AppendInt(b, m.Tokens, 10)
+	b = num(b, "step_time_s", m.StepTime)
+	if m.FLOPsPerToken > 0 {
+		b = num(b, "model_flops_per_token", m.FLOPsPerToken)
+	}
+	if m.HostBytes > 0 || m.PredictedHostBytes > 0 {
+		b = append(b, `,"host_bytes":`...)
+		b = strconv.AppendInt(b, m.HostBytes, 10)
+		b = append(b, `,"predicted_host_bytes":`...)
+		b = strconv.AppendInt(b, m.PredictedHostBytes, 10)
+	}
+	return b
+}
+
+// ModelFLOPsPerToken is the model's training FLOPs per target: 6 per
+// parameter (forward and backward matmuls) plus, for a GPT, the attention
+// scores and mixing over a context of T, 12·layers·embd·T (the accounting
+// of the PaLM paper's model FLOPs utilisation).
+func ModelFLOPsPerToken(m *Model, T int) float64 {
+	f := 6 * float64(m.NumParams())
+	if m.Kind == "gpt" {
+		f += 12 * float64(m.GPT.Layers) * float64(m.GPT.Embd) * float64(T)
+	}
+	return f
 }
 
 // ProgressOptions configures NewProgressReporter and NewLineReporter.
@@ -492,6 +531,8 @@ type metricsLine struct {
 	PeakDeviceBytes int64    `json:"peak_device_bytes"`
 	ElapsedNS       int64    `json:"elapsed_ns"`
 	EvalLoss        *float64 `json:"eval_loss"`
+	Tokens          int64    `json:"tokens"`
+	StepTime        float64  `json:"step_time_s"`
 	TraceWall       *float64 `json:"trace_wall_s"`
 	TraceCompute    *float64 `json:"trace_compute_s"`
 	TraceExposed    *float64 `json:"trace_exposed_transfer_s"`
@@ -512,7 +553,8 @@ func parseMetricsLine(s string) (StepMetrics, error) {
 	}
 	m := StepMetrics{Step: l.Step, Loss: f(l.Loss), LR: f(l.LR), GradNorm: f(l.GradNorm), LossScale: f(l.LossScale),
 		Skipped: l.Skipped, TokensPerSec: f(l.TokensPerSec), SamplesPerSec: f(l.SamplesPerSec),
-		PeakDeviceBytes: l.PeakDeviceBytes, Elapsed: time.Duration(l.ElapsedNS), EvalLoss: l.EvalLoss}
+		PeakDeviceBytes: l.PeakDeviceBytes, Elapsed: time.Duration(l.ElapsedNS), EvalLoss: l.EvalLoss,
+		Tokens: l.Tokens, StepTime: l.StepTime}
 	if l.TraceCompute != nil {
 		d := func(p *float64) time.Duration {
 			if p == nil {

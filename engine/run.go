@@ -320,6 +320,8 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		m := StepMetrics{
 			Step: tr.Step, Loss: r.Loss, LR: r.LR, GradNorm: r.GradNorm, LossScale: r.LossScale, Skipped: r.Skipped,
 			PeakDeviceBytes: be.MemStats().Peak, Elapsed: time.Since(start),
+			Tokens: tokens, StepTime: dt, FLOPsPerToken: ModelFLOPsPerToken(model, T),
+			HostBytes: tr.HostBytes(), PredictedHostBytes: sum.PredictedHostBytes,
 		}
 		if plan.Placement != nil {
 			m.PredictedDevicePeak, m.MeasuredDevicePeak = plan.DevicePeak, measuredDevicePeak(tr, be)
