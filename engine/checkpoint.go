@@ -263,6 +263,13 @@ func checkComplete(p string) error {
 	return nil
 }
 
+// IsCheckpoint reports whether dir is a checkpoint directory (it holds a
+// state.json), as opposed to a CheckpointDir of them.
+func IsCheckpoint(dir string) bool {
+	st, err := os.Stat(filepath.Join(dir, CheckpointStateFile))
+	return err == nil && st.Mode().IsRegular()
+}
+
 // ReadCheckpointState reads and checks the state.json of the checkpoint
 // directory path, without reading the tensors.
 func ReadCheckpointState(path string) (*TrainState, error) {

@@ -171,7 +171,7 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		}()
 	}
 	defer tr.Close()
-	logf("model %s: %d layers, %.2fM parameters, %s on %s", cfg.Model, len(model.Layers),
+	logf("model %s: %s, %.2fM parameters, %s on %s", cfg.Model, describeShape(model),
 		float64(model.NumParams())/1e6, cfg.Precision, be.DeviceName())
 	if plan.Placement != nil {
 		mode := "resident"
@@ -426,6 +426,22 @@ func resolveData(cfg *Config, ds *dataset.Dataset, dir string) error {
 	return nil
 }
 
+// describeShape is the model's shape for the log: a GPT's transformer
+// blocks ("4 blocks", the embedding and head not counted as layers), an
+// MLP's hidden layers.
+func describeShape(m *Model) string {
+	plural := func(n int, what string) string {
+		if n == 1 {
+			return "1 " + what
+		}
+		return fmt.Sprintf("%d %ss", n, what)
+	}
+	if m.Kind == "gpt" {
+		return fmt.Sprintf("%s of width %d, %s, vocabulary %d", plural(m.GPT.Layers, "block"), m.GPT.Embd, plural(m.GPT.Heads, "head"), m.GPT.Vocab)
+	}
+	return fmt.Sprintf("%s %v, %d inputs, %d outputs", plural(len(m.MLP.Hidden), "hidden layer"), m.MLP.Hidden, m.MLP.In, m.MLP.Out)
+}
+
 // tokenizerNote names the dataset's tokenizer, when its manifest does.
 func tokenizerNote(s dataset.Schema) string {
 	if s.Tokenizer == "" {
@@ -591,12 +607,19 @@ func (f *seqFeed) Next(ctx context.Context, hb *HostBatch) error {
 	return ctx.Err()
 }
 
+// errNoCUDA is what --device cuda says in a build without CUDA (as spill
+// doctor does).
+var errNoCUDA = errors.New("device cuda: this spill was built without CUDA support; rebuild with -tags cuda on a machine with the CUDA toolkit (see tools/cuda/env.sh), or use --device cpu")
+
 // OpenDevice opens the backend named by a Config.Device value. For
 // DeviceAuto it opens "cuda" when this binary has it (built with -tags
 // cuda), falling back to "cpu" if the GPU does not open; note then says
 // why, for the log. Other names open exactly that backend.
 func OpenDevice(device string, kc kernels.Config) (be kernels.Backend, note string, err error) {
 	if device != DeviceAuto {
+		if device == "cuda" && !slices.Contains(kernels.Backends(), "cuda") {
+			return nil, "", errNoCUDA
+		}
 		be, err = kernels.Open(device, kc)
 		return be, "", err
 	}

@@ -6,10 +6,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/spill-ml/spill/engine"
+	"github.com/spill-ml/spill/kernels"
 )
 
 func TestTrainFlagsOverrideConfigFile(t *testing.T) {
@@ -117,5 +119,29 @@ func TestTrainZeroSettings(t *testing.T) {
 	os.WriteFile(file, []byte("batch = 0\n"), 0o644)
 	if _, _, err := parseTrainArgs([]string{"--config", file}, io.Discard); err == nil || !strings.Contains(err.Error(), "batch") {
 		t.Errorf("batch = 0 in a config file: %v", err)
+	}
+}
+
+// TestTrainDeviceCUDAWithoutCUDA: --device cuda in a build without CUDA says
+// how to build with it.
+func TestTrainDeviceCUDAWithoutCUDA(t *testing.T) {
+	if slices.Contains(kernels.Backends(), "cuda") {
+		t.Skip("a cuda build")
+	}
+	var errb bytes.Buffer
+	code := runMain(context.Background(), []string{"train", "--device", "cuda", "--steps", "1", "--quiet"}, io.Discard, &errb)
+	if code != exitFailure || !strings.Contains(errb.String(), "rebuild with -tags cuda") {
+		t.Errorf("exit %d: %s", code, errb.String())
+	}
+}
+
+// TestTrainModelSummary: the log counts a GPT's blocks, not the embedding
+// and head as layers.
+func TestTrainModelSummary(t *testing.T) {
+	var errb bytes.Buffer
+	code := runMain(context.Background(), []string{"train", "--layers", "1", "--heads", "2", "--embd", "32", "--steps", "1",
+		"--eval-every", "0", "--threads", "2", "--progress-every", "100"}, io.Discard, &errb)
+	if code != exitOK || !strings.Contains(errb.String(), "model tiny: 1 block of width 32, 2 heads, vocabulary 257,") {
+		t.Errorf("exit %d:\n%s", code, errb.String())
 	}
 }
