@@ -268,3 +268,28 @@ func TestConvertTokenizer(t *testing.T) {
 		t.Errorf("bad tokenizer: exit %d: %s", code, stderr)
 	}
 }
+
+// TestConvertIrisLabels: the README's iris command needs no --label-type;
+// inspect shows the class names, and an MLP trains on the class ids.
+func TestConvertIrisLabels(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "iris.csv")
+	var b strings.Builder
+	b.WriteString("sepal_length,sepal_width,petal_length,petal_width,species\n")
+	for i := range 60 {
+		b.WriteString([]string{"5.1,3.5,1.4,0.2,setosa\n", "7.0,3.2,4.7,1.4,versicolor\n", "6.3,3.3,6.0,2.5,virginica\n"}[i%3])
+	}
+	os.WriteFile(in, []byte(b.String()), 0o644)
+	out := filepath.Join(dir, "iris")
+	if code, _, stderr := run(t, context.Background(), "convert", "--out", out, "--label-col", "species", "--quiet", in); code != exitOK {
+		t.Fatalf("convert: exit %d: %s", code, stderr)
+	}
+	if code, stdout, _ := run(t, context.Background(), "inspect", out); code != exitOK || !strings.Contains(stdout, "int32 label") ||
+		!strings.Contains(stdout, "; label species; classes 0=setosa, 1=versicolor, 2=virginica") {
+		t.Errorf("inspect: exit %d\n%s", code, stdout)
+	}
+	if code, _, stderr := run(t, context.Background(), "train", "--data", out, "--model", "mlp", "--hidden", "8", "--steps", "2", "--batch", "4",
+		"--eval-every", "0", "--threads", "2", "--quiet"); code != exitOK {
+		t.Errorf("train: exit %d: %s", code, stderr)
+	}
+}
