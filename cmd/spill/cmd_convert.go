@@ -38,7 +38,7 @@ Formats (detected from the extension, or set with --format):
 Text is tokenized by --tokenizer, in parallel on every CPU: byte (the default)
 maps each byte to its value and puts EOT (256) between documents (vocab 257,
 uint16 tokens); gpt2, cl100k_base and o200k_base are OpenAI's encodings (no
-network needed; invalid UTF-8 becomes U+FFFD first); a tokenizer.json path
+network needed); a tokenizer.json path
 reads a Hugging Face byte-level BPE tokenizer (GPT-2's, or one trained with
 tokenizers' ByteLevelBPETokenizer). Documents are separated by the tokenizer's
 end-of-text token; the manifest records the tokenizer and its vocabulary, and

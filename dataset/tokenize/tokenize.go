@@ -1,8 +1,9 @@
 // Package tokenize turns text into token ids for spill convert: the
 // byte-level tokenizer, OpenAI's BPE encodings (gpt2, cl100k_base,
-// o200k_base, through github.com/tiktoken-go/tokenizer, which embeds their
-// ranks) and the byte-level BPE of a Hugging Face tokenizer.json file (read
-// by this package; see hf.go).
+// o200k_base, from github.com/tiktoken-go/tokenizer, which embeds their
+// ranks; gpt2 is encoded by this package's BPE, see ranks.go) and the
+// byte-level BPE of a Hugging Face tokenizer.json file (read by this
+// package; see hf.go).
 //
 // A Tokenizer is shared; each goroutine that encodes takes its own Encoder
 // from NewEncoder (encoders keep per-goroutine caches).
@@ -53,7 +54,7 @@ func Open(name string) (Tokenizer, error) {
 	case "byte":
 		return byteTokenizer{}, nil
 	case "gpt2", "r50k_base":
-		return newTiktoken("gpt2", tiktoken.R50kBase, 50256, 50257)
+		return newRankBPE("gpt2", tiktoken.R50kBase, 50256, 50256, 50257)
 	case "cl100k_base":
 		return newTiktoken(name, tiktoken.Cl100kBase, 100257, 100277)
 	case "o200k_base":

@@ -50,9 +50,13 @@ func TestKnownEncodings(t *testing.T) {
 // TestEOTAndVocabOfTiktoken: the end-of-text id is past the ordinary
 // tokens (cl100k and o200k leave one id unused before it).
 func TestEOTAndVocabOfTiktoken(t *testing.T) {
-	for _, name := range []string{"gpt2", "cl100k_base", "o200k_base"} {
+	for _, c := range []struct {
+		name string
+		enc  tiktoken.Encoding
+	}{{"gpt2", tiktoken.R50kBase}, {"cl100k_base", tiktoken.Cl100kBase}, {"o200k_base", tiktoken.O200kBase}} {
+		name := c.name
 		tk, _ := Open(name)
-		c, _ := tiktoken.Get(tk.(*tiktokenizer).enc)
+		c, _ := tiktoken.Get(c.enc)
 		if _, err := c.Decode([]uint{uint(tk.EOT()) - 2}); err != nil {
 			t.Errorf("%s: id %d below EOT does not decode: %v", name, tk.EOT()-2, err)
 		}
@@ -217,29 +221,69 @@ func TestSplitGPT2(t *testing.T) {
 	}
 }
 
-func BenchmarkHF(b *testing.B) {
-	path := filepath.Join(b.TempDir(), "tokenizer.json")
-	os.WriteFile(path, gpt2TokenizerJSON(b), 0o644)
-	hf, err := Open(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	text := []byte(strings.Repeat(sampleText, 200))
-	e := hf.NewEncoder()
-	b.SetBytes(int64(len(text)))
-	b.ResetTimer()
-	for range b.N {
-		e.Encode(nil, text)
+// BenchmarkGPT2 encodes 1 MB of mixed text with this package's BPE and
+// with the library's encoder.
+func BenchmarkGPT2(b *testing.B) {
+	text := []byte(strings.ToValidUTF8(randomText(1<<20, 7), "\uFFFD"))
+	own, _ := Open("gpt2")
+	lib, _ := newTiktoken("gpt2", tiktoken.R50kBase, 50256, 50257)
+	for _, c := range []struct {
+		name string
+		tk   Tokenizer
+	}{{"own", own}, {"tiktoken-go", lib}} {
+		b.Run(c.name, func(b *testing.B) {
+			e := c.tk.NewEncoder()
+			b.SetBytes(int64(len(text)))
+			for range b.N {
+				e.Encode(nil, text)
+			}
+		})
 	}
 }
 
-func BenchmarkTiktokenGPT2(b *testing.B) {
-	tk, _ := Open("gpt2")
-	text := []byte(strings.Repeat(sampleText, 200))
-	e := tk.NewEncoder()
-	b.SetBytes(int64(len(text)))
-	b.ResetTimer()
-	for range b.N {
-		e.Encode(nil, text)
+// randomText mixes ASCII words, digits, punctuation, contractions, runs of
+// every kind of whitespace and characters of several scripts.
+func randomText(n int, seed uint64) string {
+	pieces := []string{"the", "The", "of", "and", "tokenization", "x", "Zürich", "naïve", "東京", "データ", "Привет", "ελληνικά",
+		"مرحبا", "🙂", "—", "123", "4567", "3.14", "'s", "'t", "'re", "'ll", "'d", "'m", "'ve", "'S", "''", "...", "!?", "(", ")", "\"",
+		" ", "  ", "   ", "\n", "\n\n", "\t", " \n", "\r\n", "\u00a0", "\u3000", "\xff", "a\xe2\x82"}
+	var b strings.Builder
+	x := seed
+	for b.Len() < n {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		b.WriteString(pieces[x%uint64(len(pieces))])
+		if x%3 == 0 {
+			b.WriteByte(' ')
+		}
+	}
+	return b.String()
+}
+
+// TestGPT2MatchesTiktoken: gpt2 through this package's BPE (merges derived
+// from tiktoken's ranks) gives the library's ids on mixed text, valid UTF-8
+// or not (the library replaces invalid bytes with U+FFFD first; so does the
+// reference here).
+func TestGPT2MatchesTiktoken(t *testing.T) {
+	tk, err := Open("gpt2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := newTiktoken("gpt2", tiktoken.R50kBase, 50256, 50257)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, r := tk.NewEncoder(), ref.NewEncoder()
+	for seed := range uint64(20) {
+		s := strings.ToValidUTF8(randomText(20000, seed+1), "\uFFFD")
+		got, want := e.Encode(nil, []byte(s)), r.Encode(nil, []byte(s))
+		if !reflect.DeepEqual(got, want) {
+			i := 0
+			for i < min(len(got), len(want)) && got[i] == want[i] {
+				i++
+			}
+			t.Fatalf("seed %d: ids differ at %d of %d/%d", seed, i, len(got), len(want))
+		}
 	}
 }
