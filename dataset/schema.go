@@ -25,6 +25,14 @@ type Schema struct {
 	LabelDType   string   `json:"label_dtype,omitempty"`   // records: "float32" | "int32" (label stored after features)
 	Columns      []string `json:"columns,omitempty"`       // records: optional feature names
 	Label        string   `json:"label,omitempty"`         // records: optional label name
+	// LabelClasses names the classes of int32 labels converted from
+	// strings (a CSV column such as iris's species): label i is
+	// LabelClasses[i]. Empty when the labels were numbers.
+	LabelClasses []string `json:"label_classes,omitempty"`
+	// Tokenizer names the tokenizer that produced a tokens dataset
+	// ("byte", "gpt2", "cl100k_base", "o200k_base", "hf:FILE"); "" =
+	// unknown (token files made elsewhere).
+	Tokenizer string `json:"tokenizer,omitempty"`
 }
 
 // maxSampleSize bounds fixed sample sizes (tokens and records) so that sizes fit in the
@@ -64,6 +72,9 @@ func (s Schema) Validate() error {
 		}
 		if len(s.Columns) != 0 && len(s.Columns) != s.Features {
 			bad("%d column names for %d features", len(s.Columns), s.Features)
+		}
+		if len(s.LabelClasses) != 0 && s.LabelDType != "int32" {
+			bad("label_classes with %s labels: class ids are int32", s.LabelDType)
 		}
 	case KindBytes:
 	default:

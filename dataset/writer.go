@@ -106,6 +106,8 @@ type WriterStats struct {
 // temporary directory.
 type Writer struct {
 	dir, tmp string
+	unlock   func()      // releases the lock on tmp (see stale.go); nil once released
+	stale    []StaleTemp // left by interrupted writers of dir, removed by Create
 	opts     WriterOptions
 	schema   Schema
 	kind     uint8
@@ -193,12 +195,16 @@ func Create(ctx context.Context, dir string, opts WriterOptions) (*Writer, error
 	if parent == "" {
 		parent = "."
 	}
+	stale, err := RemoveStaleTemps(dir)
+	if err != nil {
+		return nil, fmt.Errorf("dataset: create %s: %w", dir, err)
+	}
 	tmp, err := os.MkdirTemp(parent, "."+base+".tmp-")
 	if err != nil {
 		return nil, fmt.Errorf("dataset: create %s: %w", dir, err)
 	}
 	s := opts.Schema
-	w := &Writer{dir: dir, tmp: tmp, opts: opts, schema: s, kind: kindCode(s.Kind), ts: s.TokenSize()}
+	w := &Writer{dir: dir, tmp: tmp, unlock: lockDir(tmp), stale: stale, opts: opts, schema: s, kind: kindCode(s.Kind), ts: s.TokenSize()}
 	w.chunkRaw = opts.ChunkSize
 	switch s.Kind {
 	case KindTokens:
@@ -222,6 +228,7 @@ func Create(ctx context.Context, dir string, opts WriterOptions) (*Writer, error
 			zstd.WithEncoderConcurrency(opts.Workers),
 			zstd.WithEncoderCRC(false))
 		if err != nil {
+			w.releaseLock()
 			os.RemoveAll(tmp)
 			return nil, fmt.Errorf("dataset: create %s: %w", dir, err)
 		}
@@ -632,7 +639,34 @@ func syncClose(f *os.File, path string) error {
 }
 
 // shutdown stops the pipeline and waits for it. Safe to call more than once.
+// SetLabelClasses records the class names of a records dataset's int32
+// labels in the manifest (Schema.LabelClasses), for labels converted from
+// strings as they are met. Call it before Commit.
+func (w *Writer) SetLabelClasses(names []string) error {
+	if err := w.usable(); err != nil {
+		return err
+	}
+	if w.schema.Kind != KindRecords || w.schema.LabelDType != "int32" {
+		return fmt.Errorf("dataset: label classes need a records dataset with int32 labels, not %s", w.schema.Kind)
+	}
+	w.schema.LabelClasses = append([]string(nil), names...)
+	return nil
+}
+
+// StaleTemps returns the temporary directories that interrupted writers of
+// the same dataset had left and that Create removed.
+func (w *Writer) StaleTemps() []StaleTemp { return w.stale }
+
+// releaseLock drops the lock on the temporary directory (idempotent).
+func (w *Writer) releaseLock() {
+	if w.unlock != nil {
+		w.unlock()
+		w.unlock = nil
+	}
+}
+
 func (w *Writer) shutdown() {
+	defer w.releaseLock()
 	if w.finished {
 		return
 	}
@@ -678,6 +712,7 @@ func (w *Writer) Commit(ctx context.Context) (m *Manifest, err error) {
 			w.shutdown()
 			os.RemoveAll(w.tmp)
 		}
+		w.releaseLock()
 	}()
 	stop := context.AfterFunc(ctx, func() { w.cancel(context.Cause(ctx)) })
 	defer stop()

@@ -212,30 +212,131 @@ func listCheckpoints(dir string) ([]int, error) {
 // LatestCheckpoint returns the newest complete checkpoint in dir: the
 // highest step whose state.json parses and whose listed files exist. It
 // returns "", nil when dir has none (or does not exist). It does not verify
-// checksums; LoadCheckpoint does.
+// checksums; LoadCheckpoint does. FindCheckpoint also says what it skipped.
 func LatestCheckpoint(dir string) (string, error) {
+	path, _, err := FindCheckpoint(dir)
+	return path, err
+}
+
+// FindCheckpoint is LatestCheckpoint that also returns why each newer
+// checkpoint directory was skipped (one error per directory, naming it),
+// for the caller to warn about.
+func FindCheckpoint(dir string) (path string, skipped []error, err error) {
 	steps, err := listCheckpoints(dir)
 	if errors.Is(err, os.ErrNotExist) {
-		return "", nil
+		return "", nil, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("checkpoint dir: %w", err)
+		return "", nil, fmt.Errorf("checkpoint dir: %w", err)
 	}
 	for i := len(steps) - 1; i >= 0; i-- {
 		p := CheckpointPath(dir, steps[i])
-		if st, err := readState(p); err == nil && len(st.Files) > 0 {
-			complete := true
-			for f := range st.Files {
-				if _, err := os.Stat(filepath.Join(p, f)); err != nil {
-					complete = false
-				}
-			}
-			if complete {
-				return p, nil
-			}
+		if err := checkComplete(p); err != nil {
+			skipped = append(skipped, err)
+			continue
+		}
+		return p, skipped, nil
+	}
+	return "", skipped, nil
+}
+
+// checkComplete checks that the checkpoint directory p has a state.json
+// that parses and every file it lists (not their checksums).
+func checkComplete(p string) error {
+	st, err := readState(p)
+	if err != nil {
+		return err
+	}
+	if len(st.Files) == 0 {
+		return fmt.Errorf("checkpoint %s: state.json lists no files", p)
+	}
+	names := make([]string, 0, len(st.Files))
+	for f := range st.Files {
+		names = append(names, f)
+	}
+	sort.Strings(names)
+	for _, f := range names {
+		if _, err := os.Stat(filepath.Join(p, filepath.Base(f))); err != nil {
+			return fmt.Errorf("checkpoint %s: %s is missing (%v)", p, f, errors.Unwrap(err))
 		}
 	}
-	return "", nil
+	return nil
+}
+
+// IsCheckpoint reports whether dir is a checkpoint directory (it holds a
+// state.json), as opposed to a CheckpointDir of them.
+func IsCheckpoint(dir string) bool {
+	st, err := os.Stat(filepath.Join(dir, CheckpointStateFile))
+	return err == nil && st.Mode().IsRegular()
+}
+
+// ReadCheckpointState reads and checks the state.json of the checkpoint
+// directory path, without reading the tensors.
+func ReadCheckpointState(path string) (*TrainState, error) {
+	return readState(path)
+}
+
+// ResolveResume picks the checkpoint a run resumes from and records it in
+// cfg.ResumeFrom: cfg.ResumeFrom itself when set (it must be a complete
+// checkpoint), else, when cfg.Resume, the newest complete checkpoint in
+// cfg.CheckpointDir (warn is called once for each newer one skipped, with
+// the reason), else none. No checkpoint leaves ResumeFrom "".
+//
+// Call it before EnsureDefaults: a field that EnsureDefaults would derive
+// from Steps (Warmup, steps/20) and that cfg leaves unset is taken from the
+// checkpoint's config instead, so that a resume which only raises Steps
+// continues the same schedule.
+func ResolveResume(cfg *Config, warn func(error)) error {
+	if cfg.ResumeFrom == "" {
+		if !cfg.Resume || cfg.CheckpointDir == "" {
+			return nil
+		}
+		path, skipped, err := FindCheckpoint(cfg.CheckpointDir)
+		if err != nil {
+			return err
+		}
+		for _, s := range skipped {
+			if warn != nil {
+				warn(fmt.Errorf("skipping an incomplete checkpoint: %w", s))
+			}
+		}
+		if path == "" {
+			return nil
+		}
+		cfg.ResumeFrom = path
+	} else if err := checkComplete(cfg.ResumeFrom); err != nil {
+		return fmt.Errorf("resume from: %w", err)
+	}
+	st, err := readState(cfg.ResumeFrom)
+	if err != nil {
+		return err
+	}
+	if cfg.Warmup < 0 {
+		cfg.Warmup = st.Config.Warmup
+	}
+	return nil
+}
+
+// olderCheckpoints lists the checkpoints of path's directory older than
+// path, newest first (for the hint of a refused checkpoint).
+func olderCheckpoints(path string) []string {
+	dir := filepath.Dir(filepath.Clean(path))
+	steps, _ := listCheckpoints(dir)
+	var older []string
+	for i := len(steps) - 1; i >= 0; i-- {
+		if p := CheckpointPath(dir, steps[i]); p < filepath.Clean(path) {
+			older = append(older, p)
+		}
+	}
+	return older
+}
+
+// resumeHint is what to do about a checkpoint that cannot be loaded.
+func resumeHint(path string) string {
+	if older := olderCheckpoints(path); len(older) > 0 {
+		return fmt.Sprintf("resume from an older checkpoint with --resume-from %s, or start over", older[0])
+	}
+	return "no older checkpoint is left: start over"
 }
 
 func readState(path string) (*TrainState, error) {
@@ -285,8 +386,8 @@ func LoadCheckpoint(path string) (*Checkpoint, error) {
 		}
 		sum := sha256.Sum256(data)
 		if got := hex.EncodeToString(sum[:]); got != want {
-			return nil, fmt.Errorf("checkpoint %s: checksum mismatch (file is corrupted or truncated: %d bytes, sha256 %s, state.json expects %s); use an older checkpoint or start over",
-				file, len(data), got[:12], want[:min(12, len(want))])
+			return nil, fmt.Errorf("checkpoint %s: checksum mismatch (file is corrupted or truncated: %d bytes, sha256 %s, state.json expects %s); %s",
+				file, len(data), got[:12], want[:min(12, len(want))], resumeHint(path))
 		}
 		ts, _, err := decodeSafetensorsBytes(data)
 		if err != nil {

@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"strconv"
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/spill-ml/spill/internal/bytesize"
+	"path/filepath"
 )
 
 // Config describes one training run. It is read from a TOML file
@@ -120,8 +122,13 @@ type Config struct {
 	// KeepCheckpoints is how many of the newest checkpoints are kept.
 	// Default 3.
 	KeepCheckpoints int `toml:"keep_checkpoints" json:"keep_checkpoints"`
-	// Resume continues from the latest checkpoint in CheckpointDir.
+	// Resume continues from the latest complete checkpoint in
+	// CheckpointDir (see ResolveResume).
 	Resume bool `toml:"resume" json:"resume"`
+	// ResumeFrom is a checkpoint directory (CheckpointDir/step-N) to
+	// resume from; it implies Resume, and CheckpointDir defaults to its
+	// parent. "" = the latest in CheckpointDir when Resume.
+	ResumeFrom string `toml:"resume_from" json:"resume_from"`
 
 	// Device is the compute backend: "auto" (default: "cuda" when the
 	// binary was built with -tags cuda and the GPU opens, else "cpu"),
@@ -284,49 +291,14 @@ func LoadConfig(path string) (Config, error) {
 	return cfg, nil
 }
 
-// ParseByteSize parses a byte count: a plain integer, or a number with a
-// unit B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of
-// 1024), case-insensitive, optionally separated by a space ("512MiB",
-// "1.5 GB").
-func ParseByteSize(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	i := len(t)
-	for i > 0 && (t[i-1] < '0' || t[i-1] > '9') && t[i-1] != '.' {
-		i--
-	}
-	num, unit := strings.TrimSpace(t[:i]), strings.ToLower(strings.TrimSpace(t[i:]))
-	mult := map[string]float64{
-		"": 1, "b": 1,
-		"k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
-		"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-	}[unit]
-	if mult == 0 || num == "" {
-		return 0, fmt.Errorf("bad byte size %q: want a number with an optional unit (B, KB, MB, GB, KiB, MiB, GiB, ...)", s)
-	}
-	f, err := strconv.ParseFloat(num, 64)
-	if err != nil || f < 0 || math.IsInf(f, 0) || math.IsNaN(f) {
-		return 0, fmt.Errorf("bad byte size %q: want a non-negative number with an optional unit", s)
-	}
-	v := f * mult
-	if v >= math.MaxInt64 {
-		return 0, fmt.Errorf("bad byte size %q: too large", s)
-	}
-	return int64(v), nil
-}
+// ParseByteSize parses a byte count such as "512MiB", "16G" or "1.5 GB"
+// with spill's one byte-size parser (internal/bytesize): units are
+// case-insensitive, KiB/MiB/GiB/TiB and a bare K/M/G/T are powers of 1024,
+// KB/MB/GB/TB powers of 1000.
+func ParseByteSize(s string) (int64, error) { return bytesize.Parse(s) }
 
 // FormatByteSize renders n with a binary unit ("512.0 MiB").
-func FormatByteSize(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit && exp < 4; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
-}
+func FormatByteSize(n int64) string { return bytesize.Format(n) }
 
 // Family is the family of the model the config names (FamilyOf).
 func (c *Config) Family() Family { return FamilyOf(c.Model) }
@@ -378,6 +350,12 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.Device == "" {
 		c.Device = d.Device
+	}
+	if c.ResumeFrom != "" {
+		c.Resume = true
+		if c.CheckpointDir == "" {
+			c.CheckpointDir = filepath.Dir(filepath.Clean(c.ResumeFrom))
+		}
 	}
 	if c.Offload == "" {
 		c.Offload = d.Offload

@@ -154,7 +154,7 @@ func TestHash(t *testing.T) {
 }
 
 func TestParseByteSize(t *testing.T) {
-	for in, want := range map[string]int64{"512MiB": 512 << 20, "1.5 GB": 1500000000, "2gib": 2 << 30, "4096": 4096, "10B": 10, "1k": 1000} {
+	for in, want := range map[string]int64{"512MiB": 512 << 20, "1.5 GB": 1500000000, "2gib": 2 << 30, "4096": 4096, "10B": 10, "1k": 1024, "16G": 16 << 30, "16GB": 16e9} {
 		got, err := ParseByteSize(in)
 		if err != nil || got != want {
 			t.Errorf("ParseByteSize(%q) = %d, %v; want %d", in, got, err, want)

@@ -54,6 +54,16 @@ type Family interface {
 	// checkBackend reports why be cannot run the family's layers (nil
 	// if it can).
 	checkBackend(be kernels.Backend) error
+	// describe is m's shape for the log ("4 blocks of width 128, ...").
+	describe(m *Model) string
+}
+
+// plural is "1 block", "4 blocks".
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
 
 // CheckBackend reports whether be can run m's layers: a Llama needs a

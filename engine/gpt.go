@@ -38,6 +38,11 @@ func (gptFamily) defaults(c *Config)    {}
 
 func (gptFamily) checkBackend(kernels.Backend) error { return nil }
 
+func (gptFamily) describe(m *Model) string {
+	s := m.GPT
+	return fmt.Sprintf("%s of width %d, %s, vocabulary %d", plural(s.Layers, "block"), s.Embd, plural(s.Heads, "head"), s.Vocab)
+}
+
 func (gptFamily) validate(c *Config, bad func(key, format string, args ...any)) {
 	validateTokens(c, bad)
 }

@@ -144,6 +144,12 @@ func llamaOps(be kernels.Backend) kernels.LlamaOps {
 	return lo
 }
 
+func (llamaFamily) describe(m *Model) string {
+	s := m.Llama
+	return fmt.Sprintf("%s of width %d, %s (%d key/value), vocabulary %d", plural(s.Layers, "block"), s.Embd,
+		plural(s.Heads, "head"), s.KVHeads, s.Vocab)
+}
+
 func (llamaFamily) checkBackend(be kernels.Backend) error {
 	if _, ok := be.(kernels.LlamaOps); !ok {
 		return fmt.Errorf("engine: the %s backend has no Llama kernels (kernels.LlamaOps); train Llama models with --device cpu", be.Name())

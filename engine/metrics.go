@@ -27,6 +27,15 @@ type StepMetrics struct {
 	PeakDeviceBytes int64         `json:"peak_device_bytes"`
 	Elapsed         time.Duration `json:"elapsed_ns"` // since the start of this process's run
 	EvalLoss        *float64      `json:"eval_loss,omitempty"`
+	// For run reports (0 when unknown): the targets trained on so far
+	// (resumed steps included), this step's wall time, the model's
+	// training FLOPs per target (ModelFLOPsPerToken), and the host memory
+	// of the trainer's offloaded state with the plan's prediction of it.
+	Tokens             int64   `json:"tokens"`
+	StepTime           float64 `json:"step_time_s"`
+	FLOPsPerToken      float64 `json:"model_flops_per_token,omitempty"`
+	HostBytes          int64   `json:"host_bytes,omitempty"`
+	PredictedHostBytes int64   `json:"predicted_host_bytes,omitempty"`
 	// Plan versus measurement, when the run was planned for a device
 	// budget (0 otherwise): the predicted and measured device peak (bytes
 	// the trainer's blocks held at most), the predicted step time and the
@@ -78,6 +87,72 @@ func (m multiReporter) Report(s StepMetrics) {
 	}
 }
 
+// Err returns the first error of the reporters that keep one.
+func (m multiReporter) Err() error { return ReporterErr(m...) }
+
+// ReporterErr returns the first error kept by a reporter that has an
+// Err() error method (JSONLReporter, MultiReporter), nil otherwise. Run
+// checks it after every step and stops at the first lost report.
+func ReporterErr(rs ...Reporter) error {
+	for _, r := range rs {
+		if e, ok := r.(interface{ Err() error }); ok {
+			if err := e.Err(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// TruncateMetrics cuts a metrics JSONL file back to the lines of steps
+// 1..step, as a run resumed from the checkpoint of step continues it: it
+// keeps the longest prefix of complete lines whose "step" is at most step
+// and drops everything from the first other line on (the steps a killed
+// run took after its last checkpoint, and a line cut by the kill). A
+// missing file is not an error.
+func TruncateMetrics(path string, step int) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	defer f.Close()
+	br := bufio.NewReader(f)
+	var keep int64
+	for {
+		line, err := br.ReadBytes('\n')
+		if err == io.EOF {
+			break // a final line without its newline is cut
+		}
+		if err != nil {
+			return fmt.Errorf("metrics %s: %w", path, err)
+		}
+		var m struct {
+			Step *int `json:"step"`
+		}
+		if json.Unmarshal(line, &m) != nil || m.Step == nil || *m.Step > step {
+			break
+		}
+		keep += int64(len(line))
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("metrics %s: %w", path, err)
+	}
+	if st.Size() == keep {
+		return nil
+	}
+	if err := f.Truncate(keep); err != nil {
+		return fmt.Errorf("metrics %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("metrics %s: %w", path, err)
+	}
+	return nil
+}
+
 // ReporterFunc adapts a function to Reporter.
 type ReporterFunc func(StepMetrics)
 
@@ -100,7 +175,8 @@ func NewJSONLReporter(path string) (*JSONLReporter, error) {
 }
 
 // AppendJSONLReporter opens path for appending (creating it if needed), as
-// a resumed run does: the steps it repeats appear again after the old ones.
+// a resumed run does, after TruncateMetrics has cut the lines of the steps
+// it repeats.
 func AppendJSONLReporter(path string) (*JSONLReporter, error) {
 	return openJSONL(path, os.O_APPEND)
 }
@@ -174,6 +250,7 @@ func AppendMetricsJSON(b []byte, m StepMetrics) []byte {
 	b = strconv.AppendInt(b, m.PeakDeviceBytes, 10)
 	b = append(b, `,"elapsed_ns":`...)
 	b = strconv.AppendInt(b, int64(m.Elapsed), 10)
+	b = appendReportFields(b, m, num)
 	if m.EvalLoss != nil {
 		b = num(b, "eval_loss", *m.EvalLoss)
 	}
@@ -207,6 +284,23 @@ func AppendMetricsJSON(b []byte, m StepMetrics) []byte {
 		b = num(b, "trace_loader_wait_s", tr.LoaderWait.Seconds())
 	}
 	return append(b, '}')
+}
+
+// appendReportFields appends the fields StepMetrics carries for reports.
+func appendReportFields(b []byte, m StepMetrics, num func([]byte, string, float64) []byte) []byte {
+	b = append(b, `,"tokens":`...)
+	b = strconv.AppendInt(b, m.Tokens, 10)
+	b = num(b, "step_time_s", m.StepTime)
+	if m.FLOPsPerToken > 0 {
+		b = num(b, "model_flops_per_token", m.FLOPsPerToken)
+	}
+	if m.HostBytes > 0 || m.PredictedHostBytes > 0 {
+		b = append(b, `,"host_bytes":`...)
+		b = strconv.AppendInt(b, m.HostBytes, 10)
+		b = append(b, `,"predicted_host_bytes":`...)
+		b = strconv.AppendInt(b, m.PredictedHostBytes, 10)
+	}
+	return b
 }
 
 // ProgressOptions configures NewProgressReporter and NewLineReporter.
@@ -443,6 +537,8 @@ type metricsLine struct {
 	PeakDeviceBytes int64    `json:"peak_device_bytes"`
 	ElapsedNS       int64    `json:"elapsed_ns"`
 	EvalLoss        *float64 `json:"eval_loss"`
+	Tokens          int64    `json:"tokens"`
+	StepTime        float64  `json:"step_time_s"`
 	TraceWall       *float64 `json:"trace_wall_s"`
 	TraceCompute    *float64 `json:"trace_compute_s"`
 	TraceExposed    *float64 `json:"trace_exposed_transfer_s"`
@@ -463,7 +559,8 @@ func parseMetricsLine(s string) (StepMetrics, error) {
 	}
 	m := StepMetrics{Step: l.Step, Loss: f(l.Loss), LR: f(l.LR), GradNorm: f(l.GradNorm), LossScale: f(l.LossScale),
 		Skipped: l.Skipped, TokensPerSec: f(l.TokensPerSec), SamplesPerSec: f(l.SamplesPerSec),
-		PeakDeviceBytes: l.PeakDeviceBytes, Elapsed: time.Duration(l.ElapsedNS), EvalLoss: l.EvalLoss}
+		PeakDeviceBytes: l.PeakDeviceBytes, Elapsed: time.Duration(l.ElapsedNS), EvalLoss: l.EvalLoss,
+		Tokens: l.Tokens, StepTime: l.StepTime}
 	if l.TraceCompute != nil {
 		d := func(p *float64) time.Duration {
 			if p == nil {

@@ -21,6 +21,11 @@ func (mlpFamily) InPlaceResidual() bool { return false }
 
 func (mlpFamily) checkBackend(kernels.Backend) error { return nil }
 
+func (mlpFamily) describe(m *Model) string {
+	s := m.MLP
+	return fmt.Sprintf("%s %v, %d inputs, %d outputs", plural(len(s.Hidden), "hidden layer"), s.Hidden, s.In, s.Out)
+}
+
 func (mlpFamily) Presets() []Preset {
 	return []Preset{{Name: ModelMLP, Steps: 200, LR: 1e-3}}
 }

@@ -37,9 +37,12 @@ func layerFLOPs(l Layer, T int) float64 {
 	return 2 * float64(l.NumParams())
 }
 
-// ModelFLOPsPerToken is the forward and backward FLOPs of one token of a
-// step (3 times the forward), without recomputation: the model FLOPs of
-// throughput figures.
+// ModelFLOPsPerToken is the model's training FLOPs per target: three
+// times every layer's forward FLOPs (FLOPer; two per parameter for a
+// layer that does not say): the matmuls, a tied head's through the
+// embedding's parameters, and attention over a context of T (12·embd·T
+// per GPT block, the accounting of the PaLM paper's model FLOPs
+// utilisation); an embedding lookup costs none.
 func ModelFLOPsPerToken(m *Model, T int) float64 {
 	var f float64
 	for _, l := range m.Layers {

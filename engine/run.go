@@ -101,6 +101,9 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 			fmt.Fprintf(opts.Log, format+"\n", args...)
 		}
 	}
+	if err := ResolveResume(&cfg, func(err error) { logf("warning: %v", err) }); err != nil {
+		return nil, err
+	}
 	cfg.EnsureDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -191,7 +194,7 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		}()
 	}
 	defer tr.Close()
-	logf("model %s: %d layers, %.2fM parameters, %s on %s", cfg.Model, len(model.Layers),
+	logf("model %s: %s, %.2fM parameters, %s on %s", cfg.Model, describeShape(model),
 		float64(model.NumParams())/1e6, cfg.Precision, be.DeviceName())
 	if plan.Placement != nil {
 		mode := "resident"
@@ -215,11 +218,7 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 	var tokens int64
 	resumed := false
 	if cfg.Resume {
-		path, err := LatestCheckpoint(cfg.CheckpointDir)
-		if err != nil {
-			return nil, err
-		}
-		if path != "" {
+		if path := cfg.ResumeFrom; path != "" { // see ResolveResume
 			ck, err := LoadCheckpoint(path)
 			if err != nil {
 				return nil, err
@@ -349,6 +348,8 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 			Step: tr.Step, Loss: r.Loss, LR: r.LR, GradNorm: r.GradNorm, LossScale: r.LossScale, Skipped: r.Skipped,
 			PeakDeviceBytes: be.MemStats().Peak, Elapsed: time.Since(start),
 			H2DBytes: r.H2DBytes, D2HBytes: r.D2HBytes, DiskBytes: r.DiskBytes, HostRSS: offload.ReadRSS(),
+			Tokens: tokens, StepTime: dt, FLOPsPerToken: ModelFLOPsPerToken(model, T),
+			HostBytes: tr.HostBytes(), PredictedHostBytes: sum.PredictedHostBytes,
 		}
 		sum.h2d += r.H2DBytes
 		sum.d2h += r.D2HBytes
@@ -378,6 +379,10 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		}
 		if opts.Reporter != nil {
 			opts.Reporter.Report(m)
+			if err := ReporterErr(opts.Reporter); err != nil {
+				// Output is being lost: stop, keeping the work done.
+				return finish(), errors.Join(err, save())
+			}
 		}
 		if cfg.CheckpointEvery > 0 && tr.Step%cfg.CheckpointEvery == 0 {
 			if err := save(); err != nil {
@@ -411,7 +416,8 @@ func resolveData(cfg *Config, ds *dataset.Dataset, dir string) error {
 			}
 		}
 		if s.VocabSize > cfg.Vocab {
-			return fmt.Errorf("engine: dataset %s has vocabulary %d, larger than the model's %d", dir, s.VocabSize, cfg.Vocab)
+			return fmt.Errorf("engine: dataset %s has vocabulary %d%s, larger than the model's %d: train with --vocab %d (or a --model preset of that vocabulary)",
+				dir, s.VocabSize, tokenizerNote(s), cfg.Vocab, s.VocabSize)
 		}
 		if cfg.SeqLen == 0 {
 			cfg.SeqLen = min(s.SeqLen, cfg.MaxSeq)
@@ -449,6 +455,19 @@ func resolveData(cfg *Config, ds *dataset.Dataset, dir string) error {
 		cfg.Classes = int(hi) + 1
 	}
 	return nil
+}
+
+// describeShape is the model's shape for the log, as its family says it:
+// a GPT's transformer blocks ("4 blocks", the embedding and head not
+// counted as layers), an MLP's hidden layers.
+func describeShape(m *Model) string { return m.Family.describe(m) }
+
+// tokenizerNote names the dataset's tokenizer, when its manifest does.
+func tokenizerNote(s dataset.Schema) string {
+	if s.Tokenizer == "" {
+		return ""
+	}
+	return " (tokenizer " + s.Tokenizer + ")"
 }
 
 // BuildModel builds the model cfg describes over data of schema s, after
@@ -521,7 +540,7 @@ func (d *decoder) row(hb *HostBatch, k int, idx int64, smp []byte) error {
 				tok = le.Uint32(smp[4*t:])
 			}
 			if tok >= uint32(d.vocab) {
-				return fmt.Errorf("engine: dataset %s: sample %d: token %d at position %d is outside the model's vocabulary (%d)", d.dir, idx, tok, t, d.vocab)
+				return fmt.Errorf("engine: dataset %s: sample %d: token %d at position %d is outside the model's vocabulary (%d): train with a larger --vocab, or convert the data with --vocab (or --tokenizer) so that its manifest records its vocabulary", d.dir, idx, tok, t, d.vocab)
 			}
 			if t < d.T {
 				le.PutUint32(in[4*t:], tok)
@@ -601,12 +620,19 @@ func (f *seqFeed) Next(ctx context.Context, hb *HostBatch) error {
 	return ctx.Err()
 }
 
+// errNoCUDA is what --device cuda says in a build without CUDA (as spill
+// doctor does).
+var errNoCUDA = errors.New("device cuda: this spill was built without CUDA support; rebuild with -tags cuda on a machine with the CUDA toolkit (see tools/cuda/env.sh), or use --device cpu")
+
 // OpenDevice opens the backend named by a Config.Device value. For
 // DeviceAuto it opens "cuda" when this binary has it (built with -tags
 // cuda), falling back to "cpu" if the GPU does not open; note then says
 // why, for the log. Other names open exactly that backend.
 func OpenDevice(device string, kc kernels.Config) (be kernels.Backend, note string, err error) {
 	if device != DeviceAuto {
+		if device == "cuda" && !slices.Contains(kernels.Backends(), "cuda") {
+			return nil, "", errNoCUDA
+		}
 		be, err = kernels.Open(device, kc)
 		return be, "", err
 	}

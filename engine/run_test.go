@@ -282,7 +282,7 @@ func TestRunRejectsMismatchedData(t *testing.T) {
 	}
 	cfg = tinyConfig(writeTokens(t, 32, 16, 2000))
 	cfg.Vocab = 16 // tokens go up to 31
-	if _, err := Run(context.Background(), cfg, RunOptions{}); err == nil || !strings.Contains(err.Error(), "vocabulary") {
+	if _, err := Run(context.Background(), cfg, RunOptions{}); err == nil || !strings.Contains(err.Error(), "vocabulary") || !strings.Contains(err.Error(), "--vocab") {
 		t.Fatalf("small vocab: err %v", err)
 	}
 }

@@ -31,6 +31,8 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+
+	"github.com/spill-ml/spill/internal/bytesize"
 )
 
 // Buffer is a block of device memory returned by Backend.Alloc. The caller
@@ -146,19 +148,9 @@ func (e *OOMError) Error() string {
 
 func (e *OOMError) Unwrap() error { return ErrOutOfMemory }
 
-// FormatBytes prints n in binary units (KiB, MiB, GiB).
-func FormatBytes(n int64) string {
-	const unit = 1024
-	if n < unit && n > -unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit || m <= -unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
+// FormatBytes prints n in binary units with one decimal ("64.0 MiB"):
+// spill's one byte-size formatter (internal/bytesize).
+func FormatBytes(n int64) string { return bytesize.Format(n) }
 
 // Config configures a backend when it is opened.
 type Config struct {

@@ -5,13 +5,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/spill-ml/spill/dataset"
 	"github.com/spill-ml/spill/dataset/ingest"
+
+	"github.com/spill-ml/spill/dataset/tokenize"
+	"github.com/spill-ml/spill/internal/bytesize"
 )
 
 func init() {
@@ -25,25 +26,35 @@ Inputs are streamed: memory stays bounded whatever their size. On any error,
 or Ctrl-C, nothing is left at DIR.
 
 Formats (detected from the extension, or set with --format):
-  bin      nanoGPT train.bin: raw little-endian uint16 tokens -> tokens
+  bin      nanoGPT train.bin: raw little-endian uint16 tokens -> tokens (GPT-2's
+           vocabulary 50257 is recorded unless --vocab says otherwise)
   npy      1-D integer array -> tokens; 2-D float32/float64/int32 array -> records
   jsonl    one JSON object per line; the --field string is byte-tokenized -> tokens
   text     plain text, one document per file, byte-tokenized -> tokens
-  csv      numeric columns, optional header -> records (float32 features + label)
+  csv      numeric columns, optional header -> records (float32 features + label;
+           string labels such as iris's species become class ids 0, 1, ...)
   parquet  the --field string column -> tokens, else all numeric columns -> records
 
-The byte-level tokenizer maps each byte to its value and puts EOT (256) between
-documents: vocab 257, uint16 tokens.
+Text is tokenized by --tokenizer, in parallel on every CPU: byte (the default)
+maps each byte to its value and puts EOT (256) between documents (vocab 257,
+uint16 tokens); gpt2, cl100k_base and o200k_base are OpenAI's encodings (no
+network needed); a tokenizer.json path
+reads a Hugging Face byte-level BPE tokenizer (GPT-2's, or one trained with
+tokenizers' ByteLevelBPETokenizer). Documents are separated by the tokenizer's
+end-of-text token; the manifest records the tokenizer and its vocabulary, and
+uint32 tokens are stored when the vocabulary needs them.
 
 Examples:
   spill convert --out data/shakespeare --seq-len 256 input.txt
+  spill convert --out data/owt --tokenizer gpt2 --seq-len 1024 --field text owt-*.parquet
   spill convert --out data/owt --compress zstd train.bin
-  spill convert --out data/iris --label-col species --label-type int32 iris.csv`
+  spill convert --out data/iris --label-col species iris.csv`
 
 // convertFlags are the parsed flags of spill convert.
 type convertFlags struct {
 	out, format, tokenDType, field, labelCol, labelType, header string
 	compress, shardSize, chunkSize                              string
+	tokenizer                                                   string
 	seqLen, vocab, level, workers                               int
 	quiet                                                       bool
 }
@@ -62,8 +73,9 @@ func runConvert(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.IntVar(&f.level, "level", 3, "zstd level 1 (fastest) .. 4 (best); 3 scans ~1.15x faster than 2 on token data")
 	fs.IntVar(&f.workers, "workers", 0, "parallel compression workers (0 = one per CPU)")
 	fs.StringVar(&f.labelCol, "label-col", "", "records: label column `name or index` (0-based, negative from the end; default last)")
-	fs.StringVar(&f.labelType, "label-type", "", "records: label `type` float32 or int32 (default float32; int32 for int32 .npy)")
+	fs.StringVar(&f.labelType, "label-type", "", "records: label `type` float32 or int32 (default: int32 for an integer column of .npy or Parquet, a CSV column whose first label is an integer, and string labels mapped to class ids; float32 otherwise)")
 	fs.StringVar(&f.field, "field", "text", "JSONL field or Parquet column holding text")
+	fs.StringVar(&f.tokenizer, "tokenizer", "", "tokenizer of text, JSONL and Parquet text: byte, gpt2, cl100k_base, o200k_base or the `path` of a Hugging Face tokenizer.json (byte-level BPE); for .bin and .npy tokens, the tokenizer that made them (default: byte for text, gpt2 for .bin)")
 	fs.StringVar(&f.header, "header", "auto", "CSV header row: auto, yes or no")
 	fs.BoolVar(&f.quiet, "quiet", false, "print no progress and no summary")
 	inputs, err := parseInterspersed(fs, args)
@@ -89,11 +101,16 @@ func runConvert(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	read := new(atomic.Int64)
 	opts.BytesRead = read
 	prog := newProgress(stderr, "convert", unitBytes, f.quiet)
+	var warnings []string // printed once the progress line is done
+	opts.Warn = func(msg string) { warnings = append(warnings, msg) }
 	prog.SetTotal(total)
 	prog.Track(read.Load)
 	prog.Start()
 	m, err := ingest.Convert(ctx, f.out, inputs, opts)
 	prog.Stop()
+	for _, w := range warnings {
+		fmt.Fprintf(stderr, "spill convert: %s\n", w)
+	}
 	if err != nil {
 		return err
 	}
@@ -116,11 +133,11 @@ func (f *convertFlags) options() (ingest.Options, error) {
 		}
 		o.Format = ff
 	}
-	shard, err := parseSize(f.shardSize)
+	shard, err := bytesize.Parse(f.shardSize)
 	if err != nil || shard < 1 {
 		return o, usagef("convert: --shard-size %q: want a positive size such as 64MiB", f.shardSize)
 	}
-	chunk, err := parseSize(f.chunkSize)
+	chunk, err := bytesize.Parse(f.chunkSize)
 	if err != nil || chunk < 4 || chunk > dataset.MaxChunkSize {
 		return o, usagef("convert: --chunk-size %q: want a size from 4 B to %s", f.chunkSize, formatBytes(dataset.MaxChunkSize))
 	}
@@ -156,6 +173,13 @@ func (f *convertFlags) options() (ingest.Options, error) {
 	default:
 		return o, usagef("convert: --header %q: want auto, yes or no", f.header)
 	}
+	if f.tokenizer != "" {
+		tk, err := tokenize.Open(f.tokenizer)
+		if err != nil {
+			return o, usagef("convert: --tokenizer: %v", err)
+		}
+		o.Tokenizer = tk
+	}
 	o.SeqLen, o.Vocab, o.TokenDType = f.seqLen, f.vocab, f.tokenDType
 	o.Field, o.LabelCol, o.LabelType, o.Header = f.field, f.labelCol, f.labelType, ingest.HeaderMode(f.header)
 	o.Writer = dataset.WriterOptions{ShardSize: shard, ChunkSize: int(chunk),
@@ -185,37 +209,4 @@ func ratio(raw, stored int64) float64 {
 		return 0
 	}
 	return float64(raw) / float64(stored)
-}
-
-// parseSize parses a byte size: a plain number of bytes, or a number with a binary
-// suffix (KiB, MiB, GiB, TiB; K, M, G, T are the same) or a decimal one (KB, MB, GB,
-// TB). Fractions are allowed with a suffix ("1.5GiB").
-func parseSize(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	i := len(t)
-	for i > 0 && (t[i-1] < '0' || t[i-1] > '9') && t[i-1] != '.' {
-		i--
-	}
-	num, suf := strings.TrimSpace(t[:i]), strings.TrimSpace(t[i:])
-	mult := map[string]float64{
-		"": 1, "B": 1,
-		"K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20,
-		"G": 1 << 30, "GiB": 1 << 30, "T": 1 << 40, "TiB": 1 << 40,
-		"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-	}[suf]
-	if mult == 0 || num == "" {
-		return 0, fmt.Errorf("bad size %q", s)
-	}
-	if suf == "" || suf == "B" {
-		n, err := strconv.ParseInt(num, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("bad size %q", s)
-		}
-		return n, nil
-	}
-	v, err := strconv.ParseFloat(num, 64)
-	if err != nil || v < 0 || v*mult >= 1<<62 {
-		return 0, fmt.Errorf("bad size %q", s)
-	}
-	return int64(v * mult), nil
 }

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/spill-ml/spill/dataset"
+	"github.com/spill-ml/spill/offload"
 )
 
 // run runs spill with args and returns the exit code, stdout and stderr.
@@ -161,19 +163,133 @@ func TestConvertInterrupted(t *testing.T) {
 	assertEmpty(t, parent)
 }
 
-func TestParseSize(t *testing.T) {
-	good := map[string]int64{
-		"64MiB": 64 << 20, "1GiB": 1 << 30, "512": 512, "4KiB": 4096, "1.5GiB": 3 << 29,
-		"2M": 2 << 20, "10MB": 10_000_000, "7B": 7, " 8 KiB ": 8192,
-	}
-	for s, want := range good {
-		if got, err := parseSize(s); err != nil || got != want {
-			t.Errorf("parseSize(%q) = %d, %v; want %d", s, got, err, want)
+// TestByteSizesAgree: train, plan and convert read a size the same way
+// (one parser: "16G" and "16g" are 16 GiB in all three, "16GB" is 16e9).
+func TestByteSizesAgree(t *testing.T) {
+	for in, want := range map[string]int64{"16G": 16 << 30, "16g": 16 << 30, "16GiB": 16 << 30, "16GB": 16e9, "512mib": 512 << 20} {
+		cfg, _, err := parseTrainArgs([]string{"--device-memory", in}, io.Discard)
+		if err != nil || cfg.DeviceMemory != want {
+			t.Errorf("train --device-memory %s = %d, %v; want %d", in, cfg.DeviceMemory, err, want)
+		}
+		if got, err := offload.ParseBytes(in); err != nil || got != want {
+			t.Errorf("plan --device-memory %s = %d, %v; want %d", in, got, err, want)
+		}
+		var f convertFlags
+		f.out, f.shardSize, f.chunkSize, f.compress, f.level, f.seqLen, f.header = "x", in, "1MiB", "none", 3, 8, "auto"
+		if o, err := f.options(); err != nil || o.Writer.ShardSize != want {
+			t.Errorf("convert --shard-size %s = %d, %v; want %d", in, o.Writer.ShardSize, err, want)
 		}
 	}
-	for _, s := range []string{"", "MiB", "12XB", "-1GiB", "1.5", "1e3", "99999999TiB"} {
-		if got, err := parseSize(s); err == nil {
-			t.Errorf("parseSize(%q) = %d, want an error", s, got)
+	// plan refused a lower-case unit before there was one parser.
+	code, _, stderr := run(t, context.Background(), "plan", "--model", "gpt2-124m", "--device-memory", "16g")
+	if code != exitOK {
+		t.Fatalf("plan --device-memory 16g: exit %d, stderr %s", code, stderr)
+	}
+}
+
+// TestConvertRemovesStaleTemp: the temporary directory a killed convert
+// left next to --out is removed by the next convert of the same name, which
+// says so; one that a live writer holds is left alone.
+func TestConvertRemovesStaleTemp(t *testing.T) {
+	dir := t.TempDir()
+	in := writeTokens(t, dir, 5000)
+	out := filepath.Join(dir, "ds")
+	stale := filepath.Join(dir, ".ds.tmp-123456")
+	os.MkdirAll(stale, 0o755)
+	os.WriteFile(filepath.Join(stale, "shard-00000.spill"), make([]byte, 3000), 0o644)
+	live, err := dataset.Create(context.Background(), out, dataset.WriterOptions{Schema: dataset.Schema{Kind: dataset.KindTokens, TokenDType: "uint16", SeqLen: 8}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(live.StaleTemps()) != 1 || live.StaleTemps()[0].Path != stale || live.StaleTemps()[0].Bytes != 3000 {
+		t.Errorf("Create removed %+v", live.StaleTemps())
+	}
+	defer live.Abort()
+	// A leftover from a run killed before this one (no lock held).
+	os.MkdirAll(stale, 0o755)
+	code, _, stderr := run(t, context.Background(), "convert", "--out", out, "--seq-len", "64", "--quiet", in)
+	if code != exitOK || !strings.Contains(stderr, "removed "+stale+" (0 B), left by an interrupted conversion") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+	if strings.Count(stderr, "removed") != 1 {
+		t.Errorf("the live writer's directory was removed too: %q", stderr)
+	}
+	ents, _ := os.ReadDir(dir)
+	var tmps int
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".ds.tmp-") {
+			tmps++
 		}
+	}
+	if tmps != 1 {
+		t.Errorf("%d temporary directories next to %s, want the live writer's only", tmps, out)
+	}
+}
+
+// TestConvertBinThenTrain: a train.bin converted without --vocab trains
+// (it failed in train with "vocabulary of 257": the manifest now records the
+// GPT-2 vocabulary), and inspect names the tokenizer.
+func TestConvertBinThenTrain(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "ds")
+	if code, _, stderr := run(t, context.Background(), "convert", "--out", out, "--seq-len", "16", "--quiet", writeTokens(t, dir, 4000)); code != exitOK {
+		t.Fatalf("convert: exit %d: %s", code, stderr)
+	}
+	if code, stdout, _ := run(t, context.Background(), "inspect", out); code != exitOK || !strings.Contains(stdout, "vocab 50257, tokenizer gpt2") {
+		t.Errorf("inspect: exit %d\n%s", code, stdout)
+	}
+	code, _, stderr := run(t, context.Background(), "train", "--data", out, "--layers", "1", "--heads", "2", "--embd", "32", "--max-seq", "16",
+		"--steps", "1", "--batch", "2", "--eval-every", "0", "--threads", "2", "--quiet")
+	if code != exitOK {
+		t.Fatalf("train: exit %d: %s", code, stderr)
+	}
+}
+
+// TestConvertTokenizer: --tokenizer gpt2 tokenizes text; inspect shows the
+// tokenizer and vocabulary; train sizes the tiny model for it; a bad name
+// is a usage error that lists the choices.
+func TestConvertTokenizer(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "a.txt")
+	os.WriteFile(in, []byte(strings.Repeat("The quick brown fox jumps over the lazy dog. ", 200)), 0o644)
+	out := filepath.Join(dir, "ds")
+	if code, _, stderr := run(t, context.Background(), "convert", "--out", out, "--seq-len", "16", "--tokenizer", "gpt2", "--quiet", in); code != exitOK {
+		t.Fatalf("convert: exit %d: %s", code, stderr)
+	}
+	if code, stdout, _ := run(t, context.Background(), "inspect", out); code != exitOK || !strings.Contains(stdout, "vocab 50257, tokenizer gpt2") || !strings.Contains(stdout, "(2001 tokens)") {
+		t.Errorf("inspect: exit %d\n%s", code, stdout)
+	}
+	code, _, stderr := run(t, context.Background(), "train", "--data", out, "--layers", "1", "--heads", "2", "--embd", "32", "--max-seq", "16",
+		"--vocab", "1000", "--steps", "1", "--batch", "2", "--eval-every", "0", "--threads", "2", "--quiet")
+	if code != exitFailure || !strings.Contains(stderr, "vocabulary 50257 (tokenizer gpt2), larger than the model's 1000: train with --vocab 50257") {
+		t.Errorf("train with a small vocab: exit %d: %s", code, stderr)
+	}
+	if code, _, stderr := run(t, context.Background(), "convert", "--out", out+"2", "--tokenizer", "llama", in); code != exitUsage || !strings.Contains(stderr, "cl100k_base") {
+		t.Errorf("bad tokenizer: exit %d: %s", code, stderr)
+	}
+}
+
+// TestConvertIrisLabels: the README's iris command needs no --label-type;
+// inspect shows the class names, and an MLP trains on the class ids.
+func TestConvertIrisLabels(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "iris.csv")
+	var b strings.Builder
+	b.WriteString("sepal_length,sepal_width,petal_length,petal_width,species\n")
+	for i := range 60 {
+		b.WriteString([]string{"5.1,3.5,1.4,0.2,setosa\n", "7.0,3.2,4.7,1.4,versicolor\n", "6.3,3.3,6.0,2.5,virginica\n"}[i%3])
+	}
+	os.WriteFile(in, []byte(b.String()), 0o644)
+	out := filepath.Join(dir, "iris")
+	if code, _, stderr := run(t, context.Background(), "convert", "--out", out, "--label-col", "species", "--quiet", in); code != exitOK {
+		t.Fatalf("convert: exit %d: %s", code, stderr)
+	}
+	if code, stdout, _ := run(t, context.Background(), "inspect", out); code != exitOK || !strings.Contains(stdout, "int32 label") ||
+		!strings.Contains(stdout, "; label species; classes 0=setosa, 1=versicolor, 2=virginica") {
+		t.Errorf("inspect: exit %d\n%s", code, stdout)
+	}
+	if code, _, stderr := run(t, context.Background(), "train", "--data", out, "--model", "mlp", "--hidden", "8", "--steps", "2", "--batch", "4",
+		"--eval-every", "0", "--threads", "2", "--quiet"); code != exitOK {
+		t.Errorf("train: exit %d: %s", code, stderr)
 	}
 }

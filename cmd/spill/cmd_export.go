@@ -17,7 +17,8 @@ const exportUsage = `Usage: spill export (--checkpoint DIR | --from CKPT_ROOT) -
 
 Writes the fp32 weights of a training checkpoint as one safetensors file.
 --checkpoint names one checkpoint directory (CKPT_ROOT/step-00000200);
---from takes the newest complete checkpoint under a --checkpoint-dir.
+--from takes the newest complete checkpoint under a --checkpoint-dir, or
+a checkpoint directory itself.
 The checkpoint's checksums are verified first.
 
 Formats:
@@ -37,7 +38,7 @@ Examples:
 func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("export", exportUsage, stderr)
 	ckpt := fs.String("checkpoint", "", "checkpoint directory (…/step-NNNNNNNN)")
-	from := fs.String("from", "", "checkpoint root: export its newest complete checkpoint")
+	from := fs.String("from", "", "checkpoint root (export its newest complete checkpoint) or one checkpoint directory")
 	out := fs.String("out", "", "output file (.safetensors)")
 	format := fs.String("format", engine.FormatNanoGPT, "tensor names and layout: nanogpt or hf")
 	if err := parseFlags(fs, args); err != nil {
@@ -54,7 +55,9 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usagef("unknown --format %q (want nanogpt or hf)", *format)
 	}
 	path := *ckpt
-	if *from != "" {
+	if *from != "" && engine.IsCheckpoint(*from) {
+		path = *from // a step directory, not a root
+	} else if *from != "" {
 		p, err := engine.LatestCheckpoint(*from)
 		if err != nil {
 			return err

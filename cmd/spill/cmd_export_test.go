@@ -56,8 +56,14 @@ func saveTinyCheckpoint(t *testing.T, root string, step int) string {
 
 func TestExportCommand(t *testing.T) {
 	root := t.TempDir()
-	saveTinyCheckpoint(t, root, 10)
+	older := saveTinyCheckpoint(t, root, 10)
 	newest := saveTinyCheckpoint(t, root, 20)
+	// --from also takes one step directory (it looked for step-* inside it).
+	stepOut := filepath.Join(t.TempDir(), "step.safetensors")
+	var so bytes.Buffer
+	if code := runMain(context.Background(), []string{"export", "--from", older, "--out", stepOut}, &so, os.Stderr); code != exitOK || !strings.Contains(so.String(), older) {
+		t.Fatalf("--from a step directory: exit %d: %s", code, so.String())
+	}
 	out := filepath.Join(t.TempDir(), "model.safetensors")
 	var stdout bytes.Buffer
 	if code := runMain(context.Background(), []string{"export", "--from", root, "--out", out, "--format", "hf"}, &stdout, os.Stderr); code != exitOK {

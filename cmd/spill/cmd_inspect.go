@@ -136,6 +136,9 @@ func describeSchema(s dataset.Schema, sampleSize int) string {
 		if s.VocabSize > 0 {
 			vocab = fmt.Sprintf("vocab %d", s.VocabSize)
 		}
+		if s.Tokenizer != "" {
+			vocab += ", tokenizer " + s.Tokenizer
+		}
 		return fmt.Sprintf("tokens %s, seq_len %d (%d tokens, %d bytes per sample), %s",
 			s.TokenDType, s.SeqLen, s.SeqLen+1, sampleSize, vocab)
 	case dataset.KindRecords:
@@ -151,6 +154,17 @@ func describeSchema(s dataset.Schema, sampleSize int) string {
 		}
 		if s.Label != "" {
 			out += fmt.Sprintf("; label %s", s.Label)
+		}
+		if n := len(s.LabelClasses); n > 0 {
+			cls := make([]string, 0, min(n, 8))
+			for i, c := range s.LabelClasses[:min(n, 8)] {
+				cls = append(cls, fmt.Sprintf("%d=%s", i, c))
+			}
+			more := ""
+			if n > 8 {
+				more = fmt.Sprintf(", ... (%d classes)", n)
+			}
+			out += fmt.Sprintf("; classes %s%s", strings.Join(cls, ", "), more)
 		}
 		return out
 	}

@@ -35,7 +35,11 @@ valid --config file.
 Checkpoints (--checkpoint-dir) are written every --checkpoint-every steps, at
 the end and on Ctrl-C (exit status 130). Continue an interrupted run with the
 same settings plus --resume; only --steps may change (raise it to extend a
-run).
+run: the warmup, which defaults to steps/20, keeps the checkpoint's value).
+--resume skips (with a warning) a newest checkpoint that is incomplete;
+--resume-from CHECKPOINT-DIR/step-N resumes from the checkpoint you pick. A
+resumed run cuts the --metrics file back to the checkpoint's step and
+continues it.
 
 Examples:
   spill train --steps 100 --metrics metrics.jsonl
@@ -120,7 +124,8 @@ func newConfigFlags(fs *flag.FlagSet) *configFlags {
 	str("checkpoint-dir", func(c *engine.Config) *string { return &c.CheckpointDir }, "", "write checkpoints here (default: none)")
 	num("checkpoint-every", func(c *engine.Config) *int { return &c.CheckpointEvery }, d.CheckpointEvery, "checkpoint every N steps")
 	num("keep-checkpoints", func(c *engine.Config) *int { return &c.KeepCheckpoints }, d.KeepCheckpoints, "keep the newest N checkpoints")
-	bind(f, "resume", func(c *engine.Config) *bool { return &c.Resume }, false, "continue from the latest checkpoint in --checkpoint-dir", fs.BoolVar)
+	bind(f, "resume", func(c *engine.Config) *bool { return &c.Resume }, false, "continue from the latest complete checkpoint in --checkpoint-dir (incomplete newer ones are skipped with a warning)", fs.BoolVar)
+	str("resume-from", func(c *engine.Config) *string { return &c.ResumeFrom }, "", "continue from this checkpoint `directory` (CHECKPOINT-DIR/step-N); implies --resume, --checkpoint-dir defaults to its parent")
 	// Device.
 	str("device", func(c *engine.Config) *string { return &c.Device }, d.Device, "compute backend: auto (cuda in a -tags cuda build whose GPU opens, else cpu), cpu or cuda")
 	mem := &byteSizeFlag{}
@@ -240,11 +245,37 @@ func parseTrainArgs(args []string, stderr io.Writer) (engine.Config, trainOption
 		}
 	}
 	cf.apply(&cfg)
+	if err := zeroSettings(cfg); err != nil {
+		return engine.Config{}, opts, err
+	}
+	if err := engine.ResolveResume(&cfg, func(err error) { fmt.Fprintf(stderr, "spill: warning: %v\n", err) }); err != nil {
+		return engine.Config{}, opts, err
+	}
 	cfg.EnsureDefaults()
 	if err := cfg.Validate(); err != nil {
 		return engine.Config{}, opts, usagef("invalid settings:\n  %s", strings.ReplaceAll(err.Error(), "\n", "\n  "))
 	}
 	return cfg, opts, nil
+}
+
+// zeroSettings refuses a 0 given for a setting whose 0 EnsureDefaults
+// would silently replace with the default (--batch 0 trained with 8):
+// DefaultConfig sets all of them, so a 0 here came from the user.
+func zeroSettings(cfg engine.Config) error {
+	var bad []string
+	for _, s := range []struct {
+		key string
+		v   int
+	}{{"batch", cfg.Batch}, {"accum", cfg.Accum}, {"eval_batches", cfg.EvalBatches},
+		{"checkpoint_every", cfg.CheckpointEvery}, {"keep_checkpoints", cfg.KeepCheckpoints}, {"scale_window", cfg.ScaleWindow}} {
+		if s.v == 0 {
+			bad = append(bad, fmt.Sprintf("%s: must be at least 1, got 0 (--%s)", s.key, strings.ReplaceAll(s.key, "_", "-")))
+		}
+	}
+	if len(bad) > 0 {
+		return usagef("invalid settings:\n  %s", strings.Join(bad, "\n  "))
+	}
+	return nil
 }
 
 func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
@@ -258,21 +289,12 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 
 	var reporters []engine.Reporter
 	var log io.Writer = stderr
+	var metrics *engine.JSONLReporter
 	if cfg.Metrics != "" {
-		open := engine.NewJSONLReporter
-		if cfg.Resume {
-			open = engine.AppendJSONLReporter // a resumed run continues the file
-		}
-		jr, err := open(cfg.Metrics)
-		if err != nil {
+		if metrics, err = openMetrics(cfg); err != nil {
 			return err
 		}
-		defer func() {
-			if cerr := jr.Close(); err == nil {
-				err = cerr
-			}
-		}()
-		reporters = append(reporters, jr)
+		reporters = append(reporters, metrics)
 	}
 	var bar *engine.ProgressReporter
 	switch {
@@ -299,13 +321,45 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	if bar != nil {
 		bar.Finish()
 	}
+	if metrics != nil {
+		// A lost metrics line fails the run (Run stops at the first one).
+		if cerr := metrics.Close(); cerr != nil && !errors.Is(runErr, cerr) {
+			runErr = errors.Join(runErr, cerr)
+		}
+	}
 	if sum != nil {
-		printTrainSummary(stdout, sum, errors.Is(runErr, context.Canceled))
+		switch {
+		case runErr == nil:
+			printTrainSummary(stdout, sum, "finished")
+		case errors.Is(runErr, context.Canceled):
+			printTrainSummary(stdout, sum, "interrupted")
+		default:
+			// Not a finished run: the summary goes with the error, to stderr.
+			printTrainSummary(stderr, sum, "failed")
+		}
 		if opts.memoryReport {
 			printMemoryReport(stdout, sum)
 		}
 	}
 	return runErr
+}
+
+// openMetrics opens the --metrics file: created (or truncated) by a new run;
+// a resumed run continues it, cut back to the steps the resumed checkpoint
+// holds (a run killed after its last checkpoint wrote lines for steps that
+// the resumed run repeats).
+func openMetrics(cfg engine.Config) (*engine.JSONLReporter, error) {
+	if cfg.ResumeFrom == "" {
+		return engine.NewJSONLReporter(cfg.Metrics)
+	}
+	st, err := engine.ReadCheckpointState(cfg.ResumeFrom)
+	if err != nil {
+		return nil, err
+	}
+	if err := engine.TruncateMetrics(cfg.Metrics, st.Step); err != nil {
+		return nil, err
+	}
+	return engine.AppendJSONLReporter(cfg.Metrics)
 }
 
 // printMemoryReport prints the device memory summary and the plan
@@ -336,11 +390,10 @@ func printMemoryReport(w io.Writer, s *engine.Summary) {
 	}
 }
 
-func printTrainSummary(w io.Writer, s *engine.Summary, interrupted bool) {
-	state := "finished"
-	if interrupted {
-		state = "interrupted"
-	}
+// printTrainSummary prints the summary of a run that ended in state:
+// finished, interrupted or failed.
+func printTrainSummary(w io.Writer, s *engine.Summary, state string) {
+	interrupted := state != "finished"
 	fmt.Fprintf(w, "%s at step %d after %s\n", state, s.Steps, engine.FormatDuration(s.Elapsed))
 	if s.FirstLoss != 0 || s.LastLoss != 0 {
 		fmt.Fprintf(w, "  loss          %.4f -> %.4f (first and last step of this run)\n", s.FirstLoss, s.LastLoss)
@@ -390,7 +443,7 @@ func printTrainSummary(w io.Writer, s *engine.Summary, interrupted bool) {
 	if s.Checkpoint != "" {
 		fmt.Fprintf(w, "  checkpoint    %s\n", s.Checkpoint)
 		if interrupted {
-			fmt.Fprintln(w, "  continue with the same command plus --resume")
+			fmt.Fprintf(w, "  continue with the same command plus --resume (or --resume-from %s)\n", s.Checkpoint)
 		}
 	}
 }

@@ -6,10 +6,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/spill-ml/spill/engine"
+	"github.com/spill-ml/spill/kernels"
 )
 
 func TestTrainFlagsOverrideConfigFile(t *testing.T) {
@@ -80,5 +82,66 @@ func TestTrainPrintConfigRoundTrips(t *testing.T) {
 	}
 	if cfg.Steps != 77 || cfg.Seed != 9 {
 		t.Errorf("printed config: %+v", cfg)
+	}
+}
+
+// TestTrainMetricsWriteError: a metrics file that cannot be written (a full
+// disk) fails the run with the path named; the run stops at the first lost
+// line, and no "finished" summary appears on stdout.
+func TestTrainMetricsWriteError(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full")
+	}
+	var out, errb bytes.Buffer
+	code := runMain(context.Background(), []string{"train", "--eval-every", "0", "--quiet", "--threads", "2",
+		"--layers", "1", "--embd", "32", "--heads", "2", "--steps", "50", "--metrics", "/dev/full"}, &out, &errb)
+	if code != exitFailure || !strings.Contains(errb.String(), "metrics /dev/full") {
+		t.Fatalf("exit %d, stderr:\n%s", code, errb.String())
+	}
+	if strings.Contains(out.String(), "finished") {
+		t.Errorf("a failed run printed a finished summary on stdout:\n%s", out.String())
+	}
+	if !strings.Contains(errb.String(), "failed at step 1 ") {
+		t.Errorf("the run did not stop at the first lost line:\n%s", errb.String())
+	}
+}
+
+// TestTrainZeroSettings: --batch 0 (and the like) is refused, not replaced
+// by the default.
+func TestTrainZeroSettings(t *testing.T) {
+	for _, flag := range []string{"--batch", "--accum", "--eval-batches", "--checkpoint-every", "--keep-checkpoints"} {
+		_, _, err := parseTrainArgs([]string{flag, "0"}, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s 0: %v", flag, err)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "run.toml")
+	os.WriteFile(file, []byte("batch = 0\n"), 0o644)
+	if _, _, err := parseTrainArgs([]string{"--config", file}, io.Discard); err == nil || !strings.Contains(err.Error(), "batch") {
+		t.Errorf("batch = 0 in a config file: %v", err)
+	}
+}
+
+// TestTrainDeviceCUDAWithoutCUDA: --device cuda in a build without CUDA says
+// how to build with it.
+func TestTrainDeviceCUDAWithoutCUDA(t *testing.T) {
+	if slices.Contains(kernels.Backends(), "cuda") {
+		t.Skip("a cuda build")
+	}
+	var errb bytes.Buffer
+	code := runMain(context.Background(), []string{"train", "--device", "cuda", "--steps", "1", "--quiet"}, io.Discard, &errb)
+	if code != exitFailure || !strings.Contains(errb.String(), "rebuild with -tags cuda") {
+		t.Errorf("exit %d: %s", code, errb.String())
+	}
+}
+
+// TestTrainModelSummary: the log counts a GPT's blocks, not the embedding
+// and head as layers.
+func TestTrainModelSummary(t *testing.T) {
+	var errb bytes.Buffer
+	code := runMain(context.Background(), []string{"train", "--layers", "1", "--heads", "2", "--embd", "32", "--steps", "1",
+		"--eval-every", "0", "--threads", "2", "--progress-every", "100"}, io.Discard, &errb)
+	if code != exitOK || !strings.Contains(errb.String(), "model tiny: 1 block of width 32, 2 heads, vocabulary 257,") {
+		t.Errorf("exit %d:\n%s", code, errb.String())
 	}
 }

@@ -81,6 +81,10 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return exitOK
 	}
+	if args[0] == "--version" || args[0] == "-version" || args[0] == "version" {
+		printVersion(stdout)
+		return exitOK
+	}
 	c, ok := commands[args[0]]
 	if !ok {
 		fmt.Fprintf(stderr, "spill: unknown command %q\n\n", args[0])
@@ -128,5 +132,6 @@ Commands:`)
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
 	fmt.Fprintln(w, `
-Run 'spill <command> --help' for a command's flags and examples.`)
+Run 'spill <command> --help' for a command's flags and examples, and
+'spill --version' for the version, commit and build.`)
 }

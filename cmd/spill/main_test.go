@@ -5,8 +5,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/spill-ml/spill/kernels"
 )
 
 func TestExitCodes(t *testing.T) {
@@ -42,6 +45,26 @@ func TestHelpListsCommands(t *testing.T) {
 	for name := range commands {
 		if !strings.Contains(out.String(), name) {
 			t.Errorf("help does not list %q", name)
+		}
+	}
+}
+
+// TestVersion: spill --version names the version, commit, build tags and
+// whether CUDA is built in.
+func TestVersion(t *testing.T) {
+	for _, arg := range []string{"--version", "version"} {
+		var out bytes.Buffer
+		if code := runMain(context.Background(), []string{arg}, &out, io.Discard); code != exitOK {
+			t.Fatalf("%s: exit %d", arg, code)
+		}
+		cuda := "cuda        off (build with -tags cuda"
+		if slices.Contains(kernels.Backends(), "cuda") {
+			cuda = "cuda        on"
+		}
+		for _, want := range []string{"spill ", "commit ", "build tags ", cuda, "backends    cpu", "go          go1."} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%s: no %q in\n%s", arg, want, out.String())
+			}
 		}
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"golang.org/x/term"
 
 	"github.com/spill-ml/spill/engine"
+
+	"github.com/spill-ml/spill/internal/bytesize"
 )
 
 // progressUnit says how a progress counter is printed.
@@ -170,24 +172,5 @@ func (p *progress) amount(n int64) string {
 	return fmt.Sprint(n)
 }
 
-// formatBytes prints n with a binary unit: 512 B, 1.5 KiB, 64.0 MiB, 4.00 GiB.
-func formatBytes(n int64) string {
-	const unit = 1024
-	if n < unit && n > -unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	v := float64(n)
-	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB"}
-	i := -1
-	for (v >= unit || v <= -unit) && i < len(units)-1 {
-		v /= unit
-		i++
-	}
-	if v >= 100 || v <= -100 {
-		return fmt.Sprintf("%.0f %s", v, units[i])
-	}
-	if v >= 10 || v <= -10 {
-		return fmt.Sprintf("%.1f %s", v, units[i])
-	}
-	return fmt.Sprintf("%.2f %s", v, units[i])
-}
+// formatBytes prints n with a binary unit ("64.0 MiB"; internal/bytesize).
+func formatBytes(n int64) string { return bytesize.Format(n) }

@@ -13,7 +13,7 @@ import (
 func TestProgressLine(t *testing.T) {
 	p := newProgress(nil, "convert", unitBytes, false)
 	got := p.line(1<<30, 4<<30, 512<<20)
-	for _, want := range []string{"convert [======", " 25.0%", "1.00 GiB/4.00 GiB", "512 MiB/s", "ETA 6s"} {
+	for _, want := range []string{"convert [======", " 25.0%", "1.0 GiB/4.0 GiB", "512.0 MiB/s", "ETA 6s"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("line %q lacks %q", got, want)
 		}
@@ -54,13 +54,13 @@ func TestProgressDraws(t *testing.T) {
 	n.Store(1 << 20)
 	p.Stop() // the ticker has exited; reading buf is safe now
 	out := buf.String()
-	if !strings.HasPrefix(out, "\r\x1b[K") || !strings.HasSuffix(out, "\n") || !strings.Contains(out, "100.0% 1.00 MiB/1.00 MiB") {
+	if !strings.HasPrefix(out, "\r\x1b[K") || !strings.HasSuffix(out, "\n") || !strings.Contains(out, "100.0% 1.0 MiB/1.0 MiB") {
 		t.Fatalf("output %q", out)
 	}
 }
 
 func TestFormatting(t *testing.T) {
-	bytesCases := map[int64]string{0: "0 B", 1023: "1023 B", 1536: "1.50 KiB", 64 << 20: "64.0 MiB", 300 << 30: "300 GiB"}
+	bytesCases := map[int64]string{0: "0 B", 1023: "1023 B", 1536: "1.5 KiB", 64 << 20: "64.0 MiB", 300 << 30: "300.0 GiB"}
 	for n, want := range bytesCases {
 		if got := formatBytes(n); got != want {
 			t.Errorf("formatBytes(%d) = %q, want %q", n, got, want)

@@ -128,7 +128,8 @@ poll:
 	}
 
 	// Every step's loss (and lr, grad norm, eval loss) is identical; the
-	// killed-and-resumed metrics file covers every step, some twice.
+	// killed-and-resumed metrics file holds every step once, in order (the
+	// resume cut the lines the killed run wrote after its checkpoint).
 	ma, err := engine.ReadMetricsJSONL(mA)
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +142,10 @@ poll:
 		t.Fatalf("straight run reported %d steps, want %d", len(ma), N)
 	}
 	seen := map[int]bool{}
-	for _, m := range mb {
+	for i, m := range mb {
+		if m.Step != i+1 {
+			t.Fatalf("resumed metrics line %d is step %d", i+1, m.Step)
+		}
 		if m.Step < 1 || m.Step > N {
 			t.Fatalf("resumed run reported step %d", m.Step)
 		}
@@ -162,9 +166,24 @@ poll:
 	if err == nil || !strings.Contains(string(out), "lr") {
 		t.Errorf("resume with another lr: %v\n%s", err, out)
 	}
-	run(args(ckA, mA+".3", "--resume", "--steps", strconv.Itoa(N+2)))
-	if p, _ := engine.LatestCheckpoint(ckA); p != engine.CheckpointPath(ckA, N+2) {
+	// The warmup default (steps/20) is 1 at N = 24 and 2 at 40: the
+	// extended run keeps the checkpoint's.
+	run(args(ckA, mA+".3", "--resume", "--steps", "40"))
+	if p, _ := engine.LatestCheckpoint(ckA); p != engine.CheckpointPath(ckA, 40) {
 		t.Errorf("extended run's latest checkpoint is %s", p)
+	}
+	// A newest checkpoint with a file missing is skipped with a warning;
+	// --resume-from picks one.
+	os.Remove(filepath.Join(engine.CheckpointPath(ckB, N), engine.CheckpointOptimFile))
+	out, err = exec.Command(bin, args(ckB, mB, "--resume", "--steps", strconv.Itoa(N), "--checkpoint-every", "100")...).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "warning: skipping an incomplete checkpoint: checkpoint "+engine.CheckpointPath(ckB, N)) ||
+		!strings.Contains(string(out), engine.CheckpointOptimFile) {
+		t.Errorf("resume past an incomplete checkpoint: %v\n%s", err, out)
+	}
+	from := engine.CheckpointPath(ckB, N/2)
+	run(append(args(ckB, mB, "--steps", strconv.Itoa(N)), "--resume-from", from))
+	if mb, err = engine.ReadMetricsJSONL(mB); err != nil || len(mb) != N || mb[N-1].Loss != ma[N-1].Loss {
+		t.Errorf("--resume-from %s: %d metrics lines, %v", from, len(mb), err)
 	}
 	// Ctrl-C: the run saves a checkpoint, prints its summary and exits 130.
 	ckC, mC := filepath.Join(tmp, "ckC"), filepath.Join(tmp, "c.jsonl")

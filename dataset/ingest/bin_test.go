@@ -45,11 +45,26 @@ func TestBinConcatAndWiden(t *testing.T) {
 	b16, b := randTokens(500, 65536, 3)
 	pa := writeFile(t, dir, "a.bin", le16(a16...))
 	pb := writeFile(t, dir, "b.bin", le16(b16...))
-	d, _ := convertOK(t, []string{pa, pb}, Options{SeqLen: 10, TokenDType: "uint32"})
+	d, _ := convertOK(t, []string{pa, pb}, Options{SeqLen: 10, TokenDType: "uint32", Vocab: 65536})
 	if d.Schema().TokenDType != "uint32" {
 		t.Fatalf("token dtype %s, want uint32", d.Schema().TokenDType)
 	}
 	wantTokens(t, d, append(a, b...))
+}
+
+// TestBinDefaultVocab: a .bin converted without --vocab records the GPT-2
+// vocabulary a nanoGPT train.bin holds (train then sizes the model for it,
+// not for 257 tokens); a token above it is refused, naming --vocab.
+func TestBinDefaultVocab(t *testing.T) {
+	dir := t.TempDir()
+	t16, _ := randTokens(3000, 50257, 4)
+	d, _ := convertOK(t, []string{writeFile(t, dir, "train.bin", le16(t16...))}, Options{SeqLen: 10})
+	if s := d.Schema(); s.VocabSize != GPT2Vocab || s.Tokenizer != "gpt2" {
+		t.Fatalf("schema %+v", s)
+	}
+	t16[100] = 60000
+	convertFail(t, []string{writeFile(t, dir, "other.bin", le16(t16...))}, Options{SeqLen: 10},
+		"other.bin", "element 100", "token 60000 out of range for vocab size 50257", "--vocab")
 }
 
 func TestBinBadInput(t *testing.T) {

@@ -18,6 +18,12 @@ import (
 
 // csvSource converts a CSV file of numeric columns into records: every column but the
 // label becomes a float32 feature, the label is stored last as float32 or int32.
+//
+// Without Options.LabelType the label type comes from the first data row's label,
+// as the column types of .npy and Parquet decide it there: an integer is an int32
+// class id, another number a float32, and anything else a class name, mapped to
+// int32 ids in order of first appearance over all inputs (the names go into the
+// manifest's label_classes).
 type csvSource struct {
 	path     string
 	f        *os.File
@@ -26,6 +32,8 @@ type csvSource struct {
 	ncols    int
 	labelIdx int
 	labelInt bool
+	classes  bool     // string labels mapped to class ids (o.classID)
+	o        *Options //
 	pending  []string // first data row, read while looking for a header
 	s        dataset.Schema
 }
@@ -39,7 +47,7 @@ func newCSVSource(path string, f *os.File, _ int64, o *Options) (*csvSource, err
 	r.FieldsPerRecord = -1 // checked here, to report truncated rows with a position
 	r.ReuseRecord = true
 	r.TrimLeadingSpace = true
-	s := &csvSource{path: path, f: f, r: r, labelInt: o.LabelType == "int32"}
+	s := &csvSource{path: path, f: f, r: r, labelInt: o.LabelType == "int32", o: o}
 	first, err := r.Read()
 	if err == io.EOF {
 		return nil, fmt.Errorf("%s: empty CSV file", path)
@@ -50,12 +58,15 @@ func newCSVSource(path string, f *os.File, _ int64, o *Options) (*csvSource, err
 	first = append([]string(nil), first...)
 	header := o.Header == HeaderYes
 	if o.Header == HeaderAuto {
+		// A header row has names; a data row has numbers and at most one
+		// name, its string label ("5.1,3.5,1.4,0.2,setosa").
+		names := 0
 		for _, fld := range first {
 			if _, err := strconv.ParseFloat(strings.TrimSpace(fld), 64); err != nil {
-				header = true
-				break
+				names++
 			}
 		}
+		header = names >= 2 || names == len(first)
 	}
 	s.ncols = len(first)
 	if header {
@@ -72,7 +83,33 @@ func newCSVSource(path string, f *os.File, _ int64, o *Options) (*csvSource, err
 	if s.labelIdx, err = o.pickLabel(s.names, s.ncols); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	s.s = recordsSchema(s.names, s.ncols, s.labelIdx, o.LabelType)
+	lt := o.LabelType
+	switch {
+	case o.classes != nil: // an earlier input had class names
+		lt, s.classes = "int32", true
+	case lt == "":
+		if s.pending == nil {
+			row, err := r.Read()
+			if err != nil && err != io.EOF {
+				return nil, s.csvErr(err)
+			}
+			if err == nil {
+				s.pending = append([]string(nil), row...)
+			}
+		}
+		lt = "float32"
+		if s.pending != nil && s.labelIdx < len(s.pending) {
+			v := strings.TrimSpace(s.pending[s.labelIdx])
+			if _, err := strconv.ParseInt(v, 10, 32); err == nil {
+				lt = "int32"
+			} else if _, err := strconv.ParseFloat(v, 64); err != nil {
+				lt, s.classes = "int32", true
+				o.classes = map[string]int32{}
+			}
+		}
+	}
+	s.labelInt = lt == "int32"
+	s.s = recordsSchema(s.names, s.ncols, s.labelIdx, lt)
 	return s, nil
 }
 
@@ -123,9 +160,21 @@ func (s *csvSource) run(ctx context.Context, e *emitter) error {
 		var label []byte
 		for i, fld := range row {
 			fld = strings.TrimSpace(fld)
+			if i == s.labelIdx && s.classes {
+				id, err := s.o.classID(fld)
+				if err != nil {
+					line, col := s.r.FieldPos(i)
+					return fmt.Errorf("%s:%d:%d: %s (label): %w", s.path, line, col, s.colName(i), err)
+				}
+				label = binary.LittleEndian.AppendUint32(nil, uint32(id))
+				continue
+			}
 			if i == s.labelIdx {
 				var err error
 				if label, err = parseLabel(fld, s.labelInt); err != nil {
+					if s.labelInt && s.o.LabelType == "" {
+						err = fmt.Errorf("%w (the first row's label was an integer, so labels are int32 class ids; pass --label-type float32 for real-valued labels)", err)
+					}
 					line, col := s.r.FieldPos(i)
 					return fmt.Errorf("%s:%d:%d: %s (label): %w", s.path, line, col, s.colName(i), err)
 				}

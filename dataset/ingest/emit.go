@@ -22,12 +22,15 @@ type emitter struct {
 	wide   bool   // tokens stored as uint32
 	limit  uint64 // tokens: largest allowed value
 	vocab  int    // tokens: the schema's vocab size, 0 = unknown
+	hint   string // tokens: where vocab came from, for the range error
 	buf    []byte
 	tokens int64 // tokens emitted
 	docs   int64 // documents emitted by the byte-level tokenizer
 
 	recSize int   // records: bytes per record
 	records int64 // records emitted
+
+	tok *tokPipe // text through a tokenizer other than the byte-level one; nil = bytes
 }
 
 func newEmitter(w io.Writer, s dataset.Schema, vocab int) *emitter {
@@ -70,6 +73,9 @@ func (e *emitter) rangeErr(v int64, elem int64) error {
 	}
 	if e.vocab > 0 {
 		what = fmt.Sprintf("vocab size %d", e.vocab)
+		if e.hint != "" {
+			what += " (" + e.hint + ")"
+		}
 	}
 	return fmt.Errorf("%s: element %d: token %d out of range for %s", e.file, elem, v, what)
 }
@@ -127,6 +133,38 @@ func (e *emitter) tokenValues(ctx context.Context, vals []int64, first int64) er
 	return nil
 }
 
+// tokenIDs emits the ids of a tokenizer after checking their range.
+func (e *emitter) tokenIDs(ctx context.Context, ids []uint32) error {
+	for _, v := range ids {
+		if uint64(v) > e.limit {
+			return fmt.Errorf("%s: tokenizer %s produced id %d, outside vocab size %d", e.file, e.tok.tk.Name(), v, e.vocab)
+		}
+		if e.full(4) {
+			if err := e.flush(ctx); err != nil {
+				return err
+			}
+		}
+		if e.wide {
+			e.buf = binary.LittleEndian.AppendUint32(e.buf, v)
+		} else {
+			e.buf = binary.LittleEndian.AppendUint16(e.buf, uint16(v))
+		}
+	}
+	e.tokens += int64(len(ids))
+	return nil
+}
+
+// endInput emits everything of the input converted so far: the tokenizer's
+// pending text and the staged bytes.
+func (e *emitter) endInput(ctx context.Context) error {
+	if e.tok != nil {
+		if err := e.tok.drain(ctx, func(ids []uint32) error { return e.tokenIDs(ctx, ids) }); err != nil {
+			return err
+		}
+	}
+	return e.flush(ctx)
+}
+
 // token emits one token that is known to be in range.
 func (e *emitter) token(ctx context.Context, v uint32) error {
 	if e.full(4) {
@@ -147,6 +185,10 @@ func (e *emitter) token(ctx context.Context, v uint32) error {
 // previous one, if any.
 func (e *emitter) beginDoc(ctx context.Context) error {
 	e.docs++
+	if e.tok != nil {
+		e.tok.beginDoc(e.docs == 1)
+		return nil
+	}
 	if e.docs == 1 {
 		return nil
 	}
@@ -155,6 +197,9 @@ func (e *emitter) beginDoc(ctx context.Context) error {
 
 // textBytes emits the byte-level tokens of text (part of the current document).
 func (e *emitter) textBytes(ctx context.Context, text []byte) error {
+	if e.tok != nil {
+		return e.tok.text(ctx, text, func(ids []uint32) error { return e.tokenIDs(ctx, ids) })
+	}
 	size := 2
 	if e.wide {
 		size = 4

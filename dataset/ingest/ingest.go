@@ -5,12 +5,15 @@
 // size of the input. Supported inputs:
 //
 //   - bin: nanoGPT train.bin, raw little-endian uint16 tokens -> tokens dataset
-//   - npy: 1-D integer arrays -> tokens; 2-D float32/float64/int32 arrays -> records
-//   - jsonl: one JSON object per line, a string field byte-tokenized -> tokens
-//   - text: plain text files, byte-tokenized, one document per file -> tokens
+//   - npy: 1-D integer arrays -> tokens; 2-D float or integer arrays (C or Fortran order) -> records
+//   - jsonl: one JSON object per line, a string field tokenized -> tokens
+//   - text: plain text files, tokenized, one document per file -> tokens
 //   - csv: numeric columns, optional header -> records
-//   - parquet: a string column (byte-tokenized) -> tokens, or numeric columns -> records
+//   - parquet: a string column (tokenized) -> tokens, or numeric columns -> records
 //
+// Text is byte-tokenized unless Options.Tokenizer names another tokenizer
+// (package tokenize: gpt2, cl100k_base, o200k_base or a Hugging Face
+// tokenizer.json), which runs on every CPU with bounded memory (tokpipe.go).
 // The byte-level tokenizer maps each byte to the token of the same value and
 // separates documents with EOT (256); its vocabulary has 257 tokens, stored
 // as uint16.
@@ -27,6 +30,11 @@ import (
 	"sync/atomic"
 
 	"github.com/spill-ml/spill/dataset"
+
+	"github.com/spill-ml/spill/dataset/tokenize"
+	"github.com/spill-ml/spill/internal/bytesize"
+	"math"
+	"runtime"
 )
 
 // Format names an input file format.
@@ -50,6 +58,10 @@ const (
 	EOT       = 256 // end-of-text token between documents
 	ByteVocab = 257 // vocabulary size of the byte-level tokenizer
 )
+
+// GPT2Vocab is the vocabulary of the GPT-2 tokenizer, which a nanoGPT
+// train.bin holds: a .bin converted without Options.Vocab records it.
+const GPT2Vocab = 50257
 
 // ParseFormat checks a --format value.
 func ParseFormat(s string) (Format, error) {
@@ -96,7 +108,7 @@ type HeaderMode string
 
 // CSV header modes.
 const (
-	HeaderAuto HeaderMode = "auto" // a header iff some field of the first row is not a number
+	HeaderAuto HeaderMode = "auto" // a header iff two or more fields of the first row (or all) are not numbers
 	HeaderYes  HeaderMode = "yes"
 	HeaderNo   HeaderMode = "no"
 )
@@ -129,8 +141,36 @@ type Options struct {
 	Writer dataset.WriterOptions
 	// BytesRead, if not nil, is advanced as input bytes are consumed (for progress).
 	BytesRead *atomic.Int64
+	// Tokenizer turns the text of text, JSONL and Parquet text inputs into
+	// tokens; nil is the byte-level tokenizer. Its name and vocabulary go
+	// into the schema (Vocab, when set, must be at least its vocabulary).
+	Tokenizer tokenize.Tokenizer
+	// TokenizerWorkers is the number of goroutines that tokenize; 0 = one
+	// per CPU (GOMAXPROCS).
+	TokenizerWorkers int
+	// Warn, if not nil, receives messages the user should see that do not
+	// stop the conversion (a stale temporary directory removed, ...).
+	Warn func(msg string)
 
 	labelIdx int // label index resolved by the first records input, plus 1; 0 = none yet
+	// classes maps string labels to class ids, in order of first
+	// appearance over all inputs (classNames); nil when labels are numbers.
+	classes    map[string]int32
+	classNames []string
+}
+
+// classID returns the class id of a string label, adding it if new.
+func (o *Options) classID(name string) (int32, error) {
+	if id, ok := o.classes[name]; ok {
+		return id, nil
+	}
+	if len(o.classNames) >= math.MaxInt32 {
+		return 0, errors.New("too many label classes")
+	}
+	id := int32(len(o.classNames))
+	o.classes[name] = id
+	o.classNames = append(o.classNames, name)
+	return id, nil
 }
 
 func (o *Options) setDefaults() {
@@ -145,6 +185,32 @@ func (o *Options) setDefaults() {
 	}
 	if o.BytesRead == nil {
 		o.BytesRead = new(atomic.Int64)
+	}
+}
+
+func (o *Options) tokenizerWorkers() int {
+	if o.TokenizerWorkers > 0 {
+		return o.TokenizerWorkers
+	}
+	return runtime.GOMAXPROCS(0)
+}
+
+// textSchema is the natural schema of tokenized text.
+func (o *Options) textSchema() dataset.Schema {
+	tk := o.Tokenizer
+	if tk == nil {
+		return byteTokensSchema()
+	}
+	dt := "uint16"
+	if tk.Vocab() > 1<<16 {
+		dt = "uint32"
+	}
+	return dataset.Schema{Kind: dataset.KindTokens, TokenDType: dt, VocabSize: tk.Vocab(), Tokenizer: tk.Name()}
+}
+
+func (o *Options) warn(msg string) {
+	if o.Warn != nil {
+		o.Warn(msg)
 	}
 }
 
@@ -214,7 +280,17 @@ func Convert(ctx context.Context, out string, inputs []string, opts Options) (*d
 	if err != nil {
 		return nil, err
 	}
-	schema, err := finalSchema(first.schema(), &opts)
+	natural := first.schema()
+	if f := formats[0]; (f == FormatBin || f == FormatNPY) && natural.Kind == dataset.KindTokens {
+		// Token ids made elsewhere: --tokenizer names what made them.
+		switch {
+		case opts.Tokenizer != nil:
+			natural.VocabSize, natural.Tokenizer = opts.Tokenizer.Vocab(), opts.Tokenizer.Name()
+		case f == FormatBin && opts.Vocab == 0:
+			natural.VocabSize, natural.Tokenizer = GPT2Vocab, "gpt2"
+		}
+	}
+	schema, err := finalSchema(natural, &opts)
 	if err != nil {
 		first.Close()
 		return nil, fmt.Errorf("%s: %w", inputs[0], err)
@@ -231,6 +307,9 @@ func Convert(ctx context.Context, out string, inputs []string, opts Options) (*d
 		first.Close()
 		removeDirs(made)
 		return nil, err
+	}
+	for _, st := range w.StaleTemps() {
+		opts.warn(fmt.Sprintf("removed %s (%s), left by an interrupted conversion to %s", st.Path, bytesize.Format(st.Bytes), out))
 	}
 	m, err := convertAll(ctx, w, first, inputs, formats, schema, &opts)
 	if err != nil {
@@ -272,6 +351,12 @@ func removeDirs(dirs []string) {
 
 func convertAll(ctx context.Context, w *dataset.Writer, first source, inputs []string, formats []Format, schema dataset.Schema, opts *Options) (*dataset.Manifest, error) {
 	e := newEmitter(w, schema, opts.Vocab)
+	if tk := opts.Tokenizer; tk != nil && tk.Name() != "byte" && formats[0] != FormatBin && formats[0] != FormatNPY {
+		e.tok = newTokPipe(tk, opts.tokenizerWorkers())
+	}
+	if formats[0] == FormatBin && opts.Vocab == 0 {
+		e.hint = "the GPT-2 vocabulary that a nanoGPT .bin holds; pass --vocab with the size of your tokenizer's"
+	}
 	for i, in := range inputs {
 		src := first
 		if i > 0 {
@@ -287,7 +372,7 @@ func convertAll(ctx context.Context, w *dataset.Writer, first source, inputs []s
 		e.file = in
 		err := src.run(ctx, e)
 		if err == nil {
-			err = e.flush(ctx)
+			err = e.endInput(ctx)
 		}
 		src.Close()
 		if err != nil {
@@ -300,6 +385,11 @@ func convertAll(ctx context.Context, w *dataset.Writer, first source, inputs []s
 		}
 	} else if e.records == 0 {
 		return nil, errors.New("inputs hold no records")
+	}
+	if opts.classes != nil {
+		if err := w.SetLabelClasses(opts.classNames); err != nil {
+			return nil, err
+		}
 	}
 	return w.Commit(ctx)
 }
@@ -318,7 +408,7 @@ func finalSchema(s dataset.Schema, o *Options) (dataset.Schema, error) {
 		}
 		if o.Vocab > 0 {
 			if s.VocabSize > 0 && o.Vocab < s.VocabSize {
-				return s, fmt.Errorf("vocab %d is smaller than the byte-level tokenizer's %d", o.Vocab, s.VocabSize)
+				return s, fmt.Errorf("vocab %d is smaller than the %s tokenizer's %d", o.Vocab, s.Tokenizer, s.VocabSize)
 			}
 			s.VocabSize = o.Vocab
 		}

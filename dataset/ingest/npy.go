@@ -273,11 +273,11 @@ func newNPYSource(path string, f *os.File, size int64, o *Options) (*npySource, 
 		}
 		s.s = dataset.Schema{Kind: dataset.KindTokens, TokenDType: dt}
 	case 2:
-		if h.fortran {
-			return nil, fmt.Errorf("%s: fortran_order arrays are not supported; save np.ascontiguousarray(a) instead", path)
-		}
-		if !(h.kind == 'f' && (h.size == 4 || h.size == 8)) && !(h.kind == 'i' && h.size == 4) {
-			return nil, fmt.Errorf("%s: dtype %s: a 2-D records array must be float32, float64 or int32", path, h.descr)
+		// Fortran order (column-major, as np.asfortranarray and many
+		// pandas .to_numpy() results are) is read column by column in
+		// blocks of rows: see recordBlock.
+		if h.kind == 'f' && h.size != 4 && h.size != 8 {
+			return nil, fmt.Errorf("%s: dtype %s: a 2-D records array must be float32, float64 or integer", path, h.descr)
 		}
 		cols := h.shape[1]
 		if cols < 2 {
@@ -289,7 +289,7 @@ func newNPYSource(path string, f *os.File, size int64, o *Options) (*npySource, 
 		}
 		s.labelIdx = idx
 		ft := "float32"
-		if h.kind == 'i' {
+		if h.kind != 'f' {
 			ft = "int32"
 		}
 		lt := o.LabelType
@@ -392,52 +392,100 @@ func (s *npySource) copyRaw16(ctx context.Context, e *emitter, n int64) error {
 	return nil
 }
 
+// recordBlockBytes bounds the memory of one block of rows of a records
+// array (and so of a Fortran-order array's transpose buffer).
+const recordBlockBytes = 1 << 20
+
+// recordBlock reads rows [r0, r0+n) of a 2-D array into buf in row-major
+// order. A C-order array is read sequentially; a Fortran-order one with
+// one ReadAt per column (each column's n items are contiguous).
+func (s *npySource) recordBlock(r0, n int64, buf, col []byte) error {
+	rows, cols, isz := s.h.shape[0], int(s.h.shape[1]), s.h.size
+	if !s.h.fortran {
+		if _, err := io.ReadFull(s.r, buf[:n*int64(cols*isz)]); err != nil {
+			return fmt.Errorf("%s: rows %d..%d: %w", s.path, r0, r0+n-1, noEOF(err))
+		}
+		return nil
+	}
+	for c := range cols {
+		off := s.h.dataOff + (int64(c)*rows+r0)*int64(isz)
+		m, err := s.f.ReadAt(col[:n*int64(isz)], off)
+		s.o.BytesRead.Add(int64(m))
+		if err != nil {
+			return fmt.Errorf("%s: column %d, rows %d..%d: %w", s.path, c, r0, r0+n-1, noEOF(err))
+		}
+		for r := range n {
+			copy(buf[(r*int64(cols)+int64(c))*int64(isz):][:isz], col[r*int64(isz):][:isz])
+		}
+	}
+	return nil
+}
+
 func (s *npySource) runRecords(ctx context.Context, e *emitter) error {
 	rows, cols := s.h.shape[0], int(s.h.shape[1])
+	if rows == 0 {
+		return nil
+	}
 	isz := s.h.size
-	raw := make([]byte, cols*isz)
+	rowBytes := int64(cols * isz)
+	block := max(1, recordBlockBytes/rowBytes)
+	buf := make([]byte, min(block, max(rows, 1))*rowBytes)
+	var col []byte
+	if s.h.fortran {
+		col = make([]byte, min(block, max(rows, 1))*int64(isz))
+	}
 	rec := make([]byte, cols*4)
 	bo := s.order()
-	for row := int64(0); row < rows; row++ {
-		if _, err := io.ReadFull(s.r, raw); err != nil {
-			return fmt.Errorf("%s: row %d: %w", s.path, row, noEOF(err))
-		}
-		out := rec[:0]
-		var label []byte
-		for c := range cols {
-			b := raw[c*isz:]
-			var f float64
-			var iv int32
-			switch {
-			case s.h.kind == 'i':
-				iv = int32(bo.Uint32(b))
-				f = float64(iv)
-			case isz == 4:
-				f = float64(math.Float32frombits(bo.Uint32(b)))
-			default:
-				f = math.Float64frombits(bo.Uint64(b))
-			}
-			if c == s.labelIdx {
-				var err error
-				if label, err = encodeLabel(f, s.labelInt); err != nil {
-					return fmt.Errorf("%s: row %d, column %d: %w", s.path, row, c, err)
-				}
-				continue
-			}
-			if s.h.kind == 'i' {
-				out = binary.LittleEndian.AppendUint32(out, uint32(iv))
-			} else {
-				out = binary.LittleEndian.AppendUint32(out, math.Float32bits(float32(f)))
-			}
-		}
-		out = append(out, label...)
-		if err := e.record(ctx, out); err != nil {
+	for r0 := int64(0); r0 < rows; r0 += block {
+		n := min(block, rows-r0)
+		if err := s.recordBlock(r0, n, buf, col); err != nil {
 			return err
 		}
-		if row&0xfff == 0xfff {
-			if err := ctx.Err(); err != nil {
+		for k := range n {
+			row := r0 + k
+			raw := buf[k*rowBytes:]
+			out := rec[:0]
+			var label []byte
+			for c := range cols {
+				b := raw[c*isz:]
+				var f float64
+				var iv int64
+				if s.h.kind == 'f' {
+					if isz == 4 {
+						f = float64(math.Float32frombits(bo.Uint32(b)))
+					} else {
+						f = math.Float64frombits(bo.Uint64(b))
+					}
+				} else {
+					iv, _ = s.intAt(b)
+					if s.h.kind == 'u' && s.h.size == 8 && iv < 0 {
+						iv = math.MaxInt64 // above int64: reported as out of int32 range below
+					}
+					f = float64(iv)
+				}
+				if c == s.labelIdx {
+					var err error
+					if label, err = encodeLabel(f, s.labelInt); err != nil {
+						return fmt.Errorf("%s: row %d, column %d: %w", s.path, row, c, err)
+					}
+					continue
+				}
+				if s.h.kind != 'f' {
+					if iv < math.MinInt32 || iv > math.MaxInt32 {
+						return fmt.Errorf("%s: row %d, column %d: value %d does not fit the int32 features of the dataset", s.path, row, c, iv)
+					}
+					out = binary.LittleEndian.AppendUint32(out, uint32(int32(iv)))
+				} else {
+					out = binary.LittleEndian.AppendUint32(out, math.Float32bits(float32(f)))
+				}
+			}
+			out = append(out, label...)
+			if err := e.record(ctx, out); err != nil {
 				return err
 			}
+		}
+		if err := ctx.Err(); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -165,6 +165,62 @@ func TestNPYRecords(t *testing.T) {
 	})
 }
 
+// TestNPYFortranAndInt64: the column-major arrays numpy writes for
+// np.asfortranarray (and pandas for many frames), and 2-D int64 arrays
+// (numpy's default integer), convert to the same records as the C-order
+// int32/float32 array; an integer array gets int32 features and labels.
+func TestNPYFortranAndInt64(t *testing.T) {
+	dir := t.TempDir()
+	const rows, cols = 70000, 3 // more rows than one block of the Fortran reader
+	val := func(r, c int) int64 { return int64(r*7+c*3) % 1000 }
+	var cI8, fI8, fF4 []byte
+	for r := range rows {
+		for c := range cols {
+			cI8 = binary.LittleEndian.AppendUint64(cI8, uint64(val(r, c)))
+		}
+	}
+	for c := range cols {
+		for r := range rows {
+			fI8 = binary.LittleEndian.AppendUint64(fI8, uint64(val(r, c)))
+			fF4 = binary.LittleEndian.AppendUint32(fF4, math.Float32bits(float32(val(r, c))+0.25))
+		}
+	}
+	shape := fmt.Sprintf("(%d, %d)", rows, cols)
+	for _, c := range []struct {
+		name    string
+		data    []byte
+		integer bool
+	}{
+		{"c_i8.npy", npyBytes("<i8", false, shape, cI8, false), true},
+		{"f_i8.npy", npyBytes("<i8", true, shape, fI8, false), true},
+		{"f_f4.npy", npyBytes("<f4", true, shape, fF4, false), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d, _ := convertOK(t, []string{writeFile(t, dir, c.name, c.data)}, Options{})
+			s := d.Schema()
+			wantDT := "float32"
+			if c.integer {
+				wantDT = "int32"
+			}
+			if s.FeatureDType != wantDT || s.LabelDType != wantDT || s.Features != cols-1 || d.Len() != rows {
+				t.Fatalf("schema %+v, %d records", s, d.Len())
+			}
+			feats, labels := records(t, d)
+			enc := func(v int64) uint32 {
+				if c.integer {
+					return uint32(int32(v))
+				}
+				return math.Float32bits(float32(v) + 0.25)
+			}
+			for r := range rows {
+				if feats[r][0] != enc(val(r, 0)) || feats[r][1] != enc(val(r, 1)) || labels[r] != enc(val(r, 2)) {
+					t.Fatalf("row %d: %v %d", r, feats[r], labels[r])
+				}
+			}
+		})
+	}
+}
+
 func TestNPYBadInput(t *testing.T) {
 	dir := t.TempDir()
 	f4 := make([]byte, 24)
@@ -175,8 +231,8 @@ func TestNPYBadInput(t *testing.T) {
 	}{
 		{"float1d.npy", npyBytes("<f4", false, "(6,)", f4, false), []string{"dtype <f4", "must hold integers"}},
 		{"complex.npy", npyBytes("<c8", false, "(3,)", f4, false), []string{"unsupported dtype", "<c8"}},
-		{"u2matrix.npy", npyBytes("<u2", false, "(3, 4)", f4, false), []string{"dtype <u2", "float32, float64 or int32"}},
-		{"fortran.npy", npyBytes("<f4", true, "(2, 3)", f4, false), []string{"fortran_order"}},
+		{"f2matrix.npy", npyBytes("<f2", false, "(3, 4)", f4, false), []string{"dtype <f2", "float32, float64 or integer"}},
+		{"i8big.npy", npyBytes("<i8", true, "(1, 3)", encodeInts([]int64{1, 1 << 40, 0}, 8, false), false), []string{"row 0, column 1", "value 1099511627776 does not fit the int32 features"}},
 		{"cube.npy", npyBytes("<f4", false, "(1, 2, 3)", f4, false), []string{"shape [1 2 3]"}},
 		{"short.npy", npyBytes("<u2", false, "(20,)", f4, false), []string{"truncated", "needs 40 data bytes, file has 24"}},
 		{"magic.npy", []byte("PK\x03\x04 not numpy at all"), []string{"bad magic"}},

@@ -67,9 +67,10 @@ func newParquetSource(path string, f *os.File, size int64, o *Options) (*parquet
 			return nil, fmt.Errorf("%s: column %q is repeated; want one string per row", path, o.Field)
 		}
 		s.textCol = leaf.ColumnIndex
-		s.s = byteTokensSchema()
+		s.s = o.textSchema()
 		return s, nil
 	}
+	var kinds []parquet.Kind
 	for _, p := range schema.Columns() {
 		leaf, _ := schema.Lookup(p...)
 		name := strings.Join(p, ".")
@@ -83,6 +84,7 @@ func newParquetSource(path string, f *os.File, size int64, o *Options) (*parquet
 			return nil, fmt.Errorf("%s: column %q is repeated: records need one value per row", path, name)
 		}
 		s.names = append(s.names, name)
+		kinds = append(kinds, leaf.Node.Type().Kind())
 	}
 	s.ncols = len(s.names)
 	if s.ncols < 2 {
@@ -91,7 +93,16 @@ func newParquetSource(path string, f *os.File, size int64, o *Options) (*parquet
 	if s.labelIdx, err = o.pickLabel(s.names, s.ncols); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	s.s = recordsSchema(s.names, s.ncols, s.labelIdx, o.LabelType)
+	lt := o.LabelType
+	if lt == "" {
+		// As for .npy and CSV: an integer label column holds class ids.
+		switch kinds[s.labelIdx] {
+		case parquet.Boolean, parquet.Int32, parquet.Int64:
+			lt = "int32"
+		}
+	}
+	s.labelInt = lt == "int32"
+	s.s = recordsSchema(s.names, s.ncols, s.labelIdx, lt)
 	return s, nil
 }
 

@@ -59,7 +59,18 @@ func TestParquetRecords(t *testing.T) {
 	if err := parquet.WriteFile(p, rows, parquet.MaxRowsPerRowGroup(128)); err != nil {
 		t.Fatal(err)
 	}
-	d, _ := convertOK(t, []string{p}, Options{LabelCol: "y", LabelType: "int32"})
+	// An int64 label column becomes int32 labels without --label-type,
+	// as an integer .npy array does; a float one stays float32.
+	d, _ := convertOK(t, []string{p}, Options{LabelCol: "y"})
+	if s := d.Schema(); s.LabelDType != "int32" {
+		t.Fatalf("int64 label column: label dtype %s, want int32", s.LabelDType)
+	}
+	if d2, _ := convertOK(t, []string{p}, Options{LabelCol: "b"}); d2.Schema().LabelDType != "float32" {
+		t.Fatalf("double label column: label dtype %s, want float32", d2.Schema().LabelDType)
+	}
+	if d2, _ := convertOK(t, []string{p}, Options{LabelCol: "c"}); d2.Schema().LabelDType != "int32" {
+		t.Fatalf("int32 label column: label dtype %s, want int32", d2.Schema().LabelDType)
+	}
 	s := d.Schema()
 	if s.Features != 4 || s.Label != "y" || !reflect.DeepEqual(s.Columns, []string{"a", "b", "c", "d"}) || d.Len() != 500 {
 		t.Fatalf("schema %+v, %d records", s, d.Len())

@@ -15,7 +15,7 @@ import (
 
 // byteTokensSchema is the natural schema of byte-tokenized text.
 func byteTokensSchema() dataset.Schema {
-	return dataset.Schema{Kind: dataset.KindTokens, TokenDType: "uint16", VocabSize: ByteVocab}
+	return dataset.Schema{Kind: dataset.KindTokens, TokenDType: "uint16", VocabSize: ByteVocab, Tokenizer: "byte"}
 }
 
 // textSource byte-tokenizes a plain text file as one document.
@@ -33,7 +33,7 @@ func openText(path string, o *Options) (source, error) {
 	return &textSource{path: path, f: f, o: o}, nil
 }
 
-func (s *textSource) schema() dataset.Schema { return byteTokensSchema() }
+func (s *textSource) schema() dataset.Schema { return s.o.textSchema() }
 
 func (s *textSource) Close() error { return s.f.Close() }
 
@@ -75,7 +75,7 @@ func openJSONL(path string, o *Options) (source, error) {
 	return &jsonlSource{path: path, f: f, o: o}, nil
 }
 
-func (s *jsonlSource) schema() dataset.Schema { return byteTokensSchema() }
+func (s *jsonlSource) schema() dataset.Schema { return s.o.textSchema() }
 
 func (s *jsonlSource) Close() error { return s.f.Close() }
 
@@ -106,6 +106,9 @@ func (s *jsonlSource) run(ctx context.Context, e *emitter) error {
 		raw, ok := obj[s.o.Field]
 		if !ok {
 			return fmt.Errorf("%s:%d: no field %q (use --field to choose the text field)", s.path, lineNo, s.o.Field)
+		}
+		if string(raw) == "null" {
+			continue // no text: not a document (as a Parquet null)
 		}
 		if err := json.Unmarshal(raw, &text); err != nil {
 			return fmt.Errorf("%s:%d: field %q is not a string", s.path, lineNo, s.o.Field)

@@ -25,7 +25,9 @@ func byteStream(docs ...string) []uint32 {
 func TestTextAndJSONL(t *testing.T) {
 	dir := t.TempDir()
 	a := writeFile(t, dir, "a.txt", []byte("hello, world\nsecond line\n"))
-	j := writeFile(t, dir, "b.jsonl", []byte("{\"text\": \"caf\\u00e9\", \"id\": 1}\n\n{\"id\": 2, \"text\": \"line\\nbreak\"}\r\n{\"text\":\"last\"}"))
+	// A null text is no document, as a Parquet null is (it repeated the
+	// previous line's text before).
+	j := writeFile(t, dir, "b.jsonl", []byte("{\"text\": \"caf\\u00e9\", \"id\": 1}\n\n{\"id\": 2, \"text\": \"line\\nbreak\"}\r\n{\"text\": null}\n{\"text\":\"last\"}"))
 	c := writeFile(t, dir, "c.txt", []byte("\x00\xff bytes"))
 	d, _ := convertOK(t, []string{a, j, c}, Options{SeqLen: 3, Writer: dataset.WriterOptions{Compression: dataset.CompressionZstd}})
 	s := d.Schema()
@@ -69,5 +71,5 @@ func TestJSONLMalformed(t *testing.T) {
 
 func TestByteVocabTooSmall(t *testing.T) {
 	p := writeFile(t, t.TempDir(), "a.txt", []byte("abcdef"))
-	convertFail(t, []string{p}, Options{SeqLen: 2, Vocab: 100}, "a.txt", "smaller than the byte-level tokenizer's 257")
+	convertFail(t, []string{p}, Options{SeqLen: 2, Vocab: 100}, "a.txt", "smaller than the byte tokenizer's 257")
 }

@@ -25,10 +25,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/spill-ml/spill/internal/bytesize"
 )
 
 type run struct {
@@ -83,7 +84,7 @@ func main() {
 }
 
 func bench(sizeFlag, dir, spill, out string, runs int) error {
-	n, err := parseSize(sizeFlag)
+	n, err := bytesize.Parse(sizeFlag)
 	if err != nil {
 		return err
 	}
@@ -256,19 +257,4 @@ func describeMachine() machine {
 		}
 	}
 	return m
-}
-
-func parseSize(s string) (int64, error) {
-	mult := int64(1)
-	switch {
-	case strings.HasSuffix(s, "GiB"):
-		mult, s = 1<<30, strings.TrimSuffix(s, "GiB")
-	case strings.HasSuffix(s, "MiB"):
-		mult, s = 1<<20, strings.TrimSuffix(s, "MiB")
-	}
-	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || v <= 0 {
-		return 0, fmt.Errorf("bad --size %q", s)
-	}
-	return int64(v * float64(mult)), nil
 }
