@@ -12,7 +12,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
-	"github.com/spill-ml/spill/internal/bytesize"
+	"github.com/spill-ml/spill/kernels"
 	"path/filepath"
 )
 
@@ -252,7 +252,7 @@ func (b *byteSizeTOML) UnmarshalTOML(v any) error {
 		b.n, b.set = x, true
 		return nil
 	case string:
-		n, err := ParseByteSize(x)
+		n, err := kernels.ParseBytes(x)
 		if err != nil {
 			return err
 		}
@@ -290,15 +290,6 @@ func LoadConfig(path string) (Config, error) {
 	}
 	return cfg, nil
 }
-
-// ParseByteSize parses a byte count such as "512MiB", "16G" or "1.5 GB"
-// with spill's one byte-size parser (internal/bytesize): units are
-// case-insensitive, KiB/MiB/GiB/TiB and a bare K/M/G/T are powers of 1024,
-// KB/MB/GB/TB powers of 1000.
-func ParseByteSize(s string) (int64, error) { return bytesize.Parse(s) }
-
-// FormatByteSize renders n with a binary unit ("512.0 MiB").
-func FormatByteSize(n int64) string { return bytesize.Format(n) }
 
 // Family is the family of the model the config names (FamilyOf).
 func (c *Config) Family() Family { return FamilyOf(c.Model) }

@@ -155,18 +155,18 @@ func TestHash(t *testing.T) {
 
 func TestParseByteSize(t *testing.T) {
 	for in, want := range map[string]int64{"512MiB": 512 << 20, "1.5 GB": 1500000000, "2gib": 2 << 30, "4096": 4096, "10B": 10, "1k": 1024, "16G": 16 << 30, "16GB": 16e9} {
-		got, err := ParseByteSize(in)
+		got, err := kernels.ParseBytes(in)
 		if err != nil || got != want {
-			t.Errorf("ParseByteSize(%q) = %d, %v; want %d", in, got, err, want)
+			t.Errorf("kernels.ParseBytes(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
 	for _, in := range []string{"", "MiB", "-1MiB", "1 XB", "1e400", "NaN"} {
-		if _, err := ParseByteSize(in); err == nil {
-			t.Errorf("ParseByteSize(%q): no error", in)
+		if _, err := kernels.ParseBytes(in); err == nil {
+			t.Errorf("kernels.ParseBytes(%q): no error", in)
 		}
 	}
-	if s := FormatByteSize(512 << 20); s != "512.0 MiB" {
-		t.Errorf("FormatByteSize = %q", s)
+	if s := kernels.FormatBytes(512 << 20); s != "512.0 MiB" {
+		t.Errorf("kernels.FormatBytes = %q", s)
 	}
 }
 

@@ -31,8 +31,6 @@ import (
 	"fmt"
 	"sort"
 	"sync"
-
-	"github.com/spill-ml/spill/internal/bytesize"
 )
 
 // Buffer is a block of device memory returned by Backend.Alloc. The caller
@@ -147,10 +145,6 @@ func (e *OOMError) Error() string {
 }
 
 func (e *OOMError) Unwrap() error { return ErrOutOfMemory }
-
-// FormatBytes prints n in binary units with one decimal ("64.0 MiB"):
-// spill's one byte-size formatter (internal/bytesize).
-func FormatBytes(n int64) string { return bytesize.Format(n) }
 
 // Config configures a backend when it is opened.
 type Config struct {

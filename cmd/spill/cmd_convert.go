@@ -12,7 +12,7 @@ import (
 	"github.com/spill-ml/spill/dataset/ingest"
 
 	"github.com/spill-ml/spill/dataset/tokenize"
-	"github.com/spill-ml/spill/internal/bytesize"
+	"github.com/spill-ml/spill/kernels"
 )
 
 func init() {
@@ -133,11 +133,11 @@ func (f *convertFlags) options() (ingest.Options, error) {
 		}
 		o.Format = ff
 	}
-	shard, err := bytesize.Parse(f.shardSize)
+	shard, err := kernels.ParseBytes(f.shardSize)
 	if err != nil || shard < 1 {
 		return o, usagef("convert: --shard-size %q: want a positive size such as 64MiB", f.shardSize)
 	}
-	chunk, err := bytesize.Parse(f.chunkSize)
+	chunk, err := kernels.ParseBytes(f.chunkSize)
 	if err != nil || chunk < 4 || chunk > dataset.MaxChunkSize {
 		return o, usagef("convert: --chunk-size %q: want a size from 4 B to %s", f.chunkSize, formatBytes(dataset.MaxChunkSize))
 	}

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/spill-ml/spill/dataset"
-	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/kernels"
 )
 
 // run runs spill with args and returns the exit code, stdout and stderr.
@@ -171,7 +171,7 @@ func TestByteSizesAgree(t *testing.T) {
 		if err != nil || cfg.DeviceMemory != want {
 			t.Errorf("train --device-memory %s = %d, %v; want %d", in, cfg.DeviceMemory, err, want)
 		}
-		if got, err := offload.ParseBytes(in); err != nil || got != want {
+		if got, err := kernels.ParseBytes(in); err != nil || got != want {
 			t.Errorf("plan --device-memory %s = %d, %v; want %d", in, got, err, want)
 		}
 		var f convertFlags

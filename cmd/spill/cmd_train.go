@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/spill-ml/spill/engine"
+	"github.com/spill-ml/spill/kernels"
 )
 
 func init() {
@@ -172,11 +173,11 @@ func (b *byteSizeFlag) String() string {
 	if b == nil || b.n == 0 {
 		return ""
 	}
-	return engine.FormatByteSize(b.n)
+	return kernels.FormatBytes(b.n)
 }
 
 func (b *byteSizeFlag) Set(s string) error {
-	n, err := engine.ParseByteSize(s)
+	n, err := kernels.ParseBytes(s)
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/spill-ml/spill/engine"
 
-	"github.com/spill-ml/spill/internal/bytesize"
+	"github.com/spill-ml/spill/kernels"
 )
 
 // progressUnit says how a progress counter is printed.
@@ -172,5 +172,5 @@ func (p *progress) amount(n int64) string {
 	return fmt.Sprint(n)
 }
 
-// formatBytes prints n with a binary unit ("64.0 MiB"; internal/bytesize).
-func formatBytes(n int64) string { return bytesize.Format(n) }
+// formatBytes prints n with a binary unit ("64.0 MiB"; kernels.FormatBytes).
+func formatBytes(n int64) string { return kernels.FormatBytes(n) }

@@ -32,7 +32,7 @@ import (
 	"github.com/spill-ml/spill/dataset"
 
 	"github.com/spill-ml/spill/dataset/tokenize"
-	"github.com/spill-ml/spill/internal/bytesize"
+	"github.com/spill-ml/spill/kernels"
 	"math"
 	"runtime"
 )
@@ -309,7 +309,7 @@ func Convert(ctx context.Context, out string, inputs []string, opts Options) (*d
 		return nil, err
 	}
 	for _, st := range w.StaleTemps() {
-		opts.warn(fmt.Sprintf("removed %s (%s), left by an interrupted conversion to %s", st.Path, bytesize.Format(st.Bytes), out))
+		opts.warn(fmt.Sprintf("removed %s (%s), left by an interrupted conversion to %s", st.Path, kernels.FormatBytes(st.Bytes), out))
 	}
 	m, err := convertAll(ctx, w, first, inputs, formats, schema, &opts)
 	if err != nil {

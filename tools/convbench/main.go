@@ -29,7 +29,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/spill-ml/spill/internal/bytesize"
+	"github.com/spill-ml/spill/kernels"
 )
 
 type run struct {
@@ -84,7 +84,7 @@ func main() {
 }
 
 func bench(sizeFlag, dir, spill, out string, runs int) error {
-	n, err := bytesize.Parse(sizeFlag)
+	n, err := kernels.ParseBytes(sizeFlag)
 	if err != nil {
 		return err
 	}

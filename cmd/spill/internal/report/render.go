@@ -17,7 +17,7 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 
-	"github.com/spill-ml/spill/internal/bytesize"
+	"github.com/spill-ml/spill/kernels"
 )
 
 // Chart is one rendered plot.
@@ -413,7 +413,7 @@ func summary(r *Run) [][2]string {
 		row("elapsed", "%s (of the last process)", time.Duration(v).Round(time.Millisecond))
 	}
 	if v, ok := last.Get("peak_device_bytes"); ok {
-		row("peak device", "%s", bytesize.Format(int64(v)))
+		row("peak device", "%s", kernels.FormatBytes(int64(v)))
 	}
 	if r.Plan != nil {
 		row("plan", "%s: %v, micro-batch %v x %v, weights %v, optimizer %v", r.PlanPath, r.Plan["model"], r.Plan["micro_batch"], r.Plan["accum"], r.Plan["weights"], r.Plan["optimizer"])

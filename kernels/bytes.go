@@ -1,8 +1,8 @@
-// Package bytesize is spill's one parser and formatter of byte counts. Every
+// spill's one parser and formatter of byte counts. Every
 // flag and config key that takes a size (train --device-memory, plan
-// --device-memory, convert --shard-size, ...) goes through Parse, so the same
+// --device-memory, convert --shard-size, ...) goes through ParseBytes, so the same
 // text means the same number everywhere, and every size spill prints goes
-// through Format.
+// through FormatBytes.
 //
 // Units, case-insensitive, with or without a space after the number:
 //
@@ -13,7 +13,7 @@
 //
 // A bare letter is binary because memory is sized in powers of two: a
 // "16G" GPU or host holds 16 GiB.
-package bytesize
+package kernels
 
 import (
 	"fmt"
@@ -31,10 +31,10 @@ var units = map[string]float64{
 	"p": 1 << 50, "pib": 1 << 50, "pb": 1e15,
 }
 
-// Parse parses a non-negative byte count such as "1048576", "512MiB",
+// ParseBytes parses a non-negative byte count such as "1048576", "512MiB",
 // "1.5 GB" or "16g" (see the package comment for the units). A fraction
 // is rounded down to a whole byte.
-func Parse(s string) (int64, error) {
+func ParseBytes(s string) (int64, error) {
 	t := strings.TrimSpace(s)
 	i := len(t)
 	for i > 0 && (t[i-1] < '0' || t[i-1] > '9') && t[i-1] != '.' {
@@ -64,10 +64,10 @@ func Parse(s string) (int64, error) {
 	return int64(v), nil
 }
 
-// Format renders n with a binary unit and one decimal: "512 B",
+// FormatBytes renders n with a binary unit and one decimal: "512 B",
 // "1.5 KiB", "64.0 MiB", "-2.0 GiB". Parse reads it back to within the
 // rounding of the decimal.
-func Format(n int64) string {
+func FormatBytes(n int64) string {
 	const unit = 1024
 	if n < unit && n > -unit {
 		return fmt.Sprintf("%d B", n)
