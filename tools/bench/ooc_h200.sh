@@ -18,7 +18,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 out=${OUT:-$(mktemp -d /tmp/spill-ooc.XXXXXX)}
 mkdir -p "$out/runs"
-if [ -f .gpu/env.sh ]; then source .gpu/env.sh; fi
+if [ -f tools/cuda/gpuenv.sh ]; then source tools/cuda/gpuenv.sh; fi
 [ -f tools/cuda/env.sh ] && source tools/cuda/env.sh
 deadline=${SPILL_DEADLINE:-560}
 runs=${SPILL_OOC_RUNS:-all}
