@@ -26,14 +26,15 @@ want() { [ "$runs" = all ] || [[ ",$runs," == *",$1,"* ]]; }
 left() { echo $((deadline - SECONDS)); }
 
 echo "== build $(date -u +%FT%TZ)"
-go build -tags cuda -o /tmp/spill ./cmd/spill 2>&1 | tail -20 || exit 1
+go build -tags "${SPILL_BUILD_TAGS-cuda}" -o /tmp/spill ./cmd/spill 2>&1 | tail -20 || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/nvidia-smi.txt"
 free -g | tee "$out/free.txt"
 
 # Synthetic tokens: 2400 sequences of 1025 GPT-2 token ids.
 python3 - "$out/train.bin" <<'PY'
-import sys, numpy as np
-np.random.default_rng(0).integers(0, 50257, 2400 * 1025, dtype=np.uint16).tofile(sys.argv[1])
+import array, random, sys
+r = random.Random(0)
+open(sys.argv[1], "wb").write(array.array("H", (r.randrange(50257) for _ in range(2400 * 1025))).tobytes())
 PY
 /tmp/spill convert --out /tmp/ooc-data --seq-len 1024 --vocab 50304 "$out/train.bin" >"$out/convert.log" 2>&1 || { cat "$out/convert.log"; exit 1; }
 rm -f "$out/train.bin"
