@@ -423,11 +423,15 @@ func residentBudgetError(oom *kernels.OOMError, ms kernels.MemStats, hint string
 // cache's MemorySummary table, the buffer tags mapped to classes.
 func residentSummary(ms kernels.MemStats) string {
 	st := offload.CacheStats{Limit: ms.Limit, Allocated: ms.Allocated, Requested: ms.Allocated, Reserved: ms.Allocated,
-		PeakAllocated: ms.Peak, PeakReserved: ms.Peak, Allocs: ms.Allocs, Frees: ms.Frees, BudgetFailures: ms.Failed}
+		PeakAllocated: ms.Peak, PeakReserved: ms.Peak, Allocs: ms.Allocs, Frees: ms.Frees, BudgetFailures: ms.Failed,
+		Source: "resident trainer (state allocated once; blocks not counted per class)"}
 	for tag, n := range ms.ByTag {
 		for c, v := range splitTag(tag, n) {
+			// The resident trainer allocates its state once and frees
+			// nothing before Close: what a class holds is its peak.
 			st.ByClass[c].Allocated += v
 			st.ByClass[c].Reserved += v
+			st.ByClass[c].Peak += v
 		}
 	}
 	return st.MemorySummary()

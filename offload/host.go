@@ -85,6 +85,9 @@ func (d HostDecision) String() string {
 
 const minStagingSize = 64 << 10
 
+// maxStaging is the most staging buffers a degraded pool pins.
+const maxStaging = 8
+
 func (cfg *HostConfig) ensureDefaults() {
 	if cfg.StagingSize <= 0 {
 		cfg.StagingSize = 64 << 20
@@ -141,7 +144,9 @@ func DecideHost(cfg HostConfig) (HostDecision, error) {
 		return d, fmt.Errorf("offload: cannot pin %d staging buffers of %s: %s",
 			cfg.MinStaging, kernels.FormatBytes(minStagingSize), why)
 	}
-	n := allowed / size
+	// A ring is for copies in flight: a few buffers each way keep both
+	// directions busy; more would only pin memory nothing uses.
+	n := min(allowed/size, maxStaging)
 	d.Degraded, d.StagingBuffers, d.StagingSize = true, int(n), size
 	d.Granted = n * size
 	d.Reason = why

@@ -20,7 +20,11 @@ func (s CacheStats) MemorySummary() string {
 	if s.Limit > 0 {
 		limit = kernels.FormatBytes(s.Limit)
 	}
-	fmt.Fprintf(&b, " offload device cache memory summary (budget %s)\n", limit)
+	src := s.Source
+	if src == "" {
+		src = "offload device cache"
+	}
+	fmt.Fprintf(&b, " %s memory summary (budget %s)\n", src, limit)
 	b.WriteString(line)
 	fmt.Fprintf(&b, " %-12s %12s %12s %12s %8s %9s %8s\n", "class", "allocated", "peak", "reserved", "blocks", "allocs", "frees")
 	b.WriteString(thin)
