@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"unsafe"
 
 	"github.com/spill-ml/spill/kernels"
 )
@@ -546,13 +547,25 @@ func (t *Trainer) MasterWeights(ctx context.Context) ([][]float32, error) {
 	return out, nil
 }
 
+// f32Bytes is v as little-endian bytes: v's own memory on a
+// little-endian host (no copy: the caller must not change v while the
+// bytes are used), a copy elsewhere.
 func f32Bytes(v []float32) []byte {
+	if littleEndian && len(v) > 0 {
+		return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 4*len(v))
+	}
 	b := make([]byte, 4*len(v))
 	for i, x := range v {
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
 	}
 	return b
 }
+
+// littleEndian reports the host's byte order.
+var littleEndian = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
 
 func bytesF32(b []byte) []float32 {
 	v := make([]float32, len(b)/4)
