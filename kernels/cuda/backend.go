@@ -27,9 +27,9 @@ type Backend struct {
 	ctx    cu.CUContext
 	name   string
 	pool   *pool
-	mods   []cu.Module
-	fns    map[string]cu.Function // read-only after Open
-	alloc  cu.Stream              // zeroes new allocations; used from the pool
+	mods   []uintptr        // CUmodule handles (module.go)
+	fns    map[string]kfunc // read-only after Open
+	alloc  cu.Stream        // zeroes new allocations; used from the pool
 	limit  int64
 	defq   *queue
 	closed atomic.Bool
@@ -82,7 +82,7 @@ func Open(cfg kernels.Config) (*Backend, error) {
 	if cfg.Device < 0 || cfg.Device >= n {
 		return nil, fmt.Errorf("kernels/cuda: device %d does not exist (%d found)", cfg.Device, n)
 	}
-	b := &Backend{dev: cu.Device(cfg.Device), fns: map[string]cu.Function{}}
+	b := &Backend{dev: cu.Device(cfg.Device), fns: map[string]kfunc{}}
 	if b.ctx, err = b.dev.RetainPrimaryCtx(); err != nil {
 		return nil, fmt.Errorf("kernels/cuda: device %d: primary context: %w", cfg.Device, err)
 	}
@@ -132,7 +132,7 @@ func Open(cfg kernels.Config) (*Backend, error) {
 func (b *Backend) release() {
 	_ = b.pool.call(func() error {
 		for _, m := range b.mods {
-			_ = m.Unload()
+			_ = moduleUnload(m)
 		}
 		if b.alloc != (cu.Stream{}) {
 			_ = b.alloc.Destroy()
@@ -410,9 +410,7 @@ func (b *Backend) CopyToDevice(kq kernels.Queue, dst kernels.Tensor, src []byte)
 	if len(src) == 0 {
 		return
 	}
-	q.enqueue(func(q *queue) error {
-		return cu.MemcpyHtoDAsync(d, unsafe.Pointer(&src[0]), int64(len(src)), q.stream)
-	})
+	q.copyHost(true, d, unsafe.Pointer(&src[0]), int64(len(src)))
 }
 
 // CopyToHost enqueues a copy of src into dst.
@@ -425,9 +423,7 @@ func (b *Backend) CopyToHost(kq kernels.Queue, dst []byte, src kernels.Tensor) {
 	if len(dst) == 0 {
 		return
 	}
-	q.enqueue(func(q *queue) error {
-		return cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), s, int64(len(dst)), q.stream)
-	})
+	q.copyHost(false, s, unsafe.Pointer(&dst[0]), int64(len(dst)))
 }
 
 // CopyDevice enqueues a device-to-device copy.
@@ -438,7 +434,7 @@ func (b *Backend) CopyDevice(kq kernels.Queue, dst, src kernels.Tensor) {
 	}
 	d, s := b.devPtr(dst, "CopyDevice", "dst"), b.devPtr(src, "CopyDevice", "src")
 	if n := dst.Bytes(); n > 0 {
-		q.enqueue(func(q *queue) error { return cu.MemcpyDtoDAsync(d, s, n, q.stream) })
+		q.copyDevice(d, s, n)
 	}
 }
 

@@ -5,6 +5,8 @@ package cuda
 /*
 #cgo CFLAGS: -I${SRCDIR}/compat -I/usr/local/cuda/include
 #cgo LDFLAGS: -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcuda
+#cgo noescape spill_launch
+#cgo nocallback spill_launch
 #include <stdint.h>
 #include <stdlib.h>
 #include <cuda.h>
@@ -21,6 +23,36 @@ static const char *spill_cu_error(int r) {
 	if (cuGetErrorString((CUresult)r, &s) != CUDA_SUCCESS || s == 0) return "unknown error";
 	return s;
 }
+
+// spill_launch launches f with n kernel arguments, each in an 8-byte slot
+// of args (the driver reads the parameter's own size from the start of its
+// slot). cuLaunchKernel copies the arguments before it returns, so the
+// caller may reuse args at once; the pointer array lives on this stack.
+#define SPILL_MAX_ARGS 24
+static int spill_launch(uintptr_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+		unsigned smem, uintptr_t stream, uint64_t *args, int n) {
+	void *p[SPILL_MAX_ARGS];
+	if (n < 0 || n > SPILL_MAX_ARGS) return (int)CUDA_ERROR_INVALID_VALUE;
+	for (int i = 0; i < n; i++) p[i] = &args[i];
+	return (int)cuLaunchKernel((CUfunction)f, gx, gy, gz, bx, by, bz, smem, (CUstream)stream, p, NULL);
+}
+
+// Modules: PTX loaded into the current context, entry points by name.
+static int spill_module_load(uintptr_t *m, const char *image) {
+	CUmodule mod = 0;
+	int r = (int)cuModuleLoadData(&mod, image);
+	*m = (uintptr_t)mod;
+	return r;
+}
+
+static int spill_module_function(uintptr_t *f, uintptr_t m, const char *name) {
+	CUfunction fn = 0;
+	int r = (int)cuModuleGetFunction(&fn, (CUmodule)m, name);
+	*f = (uintptr_t)fn;
+	return r;
+}
+
+static int spill_module_unload(uintptr_t m) { return (int)cuModuleUnload((CUmodule)m); }
 
 static int spill_host_alloc(void **p, size_t n) {
 	return (int)cuMemHostAlloc(p, n, CU_MEMHOSTALLOC_PORTABLE);
@@ -189,7 +221,61 @@ func (e blasError) Error() string { return fmt.Sprintf("cuBLAS status %d", int(e
 // driverError is a CUresult returned by this package's own cgo.
 type driverError int
 
-func (e driverError) Error() string { return fmt.Sprintf("CUDA driver error %d", int(e)) }
+func (e driverError) Error() string {
+	return fmt.Sprintf("CUDA driver error %d (%s)", int(e), C.GoString(C.spill_cu_error(C.int(e))))
+}
+
+// maxArgs is the most kernel arguments a launch takes (SPILL_MAX_ARGS).
+const maxArgs = C.SPILL_MAX_ARGS
+
+// kfunc is a kernel entry point (a CUfunction) of a module loaded by
+// loadModule; valid while the backend is open.
+type kfunc uintptr
+
+// launchArgs launches fn on stream s (a CUstream) with the first n slots
+// of args. It allocates nothing: the pointer array the driver wants is
+// built on the C stack and the driver copies the values before returning.
+func launchArgs(s uintptr, fn kfunc, grid, block dim3, args *[maxArgs]uint64, n int) error {
+	r := C.spill_launch(C.uintptr_t(fn), C.uint(grid.x), C.uint(max(grid.y, 1)), C.uint(max(grid.z, 1)),
+		C.uint(block.x), C.uint(max(block.y, 1)), C.uint(max(block.z, 1)), 0, C.uintptr_t(s),
+		(*C.uint64_t)(unsafe.Pointer(&args[0])), C.int(n))
+	if r != 0 {
+		return driverError(r)
+	}
+	return nil
+}
+
+// streamHandle is the CUstream of s as an integer for this package's cgo.
+func streamHandle(s cu.Stream) uintptr { return uintptr(unsafe.Pointer(s.C())) }
+
+// moduleLoad loads a PTX image into the current context.
+func moduleLoad(image string) (uintptr, error) {
+	cs := C.CString(image)
+	defer C.free(unsafe.Pointer(cs))
+	var m C.uintptr_t
+	if r := C.spill_module_load(&m, cs); r != 0 {
+		return 0, driverError(r)
+	}
+	return uintptr(m), nil
+}
+
+// moduleFunction returns entry point name of module m.
+func moduleFunction(m uintptr, name string) (kfunc, error) {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	var f C.uintptr_t
+	if r := C.spill_module_function(&f, C.uintptr_t(m), cs); r != 0 {
+		return 0, driverError(r)
+	}
+	return kfunc(f), nil
+}
+
+func moduleUnload(m uintptr) error {
+	if r := C.spill_module_unload(C.uintptr_t(m)); r != 0 {
+		return driverError(r)
+	}
+	return nil
+}
 
 // cuBLAS status codes (cublas_api.h).
 const (

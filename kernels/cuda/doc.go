@@ -9,7 +9,8 @@
 //
 // # Building
 //
-// The driver API comes through gorgonia.org/cu; pinned host memory,
+// The driver API comes through gorgonia.org/cu; module loading, kernel
+// launches (launchArgs: no allocation per launch), pinned host memory,
 // cuBLAS (cublasGemmEx, float32 accumulation) and cuBLASLt (the GEMMs with
 // a fused bias epilogue, matmul_lt.go) through a little cgo of this
 // package. Build and test with tools/cuda/test.sh (tools/cuda/bench.sh
