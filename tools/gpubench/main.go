@@ -69,6 +69,25 @@ type trainResult struct {
 	PeakGiB      float64   `json:"peak_device_gib"`
 	Losses       []float64 `json:"losses"`
 	Error        string    `json:"error,omitempty"`
+	// The backend's queue goroutines per step (after warm-up), where the
+	// backend reports it (cuda.HostStats): jobs (launches, memsets, copies,
+	// GEMMs, ...) and kernel launches issued, milliseconds spent issuing them,
+	// that time per job, and its share of the step's wall time (1 would
+	// make the host the bottleneck).
+	HostJobsPerStep     float64 `json:"host_jobs_per_step,omitempty"`
+	HostLaunchesPerStep float64 `json:"host_launches_per_step,omitempty"`
+	HostMsPerStep       float64 `json:"host_issue_ms_per_step,omitempty"`
+	HostNsPerJob        float64 `json:"host_issue_ns_per_job,omitempty"`
+	HostShareOfStep     float64 `json:"host_issue_share_of_step,omitempty"`
+}
+
+// hostStats is cuda.HostStats in a cuda build (backend_cuda.go), else nil.
+var hostStats func() (jobs, launches int64, busy time.Duration)
+
+// hostSample is hostStats at one step's report.
+type hostSample struct {
+	jobs, launches int64
+	busy           time.Duration
 }
 
 type gemmResult struct {
@@ -204,6 +223,10 @@ func run(ctx context.Context, device, torchPath, outPath string, only []string, 
 			}
 		}
 		fmt.Printf("   spill: %.0f tok/s, %.1f TFLOP/s, step %.1f ms, peak %.2f GiB", res.TokensPerSec, res.ModelTFLOPs, res.StepMsMedian, res.PeakGiB)
+		if res.HostJobsPerStep > 0 {
+			fmt.Printf(", host %.2f ms/step issuing %.0f jobs (%.0f launches, %.0f ns/job)", res.HostMsPerStep, res.HostJobsPerStep,
+				res.HostLaunchesPerStep, res.HostNsPerJob)
+		}
 		if r.Ratio != nil {
 			fmt.Printf(", %.3fx PyTorch", *r.Ratio)
 		}
@@ -280,9 +303,17 @@ func train(ctx context.Context, device string, s shape) (trainResult, error) {
 	cfg.EvalEvery, cfg.EvalFraction = 0, 0
 	cfg.Device, cfg.Precision = device, "bf16"
 	var ms []engine.StepMetrics
+	var hs []hostSample
 	sum, err := engine.Run(ctx, cfg, engine.RunOptions{
-		Reporter: engine.ReporterFunc(func(m engine.StepMetrics) { ms = append(ms, m) }),
-		Log:      os.Stdout,
+		Reporter: engine.ReporterFunc(func(m engine.StepMetrics) {
+			ms = append(ms, m)
+			if hostStats != nil {
+				var h hostSample
+				h.jobs, h.launches, h.busy = hostStats()
+				hs = append(hs, h)
+			}
+		}),
+		Log: os.Stdout,
 	})
 	if err != nil {
 		return res, err
@@ -301,6 +332,16 @@ func train(ctx context.Context, device string, s shape) (trainResult, error) {
 	res.TokensPerSec = float64((len(ms)-s.Warmup)*s.Batch*s.SeqLen) / wall
 	res.ModelTFLOPs = res.TokensPerSec * float64(6*gptParams(s)) / 1e12
 	res.StepMsMedian = median(steps)
+	if len(hs) == len(ms) {
+		a, z, n := hs[s.Warmup-1], hs[len(hs)-1], float64(len(ms)-s.Warmup)
+		res.HostJobsPerStep = float64(z.jobs-a.jobs) / n
+		res.HostLaunchesPerStep = float64(z.launches-a.launches) / n
+		res.HostMsPerStep = (z.busy - a.busy).Seconds() * 1e3 / n
+		if z.jobs > a.jobs {
+			res.HostNsPerJob = float64((z.busy - a.busy).Nanoseconds()) / float64(z.jobs-a.jobs)
+		}
+		res.HostShareOfStep = res.HostMsPerStep / (wall * 1e3 / n)
+	}
 	res.PeakBytes = sum.PeakDeviceBytes
 	res.PeakGiB = float64(sum.PeakDeviceBytes) / (1 << 30)
 	return res, nil
