@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,10 @@ type Backend struct {
 	flashErr error
 	// flashBwdErr is the same for the flash backward kernels.
 	flashBwdErr error
+	// reducedPrecision lets cuBLAS and cuBLASLt reduce split-K partial
+	// sums in the output type (bf16, f16) instead of float32, as PyTorch
+	// does by default; set at Open from SPILL_CUBLAS_REDUCED_PRECISION=1.
+	reducedPrecision bool
 
 	mem struct {
 		sync.Mutex
@@ -57,6 +62,10 @@ var (
 	_ kernels.DeviceInspector = (*Backend)(nil)
 	_ kernels.PinnedAllocator = (*Backend)(nil)
 )
+
+// reducedPrecisionEnv names the environment variable that, set to 1 at
+// Open, allows reduced-precision split-K reductions (Backend.reducedPrecision).
+const reducedPrecisionEnv = "SPILL_CUBLAS_REDUCED_PRECISION"
 
 // reserveBytes is what a zero Config.MemoryLimit leaves free of the device's
 // free memory at Open, for cuBLAS workspaces, modules and the driver.
@@ -82,7 +91,7 @@ func Open(cfg kernels.Config) (*Backend, error) {
 	if cfg.Device < 0 || cfg.Device >= n {
 		return nil, fmt.Errorf("kernels/cuda: device %d does not exist (%d found)", cfg.Device, n)
 	}
-	b := &Backend{dev: cu.Device(cfg.Device), fns: map[string]kfunc{}}
+	b := &Backend{dev: cu.Device(cfg.Device), fns: map[string]kfunc{}, reducedPrecision: os.Getenv(reducedPrecisionEnv) == "1"}
 	if b.ctx, err = b.dev.RetainPrimaryCtx(); err != nil {
 		return nil, fmt.Errorf("kernels/cuda: device %d: primary context: %w", cfg.Device, err)
 	}

@@ -60,12 +60,17 @@ static int spill_host_alloc(void **p, size_t n) {
 
 static int spill_host_free(void *p) { return (int)cuMemFreeHost(p); }
 
-static int spill_blas_create(cublasHandle_t *h, uintptr_t stream) {
+// spill_blas_create makes a cuBLAS handle on stream; reduced allows split-K
+// reductions in the output type (bf16/f16) as PyTorch does by default,
+// else they stay in float32.
+static int spill_blas_create(cublasHandle_t *h, uintptr_t stream, int reduced) {
 	cublasStatus_t s = cublasCreate(h);
 	if (s != CUBLAS_STATUS_SUCCESS) return (int)s;
 	s = cublasSetStream(*h, (cudaStream_t)stream);
+	int mode = CUBLAS_DEFAULT_MATH;
+	if (!reduced) mode |= CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
 	if (s == CUBLAS_STATUS_SUCCESS)
-		s = cublasSetMathMode(*h, (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+		s = cublasSetMathMode(*h, (cublasMath_t)mode);
 	if (s != CUBLAS_STATUS_SUCCESS) cublasDestroy(*h);
 	return (int)s;
 }
@@ -114,14 +119,14 @@ static void spill_lt_plan_free(spill_lt_plan *p) {
 }
 
 // spill_lt_plan_bias plans column-major D(m,n) = op(A)*op(B) + bias(m)
-// (CUBLASLT_EPILOGUE_BIAS, float32 accumulation and scale, no split-K
-// reduction in the output type). The bias has D's type (the default of
+// (CUBLASLT_EPILOGUE_BIAS, float32 accumulation and scale; split-K
+// reductions in the output type only with reduced). The bias has D's type (the default of
 // CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, the only one documented outside
 // int8 and fp8). bias is an address with the alignment of the biases to
 // come; al* are the alignments of A, B and D in bytes.
 static int spill_lt_plan_bias(cublasLtHandle_t h, spill_lt_plan **out, int ta, int tb, int m, int n, int k,
 		int abt, int lda, int ldb, int dt, int ldd, uint64_t bias,
-		uint32_t alA, uint32_t alB, uint32_t alD, uint64_t maxWs) {
+		uint32_t alA, uint32_t alB, uint32_t alD, uint64_t maxWs, int reduced) {
 	*out = NULL;
 	spill_lt_plan *p = (spill_lt_plan *)calloc(1, sizeof *p);
 	if (p == NULL) return (int)CUBLAS_STATUS_ALLOC_FAILED;
@@ -130,6 +135,7 @@ static int spill_lt_plan_bias(cublasLtHandle_t h, spill_lt_plan **out, int ta, i
 	uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
 	const void *bp = (const void *)(uintptr_t)bias;
 	uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+	if (reduced) red = CUBLASLT_REDUCTION_SCHEME_MASK;
 	cublasLtMatmulHeuristicResult_t r;
 	int found = 0;
 	cublasStatus_t s = cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
@@ -291,9 +297,11 @@ type blasHandle struct {
 	ltErr error     // why lt could not be made
 }
 
-func newBlasHandle(s cu.Stream) (*blasHandle, error) {
+// newBlasHandle makes a cuBLAS handle on s; reduced lets its split-K
+// reductions run in the output type (reducedPrecision).
+func newBlasHandle(s cu.Stream, reduced bool) (*blasHandle, error) {
 	var h C.cublasHandle_t
-	if st := C.spill_blas_create(&h, C.uintptr_t(uintptr(unsafe.Pointer(s.C())))); st != 0 {
+	if st := C.spill_blas_create(&h, C.uintptr_t(uintptr(unsafe.Pointer(s.C()))), cbool(reduced)); st != 0 {
 		return nil, fmt.Errorf("kernels/cuda: cublasCreate: %w", blasError(st))
 	}
 	return &blasHandle{h: h}, nil
@@ -377,11 +385,11 @@ func (l *ltHandle) drop(k ltKey, err error) {
 // planBias plans column-major d(m,n) = op(a)·op(b) + bias(m) for k (bias
 // of d's dtype), with biases aligned like bias and at most maxWs bytes of
 // workspace.
-func (l *ltHandle) planBias(k ltKey, bias cu.DevicePtr, maxWs int64) (*ltPlan, error) {
+func (l *ltHandle) planBias(k ltKey, bias cu.DevicePtr, maxWs int64, reduced bool) (*ltPlan, error) {
 	var p *C.spill_lt_plan
 	st := C.spill_lt_plan_bias(l.h, &p, cbool(k.ta), cbool(k.tb), C.int(k.m), C.int(k.n), C.int(k.k),
 		blasType(k.ab), C.int(k.lda), C.int(k.ldb), blasType(k.d), C.int(k.ldd), C.uint64_t(bias),
-		C.uint32_t(k.alA), C.uint32_t(k.alB), C.uint32_t(k.alD), C.uint64_t(maxWs))
+		C.uint32_t(k.alA), C.uint32_t(k.alB), C.uint32_t(k.alD), C.uint64_t(maxWs), cbool(reduced))
 	if st != 0 {
 		return nil, blasError(st)
 	}

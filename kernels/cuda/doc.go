@@ -63,6 +63,10 @@
 // modules and the self-checks' few hundred KiB (freed before Open
 // returns) are outside the budget.
 //
+// cuBLAS and cuBLASLt keep split-K partial sums in float32; with
+// SPILL_CUBLAS_REDUCED_PRECISION=1 at Open they may reduce them in the
+// output type (bf16, f16), as PyTorch allows by default.
+//
 // The backend implements kernels.Overwriter: the backward ops a layer
 // chains (matmul, GELU, attention, cross-entropy) can write their input
 // gradient instead of accumulating into a zeroed buffer.

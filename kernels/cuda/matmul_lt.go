@@ -68,7 +68,7 @@ func (q *queue) gemmBias(ta, tb bool, m, n, k int, a operand, lda int, bm operan
 		alA: align(a.p), alB: align(bm.p), alD: align(d.p), alBias: align(bias.p)}
 	p, ok := lt.plans[key]
 	if !ok {
-		p, err = lt.planBias(key, bias.p, min(ltMaxWorkspace, q.b.limit/32))
+		p, err = lt.planBias(key, bias.p, min(ltMaxWorkspace, q.b.limit/32), q.b.reducedPrecision)
 		if err != nil {
 			p = &ltPlan{err: err}
 		}

@@ -368,7 +368,7 @@ func (q *queue) ensureScratch(n int64) (cu.DevicePtr, error) {
 // blasHandle returns the queue's cuBLAS handle, creating it on first use.
 func (q *queue) blasHandle() (*blasHandle, error) {
 	if q.blas == nil {
-		h, err := newBlasHandle(q.stream)
+		h, err := newBlasHandle(q.stream, q.b.reducedPrecision)
 		if err != nil {
 			return nil, err
 		}
