@@ -230,9 +230,7 @@ func (q *queue) putFlashBwd(f flashBwd, dqkv, dout, qkv, out, lse cu.DevicePtr, 
 	js[0] = js[0].withScratch(need, 0)
 	js[1] = js[1].withScratch(need, 4)
 	js[2] = js[2].withScratch(need, 4)
-	for i := range js {
-		q.put(&js[i])
-	}
+	q.putGroup(js[:])
 }
 
 // checkFlashBwd runs the backward kernels of each head size beside the

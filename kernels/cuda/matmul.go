@@ -132,12 +132,13 @@ func (q *queue) biasGrad(db, g operand, BT, OC int) {
 		vec = 1
 	}
 	b := q.b
-	j := launchJob(b.fn("matmul_backward_bias_partial"), dim3{x: colBlocks, y: slabs}, dim3{x: 32, y: 8}, 0,
-		aPtr(g.p), aDT(g.dt), aI32(BT), aI32(OC), aI32(rows), aI32(vec)).withScratch(need, 0)
-	q.put(&j)
-	j = launchJob(b.fn("matmul_backward_bias"), dim3{x: (OC + 31) / 32}, dim3{x: 32, y: 32}, aPtr(db.p), aDT(db.dt),
-		0, aI32(slabs), aI32(OC)).withScratch(need, 2)
-	q.put(&j)
+	js := [...]job{
+		launchJob(b.fn("matmul_backward_bias_partial"), dim3{x: colBlocks, y: slabs}, dim3{x: 32, y: 8}, 0,
+			aPtr(g.p), aDT(g.dt), aI32(BT), aI32(OC), aI32(rows), aI32(vec)).withScratch(need, 0),
+		launchJob(b.fn("matmul_backward_bias"), dim3{x: (OC + 31) / 32}, dim3{x: 32, y: 32}, aPtr(db.p), aDT(db.dt),
+			0, aI32(slabs), aI32(OC)).withScratch(need, 2),
+	}
+	q.putGroup(js[:])
 }
 
 // gemm computes, column-major, c(m,n) = op(a)·op(b) + beta·c with float32

@@ -350,10 +350,11 @@ func (b *Backend) SumSquares(kq kernels.Queue, out, x kernels.Tensor) {
 	g := int(min((int64(n)+4*threads-1)/(4*threads), 1024))
 	// The partial sums in the scratch area (offset 0).
 	part := int64(g) * 4
-	j := launchJob(b.fn("sum_squares_partial"), dim3{x: g}, block, 0, aPtr(xs.p), aDT(xs.dt), aI64(int64(n))).withScratch(part, 0)
-	q.put(&j)
-	j = launchJob(b.fn("sum_squares_final"), dim3{x: 1}, dim3{x: 1024}, aPtr(o), 0, aI32(g)).withScratch(part, 1)
-	q.put(&j)
+	js := [...]job{
+		launchJob(b.fn("sum_squares_partial"), dim3{x: g}, block, 0, aPtr(xs.p), aDT(xs.dt), aI64(int64(n))).withScratch(part, 0),
+		launchJob(b.fn("sum_squares_final"), dim3{x: 1}, dim3{x: 1024}, aPtr(o), 0, aI32(g)).withScratch(part, 1),
+	}
+	q.putGroup(js[:])
 }
 
 // CheckFinite sets flag[0] = 1 if x holds a NaN or Inf.
@@ -429,9 +430,7 @@ func (b *Backend) EncoderBackward(kq kernels.Queue, dwte, dwpe, dout, tokens ker
 			launchJob(b.fn("encoder_bwd_place"), elems(BT), block, pos, fill, aPtr(tk), aI32(BT), aI32(V)).withScratch(need, 0, 1),
 			sum,
 		}
-		for i := range js {
-			q.put(&js[i])
-		}
+		q.putGroup(js[:])
 	} else if dw.p != 0 {
 		q.launch(b.fn("encoder_backward"), dim3{x: BT}, dim3{x: nt}, aPtr(dw.p), aDT(dw.dt), aPtr(g.p), aDT(g.dt),
 			aPtr(tk), aI32(BT), aI32(C), aI32(V))
@@ -510,12 +509,13 @@ func (b *Backend) LayerNormBackward(kq kernels.Queue, dinp, dweight, dbias, dout
 	case (dw.p != 0 || db.p != 0) && typedPart:
 		// The partial sums at offset 0 of the scratch area.
 		need := int64(pgrid.y) * int64(2*C) * 4
-		j := launchJob(partFn, pgrid, dim3{x: 32, y: 8}, 0, aPtr(g.p), aPtr(i.p), aPtr(mp), aPtr(rp),
-			aI32(N), aI32(C), aI32(rpc)).withScratch(need, 0)
-		q.put(&j)
-		j = launchJob(b.fn("layernorm_params_final"), dim3{x: (C + 31) / 32}, dim3{x: 32, y: 32},
-			aPtr(dw.p), aDT(dw.dt), aPtr(db.p), aDT(db.dt), 0, aI32(pgrid.y), aI32(C)).withScratch(need, 4)
-		q.put(&j)
+		js := [...]job{
+			launchJob(partFn, pgrid, dim3{x: 32, y: 8}, 0, aPtr(g.p), aPtr(i.p), aPtr(mp), aPtr(rp),
+				aI32(N), aI32(C), aI32(rpc)).withScratch(need, 0),
+			launchJob(b.fn("layernorm_params_final"), dim3{x: (C + 31) / 32}, dim3{x: 32, y: 32},
+				aPtr(dw.p), aDT(dw.dt), aPtr(db.p), aDT(db.dt), 0, aI32(pgrid.y), aI32(C)).withScratch(need, 4),
+		}
+		q.putGroup(js[:])
 	case dw.p != 0 || db.p != 0:
 		q.launch(b.fn("layernorm_backward_params"), dim3{x: (C + 31) / 32}, dim3{x: 32, y: 32},
 			aPtr(dw.p), aDT(dw.dt), aPtr(db.p), aDT(db.dt), aPtr(g.p), aDT(g.dt), aPtr(i.p), aDT(i.dt),

@@ -31,6 +31,11 @@ type queue struct {
 	jobs   chan job
 	done   chan struct{} // closed when the goroutine has finished
 
+	// sendMu is held while jobs are sent, so that the jobs of one op
+	// (putGroup) reach the goroutine together: they share the scratch
+	// area, which a job of another op in between could overwrite or grow.
+	sendMu sync.Mutex
+
 	mu struct {
 		sync.Mutex
 		err    error // first error of any job (sticky)
@@ -235,13 +240,30 @@ func (q *queue) enqueue(f func(*queue) error) {
 
 // put hands a copy of j to the queue's goroutine.
 func (q *queue) put(j *job) {
+	q.sendMu.Lock()
+	defer q.sendMu.Unlock()
+	q.checkOpen()
+	q.jobs <- *j
+}
+
+// putGroup hands copies of the jobs of one op to the queue's goroutine,
+// with no other job in between.
+func (q *queue) putGroup(js []job) {
+	q.sendMu.Lock()
+	defer q.sendMu.Unlock()
+	q.checkOpen()
+	for i := range js {
+		q.jobs <- js[i]
+	}
+}
+
+func (q *queue) checkOpen() {
 	q.mu.Lock()
 	closed := q.mu.closed
 	q.mu.Unlock()
 	if closed {
 		panic(fmt.Sprintf("kernels/cuda: queue %q used after Close", q.name))
 	}
-	q.jobs <- *j
 }
 
 // launch enqueues a launch of fn (launchJob).
