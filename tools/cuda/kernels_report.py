@@ -4,7 +4,8 @@ kernels_h200.json, with spill and PyTorch side by side:
   - attention forward + backward (spill_attn.json from gpubench -attn-sweep,
     torch_attn.json from kernels_ref.py): ratio = torch's fastest SDPA
     backend time over spill's (>= 1: spill as fast or faster);
-  - GPT training steps (gpt.json from gpubench -torch torch_compile.json):
+  - GPT training steps (gpt.json from gpubench, torch_compile.json from
+    torch_ref.py with SPILL_TORCH_COMPILE=1):
     ratio = spill tokens/s over torch.compile's, model TFLOP/s of both, and
     spill's host issue time per step;
   - GEMMs at the GPT shapes (gemm_default.json, gemm_reduced.json: gpubench
@@ -65,9 +66,13 @@ def main():
         rows.append(row)
     rep["attention"] = rows
     gpt = load(d, "gpt.json")
+    tcomp = (load(d, "torch_compile.json") or {}).get("shapes", {})
     grows = []
     for sh in (gpt or {}).get("shapes", []):
-        sp, tc = sh.get("spill", {}), sh.get("torch") or {}
+        sp, tc = sh.get("spill", {}), tcomp.get(sh["name"]) or sh.get("torch") or {}
+        ratio = None
+        if sp.get("tokens_per_sec") and tc.get("tokens_per_sec"):
+            ratio = sp["tokens_per_sec"] / tc["tokens_per_sec"]
         row = dict(name=sh["name"], layers=sh["layers"], embd=sh["embd"], heads=sh["heads"], t=sh["seq_len"],
                    batch=sh["batch"], params=sh["params"], spill_tokens_per_sec=sp.get("tokens_per_sec"),
                    spill_model_tflops=sp.get("model_tflops"), spill_step_ms_median=sp.get("step_ms_median"),
@@ -80,7 +85,7 @@ def main():
                    torch_compile_tokens_per_sec=tc.get("tokens_per_sec"),
                    torch_compile_model_tflops=tc.get("model_tflops"), torch_compiled=tc.get("compiled"),
                    torch_peak_gib=tc.get("peak_device_gib"),
-                   ratio_spill_over_torch_compile=sh.get("ratio_tokens_per_sec_spill_over_torch"))
+                   ratio_spill_over_torch_compile=ratio)
         grows.append({k: v for k, v in row.items() if v is not None})
     rep["gpt"] = grows
     if gpt:
