@@ -30,13 +30,15 @@ func (b *Backend) MatmulForward(kq kernels.Queue, out, inp, weight, bias kernels
 }
 
 // gemmCall is a GEMM job: column-major c(m,n) = op(a)·op(b) + beta·c, or
-// with a bias c = op(a)·op(b) + bias(m) (beta ignored).
+// with a bias c = op(a)·op(b) + bias(m) (beta ignored), or with epi
+// epiGeluBias or epiDGelu what gemmEpi says, through runGelu.
 type gemmCall struct {
-	ta, tb        bool
-	m, n, k       int
-	a, b, c, bias operand
-	lda, ldb, ldc int
-	beta          float32
+	epi                  int
+	ta, tb               bool
+	m, n, k              int
+	a, b, c, bias, aux   operand
+	lda, ldb, ldc, ldAux int
+	beta                 float32
 }
 
 // putGemm enqueues g.
@@ -49,6 +51,9 @@ func (q *queue) putGemm(g gemmCall) {
 // cublasLtMatmul with the bias epilogue when cuBLASLt can do it, else the
 // bias is broadcast into c and the GEMM adds onto it (beta 1).
 func (q *queue) runGemm(g *gemmCall) error {
+	if g.epi != epiBias {
+		return q.runGelu(g)
+	}
 	beta := g.beta
 	if g.bias.p != 0 {
 		if done, err := q.gemmBias(g.ta, g.tb, g.m, g.n, g.k, g.a, g.lda, g.b, g.ldb, g.bias, g.c, g.ldc); done || err != nil {

@@ -59,7 +59,7 @@ if [ -n "${SPILL_PTX:-}" ]; then
 fi
 step build 200 go build -tags cuda -o /tmp/gpubench ./tools/gpubench || exit 1
 if [ -n "${SPILL_BENCH_GO:-}" ]; then
-  step gobench 90 go test -tags cuda -count=1 -run '^$' -bench 'Launch|StepOps' -benchtime 2000x ./kernels/cuda/
+  step gobench 90 go test -tags cuda -count=1 -run '^$' -bench 'Launch|StepOps|MatmulGelu' -benchtime 2000x ./kernels/cuda/
 fi
 step spill_attn 120 /tmp/gpubench -attn-sweep "$attn" -out "$out/spill_attn.json"
 PYTHONUNBUFFERED=1 step torch_attn 120 python3 tools/cuda/kernels_ref.py "$out/torch_attn.json" "$attn"
