@@ -36,8 +36,13 @@
 //   - each Queue is such a goroutine owning one CUDA stream (non-blocking)
 //     and its own cuBLAS handle; the Backend methods that take a Queue
 //     validate their arguments on the caller's goroutine (panicking on
-//     misuse) and then hand the launch to the queue's goroutine through a
-//     channel, so they return at once and keep the caller's order;
+//     misuse) and then hand the work to the queue's goroutine through a
+//     channel, so they return at once and keep the caller's order. The
+//     work travels as job values (a launch with its arguments, a memset, a
+//     copy, a GEMM; a closure only for the rarer paths), so that an op
+//     allocates nothing in steady state, and the goroutine launches
+//     through this package's own cuLaunchKernel call (launchArgs);
+//     HostStats reports how long the goroutines spend issuing work;
 //   - everything else (Alloc, Free, event waits, pinned memory) runs on a
 //     small pool of such goroutines, grown when all are busy.
 //
