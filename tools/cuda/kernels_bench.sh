@@ -61,6 +61,7 @@ step build 200 go build -tags cuda -o /tmp/gpubench ./tools/gpubench || exit 1
 if [ -n "${SPILL_BENCH_GO:-}" ]; then
   step gobench 90 go test -tags cuda -count=1 -run '^$' -bench 'Launch|StepOps|MatmulGelu' -benchtime 2000x ./kernels/cuda/
 fi
+step spill_gpt 240 /tmp/gpubench -train-only -shapes "$shapes" -out "$out/gpt.json"
 step spill_attn 120 /tmp/gpubench -attn-sweep "$attn" -out "$out/spill_attn.json"
 PYTHONUNBUFFERED=1 step torch_attn 120 python3 tools/cuda/kernels_ref.py "$out/torch_attn.json" "$attn"
 if [ -n "${SPILL_BENCH_GEMM:-}" ]; then
@@ -68,7 +69,6 @@ if [ -n "${SPILL_BENCH_GEMM:-}" ]; then
   step gemm_default 90 /tmp/gpubench -kernels-only -shapes 124m -torch "$out/torch_gemm.json" -out "$out/gemm_default.json"
   SPILL_CUBLAS_REDUCED_PRECISION=1 step gemm_reduced 90 /tmp/gpubench -kernels-only -shapes 124m -torch "$out/torch_gemm.json" -out "$out/gemm_reduced.json"
 fi
-step spill_gpt 240 /tmp/gpubench -train-only -shapes "$shapes" -out "$out/gpt.json"
 SPILL_TORCH_COMPILE=1 SPILL_TRAIN_ONLY=1 PYTHONUNBUFFERED=1 step torch_gpt 300 python3 tools/gpubench/torch_ref.py "$out/torch_compile.json" "$shapes"
 python3 tools/cuda/kernels_report.py "$out" "$commit" "SPILL_COMMIT=$commit bash tools/cuda/kernels_bench.sh (attention $attn; shapes $shapes)" >"$out/kernels_h200.json" || status=1
 python3 - "$out/kernels_h200.json" <<'EOF' || status=1
