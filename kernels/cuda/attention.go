@@ -186,13 +186,16 @@ func (b *Backend) AttentionForward(kq kernels.Queue, out, lse, qkv kernels.Tenso
 	x := b.float(op, "qkv", qkv, B*T*3*C)
 	tiled := useTiled(B, C, NH)
 	impl := attnImpl
-	flash, useFlash := b.flashFunc(o, x, B, C, NH)
+	flash, frows, useFlash := b.flashFunc(o, x, B, C, NH)
 	useFlash = useFlash && (impl == attnFlash || impl == attnAuto && b.flashErr == nil)
 	if useFlash {
 		// Counted when enqueued, so that a test sees it without waiting
 		// for the queue.
 		flashLaunches.Add(1)
-		j := flashJob(flash, o.p, l, x.p, B, T, C, NH)
+		if frows == flashRows2 {
+			flashFwd2Launches.Add(1)
+		}
+		j := flashJob(flash, frows, o.p, l, x.p, B, T, C, NH)
 		q.put(&j)
 		return
 	}

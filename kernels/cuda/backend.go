@@ -39,6 +39,8 @@ type Backend struct {
 	flashErr error
 	// flashBwdErr is the same for the flash backward kernels.
 	flashBwdErr error
+	// flashFwd2Err is the same for the two-tile forward (flash.go).
+	flashFwd2Err error
 	// reducedPrecision lets cuBLAS and cuBLASLt reduce split-K partial
 	// sums in the output type (bf16, f16) instead of float32, as PyTorch
 	// does by default; set at Open from SPILL_CUBLAS_REDUCED_PRECISION=1.
@@ -116,6 +118,9 @@ func Open(cfg kernels.Config) (*Backend, error) {
 		}
 		if b.flashErr == nil {
 			b.flashErr = b.checkFlash()
+		}
+		if b.flashErr != nil {
+			b.flashFwd2Err = b.flashErr
 		}
 		if b.flashBwdErr = b.flashErr; b.flashBwdErr == nil {
 			b.flashBwdErr = b.checkFlashBwd()

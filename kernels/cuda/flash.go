@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
 	"sync/atomic"
 	"unsafe"
 
@@ -39,25 +40,45 @@ var flashLaunches atomic.Int64
 
 func flashName(hs int) string { return fmt.Sprintf("flash_fwd_bf16_hs%d", hs) }
 
+// flashFwd2Name is the head-size-64 forward with two 16-row tiles per warp
+// (flash_fwd_mt), flashRows2 its query rows per block. AttentionForward
+// takes it in place of flash_fwd_bf16_hs64 when flashFwd2 is set (from
+// SPILL_FLASH_FWD=2 at start-up, until measurements make it the default)
+// and its own self-check at Open passed (Backend.flashFwd2Err).
+const (
+	flashFwd2Name = "flash_fwd2_bf16_hs64"
+	flashRows2    = 128
+)
+
+var flashFwd2 = os.Getenv("SPILL_FLASH_FWD") == "2"
+
+// flashFwd2Launches counts the forward calls that took flashFwd2Name.
+var flashFwd2Launches atomic.Int64
+
 // flashFunc returns the flash kernel for a forward call, or false when it
 // does not apply: dtypes other than bf16, a head size other than 64 or 128,
 // operands not aligned for its vector accesses (qkv to 16 bytes, out to 4),
 // or more than 65535 heads in all (the grid's y dimension).
-func (b *Backend) flashFunc(o, x operand, B, C, NH int) (kfunc, bool) {
+func (b *Backend) flashFunc(o, x operand, B, C, NH int) (fn kfunc, rows int, ok bool) {
 	hs := C / NH
 	if o.dt != kernels.BF16 || x.dt != kernels.BF16 || (hs != 64 && hs != 128) || x.p%16 != 0 || o.p%4 != 0 || B*NH > 65535 {
-		return 0, false
+		return 0, 0, false
 	}
-	fn, ok := b.fns[flashName(hs)]
-	return fn, ok
+	if hs == 64 && flashFwd2 && b.flashFwd2Err == nil {
+		if fn, ok := b.fns[flashFwd2Name]; ok {
+			return fn, flashRows2, true
+		}
+	}
+	fn, ok = b.fns[flashName(hs)]
+	return fn, flashRows, ok
 }
 
 // flashScale is log2(e)/sqrt(hs): the flash kernel works in base 2.
 func flashScale(hs int) float32 { return float32(math.Log2E / math.Sqrt(float64(hs))) }
 
-// flashJob is the launch of fn for out, lse, qkv.
-func flashJob(fn kfunc, o, lse, x cu.DevicePtr, B, T, C, NH int) job {
-	return launchJob(fn, dim3{x: (T + flashRows - 1) / flashRows, y: B * NH}, dim3{x: flashThreads},
+// flashJob is the launch of fn (rows query rows per block) for out, lse, qkv.
+func flashJob(fn kfunc, rows int, o, lse, x cu.DevicePtr, B, T, C, NH int) job {
+	return launchJob(fn, dim3{x: (T + rows - 1) / rows, y: B * NH}, dim3{x: flashThreads},
 		aPtr(o), aPtr(lse), aPtr(x), aI32(T), aI32(C), aI32(NH), aF32(flashScale(C/NH)))
 }
 
@@ -74,6 +95,9 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	case b.flashBwdErr != nil:
 		return fmt.Sprintf("forward: tensor-core flash kernel; backward: cuBLAS batched GEMMs (flash backward off: %v)", b.flashBwdErr)
 	}
+	if hs == 64 && flashFwd2 && b.flashFwd2Err == nil {
+		return "forward and backward: tensor-core flash kernels (forward with two 16-row tiles per warp)"
+	}
 	return "forward and backward: tensor-core flash kernels"
 }
 
@@ -89,14 +113,20 @@ func (b *Backend) checkFlash() error {
 		if !ok {
 			return fmt.Errorf("kernel %s missing from the embedded PTX", name)
 		}
-		if err := b.checkFlashShape(fn, B, T, NH*hs, NH); err != nil {
+		if err := b.checkFlashShape(fn, flashRows, B, T, NH*hs, NH); err != nil {
 			return fmt.Errorf("%s self-check (B%d T%d C%d NH%d): %w", name, B, T, NH*hs, NH, err)
 		}
+	}
+	// The optional two-tile forward: T 200 spans two of its 128-row blocks.
+	if fn, ok := b.fns[flashFwd2Name]; !ok {
+		b.flashFwd2Err = fmt.Errorf("kernel %s missing from the embedded PTX", flashFwd2Name)
+	} else if err := b.checkFlashShape(fn, flashRows2, B, 200, NH*64, NH); err != nil {
+		b.flashFwd2Err = fmt.Errorf("%s self-check (B%d T200 C%d NH%d): %w", flashFwd2Name, B, NH*64, NH, err)
 	}
 	return nil
 }
 
-func (b *Backend) checkFlashShape(fn kfunc, B, T, C, NH int) error {
+func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 	nx, no, nl := B*T*3*C, B*T*C, B*NH*T
 	host := make([]byte, 2*nx)
 	seed := uint32(12345)
@@ -128,7 +158,7 @@ func (b *Backend) checkFlashShape(fn kfunc, B, T, C, NH int) error {
 	if err := cu.MemcpyHtoDAsync(dx, unsafe.Pointer(&host[0]), int64(len(host)), s); err != nil {
 		return err
 	}
-	fj := flashJob(fn, do1, dl1, dx, B, T, C, NH)
+	fj := flashJob(fn, qrows, do1, dl1, dx, B, T, C, NH)
 	if err := fj.launchOn(s); err != nil {
 		return err
 	}
