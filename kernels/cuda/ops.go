@@ -33,7 +33,9 @@ func needN(op, name string, t kernels.Tensor, n int) {
 func needDims(op string, dims ...int) {
 	for _, d := range dims {
 		if d < 0 {
-			panic(fmt.Sprintf("kernels/cuda: %s: negative dimension in %v", op, dims))
+			// A copy goes to Sprintf, so that dims does not escape: the
+			// callers' argument slices stay on their stacks.
+			panic(fmt.Sprintf("kernels/cuda: %s: negative dimension in %v", op, append([]int(nil), dims...)))
 		}
 	}
 }

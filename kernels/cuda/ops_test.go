@@ -432,11 +432,11 @@ func TestSumSquaresCheckFinite(t *testing.T) {
 	}
 }
 
-// TestAttentionFlash2 checks the two-tile forward (flash_fwd2_bf16_hs64)
-// down the chain: the CPU backend, then the one-tile flash kernel on the
-// same inputs (T of 1, 65, 128, 129, 200, 300: 16-row tiles, 64-key tiles
-// and 128-row block edges), with poisoned outputs, and that its self-check
-// at Open passed.
+// TestAttentionFlash2 checks the two-tile forward (flash_fwd2_bf16_hs64,
+// the default for head size 64) and the one-tile one it replaced against
+// the CPU backend, then against each other on the same inputs (T of 1, 65,
+// 128, 129, 200, 300: 16-row tiles, 64-key tiles and 128-row block edges),
+// with poisoned outputs, and that its self-check at Open passed.
 func TestAttentionFlash2(t *testing.T) {
 	defer func(impl int, two bool) { attnImpl, flashFwd2 = impl, two }(attnImpl, flashFwd2)
 	attnImpl = attnFlash
@@ -461,9 +461,13 @@ func TestAttentionFlash2(t *testing.T) {
 		}
 		p.check(name+"/out", out, 1)
 		p.check(name+"/lse", lse, 2)
-		// The one-tile kernel on the GPU side only, then the two compared.
+		// The one-tile kernel against the CPU, then the two kernels compared.
 		flashFwd2 = false
-		gb.AttentionForward(gb.DefaultQueue(), out1.g, lse1.g, qkv.g, B, T, C, NH)
+		p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+			b.AttentionForward(q, s(out1), s(lse1), s(qkv), B, T, C, NH)
+		})
+		p.check(name+"/one-tile/out", out1, 1)
+		p.check(name+"/one-tile/lse", lse1, 2)
 		for _, c := range []struct {
 			name   string
 			two    tp
