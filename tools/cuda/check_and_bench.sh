@@ -31,7 +31,7 @@ deadline=${SPILL_DEADLINE:-300}
   tail -n 3 "$OUT/ptx.log"
   tar czf "$R/ptx.tgz" kernels/cuda/ptx
   left=$((deadline - SECONDS - 100))
-  timeout $((left > 60 ? left : 60)) go test -tags cuda -count=1 -v ./kernels/cuda/ >"$OUT/test.log" 2>&1
+  timeout $((left > 90 ? left : 90)) go test -tags cuda -count=1 -v ./kernels/cuda/ >"$OUT/test.log" 2>&1
   echo "== test: exit $? after ${SECONDS}s"
   grep -E '^(--- FAIL|FAIL|ok|panic)|allocations|^    \w+_test.go' "$OUT/test.log" | head -n 40
   wait
