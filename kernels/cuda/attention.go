@@ -186,27 +186,30 @@ func (b *Backend) AttentionForward(kq kernels.Queue, out, lse, qkv kernels.Tenso
 	x := b.float(op, "qkv", qkv, B*T*3*C)
 	tiled := useTiled(B, C, NH)
 	impl := attnImpl
-	flash, useFlash := b.flashFunc(o, x, B, C, NH)
+	flash, frows, useFlash := b.flashFunc(o, x, B, C, NH)
 	useFlash = useFlash && (impl == attnFlash || impl == attnAuto && b.flashErr == nil)
 	if useFlash {
 		// Counted when enqueued, so that a test sees it without waiting
 		// for the queue.
 		flashLaunches.Add(1)
+		if frows == flashRows2 {
+			flashFwd2Launches.Add(1)
+		}
+		j := flashJob(flash, frows, o.p, l, x.p, B, T, C, NH)
+		q.put(&j)
+		return
 	}
 	q.enqueue(func(q *queue) error {
-		if useFlash {
-			return launchFlash(q.stream, flash, o.p, l, x.p, B, T, C, NH)
-		}
 		if impl == attnAuto || impl == attnFlash || impl == attnNoFlash {
 			if done, err := q.attnForwardGEMM(o, l, x, B, T, C, NH); done || err != nil {
 				return err
 			}
 		}
 		if tiled {
-			return q.launch(b.fn("attention_forward_tiled"), dim3{x: (T + 15) / 16, y: B * NH}, block, aPtr(o.p), aDT(o.dt),
+			return q.launchNow(b.fn("attention_forward_tiled"), dim3{x: (T + 15) / 16, y: B * NH}, block, aPtr(o.p), aDT(o.dt),
 				aPtr(l), aPtr(x.p), aDT(x.dt), aI32(B), aI32(T), aI32(C), aI32(NH))
 		}
-		return q.launch(b.fn("attention_forward"), rows(B*NH*T), block, aPtr(o.p), aDT(o.dt), aPtr(l), aPtr(x.p), aDT(x.dt),
+		return q.launchNow(b.fn("attention_forward"), rows(B*NH*T), block, aPtr(o.p), aDT(o.dt), aPtr(l), aPtr(x.p), aDT(x.dt),
 			aI32(B), aI32(T), aI32(C), aI32(NH))
 	})
 }
@@ -226,7 +229,7 @@ func (q *queue) attnForwardGEMM(o operand, lse cu.DevicePtr, x operand, B, T, C,
 		return false, err
 	}
 	wd, w, hs := p.wd, p.wd.Size(), p.hs
-	if err := q.launch(b.fn("attn_split"), elems(B*T*3*C), block, aPtr(p.q), aPtr(p.k), aPtr(p.v), aDT(wd),
+	if err := q.launchNow(b.fn("attn_split"), elems(B*T*3*C), block, aPtr(p.q), aPtr(p.k), aPtr(p.v), aDT(wd),
 		aPtr(x.p), aDT(x.dt), aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {
 		return false, err
 	}
@@ -242,7 +245,7 @@ func (q *queue) attnForwardGEMM(o operand, lse cu.DevicePtr, x operand, B, T, C,
 				p.q+p.headOff(z0, q0, w), wd, hs, head, 0, p.s, kernels.F32, Tk, blk, n); err != nil {
 				return false, err
 			}
-			if err := q.launch(b.fn("attn_softmax_fwd"), rows(n*Tq), block, aPtr(p.s), aPtr(p.p), aDT(wd), aPtr(lse),
+			if err := q.launchNow(b.fn("attn_softmax_fwd"), rows(n*Tq), block, aPtr(p.s), aPtr(p.p), aDT(wd), aPtr(lse),
 				aI32(n), aI32(Tq), aI32(Tk), aI32(q0), aI32(z0), aI32(T)); err != nil {
 				return false, err
 			}
@@ -253,7 +256,7 @@ func (q *queue) attnForwardGEMM(o operand, lse cu.DevicePtr, x operand, B, T, C,
 			}
 		}
 	}
-	return true, q.launch(b.fn("attn_merge_out"), elems(B*T*C), block, aPtr(o.p), aDT(o.dt), aPtr(p.x), aDT(kernels.F32),
+	return true, q.launchNow(b.fn("attn_merge_out"), elems(B*T*C), block, aPtr(o.p), aDT(o.dt), aPtr(p.x), aDT(kernels.F32),
 		aI32(B), aI32(T), aI32(C), aI32(NH))
 }
 
@@ -288,17 +291,13 @@ func (b *Backend) attentionBackward(kq kernels.Queue, set bool, dqkv, dout, qkv,
 	useFlash = useFlash && (impl == attnFlash || impl == attnAuto && b.flashBwdErr == nil)
 	if useFlash {
 		flashBwdLaunches.Add(1)
-	} else if set {
+		q.putFlashBwd(fb, d.p, g.p, x.p, o.p, l, B, T, C, NH, set)
+		return
+	}
+	if set {
 		b.Zero(kq, dqkv)
 	}
 	q.enqueue(func(q *queue) error {
-		if useFlash {
-			D, err := q.ensureScratch(int64(nrows) * 4)
-			if err != nil {
-				return err
-			}
-			return launchFlashBwd(q.stream, fb, d.p, g.p, x.p, o.p, l, D, B, T, C, NH, set)
-		}
 		if impl == attnAuto || impl == attnFlash || impl == attnNoFlash {
 			if done, err := q.attnBackwardGEMM(d, g, x, o, l, B, T, C, NH); done || err != nil {
 				return err
@@ -310,18 +309,18 @@ func (b *Backend) attentionBackward(kq kernels.Queue, set bool, dqkv, dout, qkv,
 		}
 		if tiled {
 			grid := dim3{x: (T + 7) / 8, y: B * NH}
-			if err := q.launch(b.fn("attention_backward_tiled"), grid, block, aPtr(d.p), aDT(d.dt), aPtr(D), aPtr(g.p), aDT(g.dt),
+			if err := q.launchNow(b.fn("attention_backward_tiled"), grid, block, aPtr(d.p), aDT(d.dt), aPtr(D), aPtr(g.p), aDT(g.dt),
 				aPtr(x.p), aDT(x.dt), aPtr(o.p), aDT(o.dt), aPtr(l), aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {
 				return err
 			}
-			return q.launch(b.fn("attention_backward_kv_tiled"), grid, block, aPtr(d.p), aDT(d.dt), aPtr(D), aPtr(g.p), aDT(g.dt),
+			return q.launchNow(b.fn("attention_backward_kv_tiled"), grid, block, aPtr(d.p), aDT(d.dt), aPtr(D), aPtr(g.p), aDT(g.dt),
 				aPtr(x.p), aDT(x.dt), aPtr(l), aI32(B), aI32(T), aI32(C), aI32(NH))
 		}
-		if err := q.launch(b.fn("attention_backward"), rows(nrows), block, aPtr(d.p), aDT(d.dt), aPtr(D), aPtr(g.p), aDT(g.dt),
+		if err := q.launchNow(b.fn("attention_backward"), rows(nrows), block, aPtr(d.p), aDT(d.dt), aPtr(D), aPtr(g.p), aDT(g.dt),
 			aPtr(x.p), aDT(x.dt), aPtr(o.p), aDT(o.dt), aPtr(l), aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {
 			return err
 		}
-		return q.launch(b.fn("attention_backward_kv"), rows(nrows), block, aPtr(d.p), aDT(d.dt), aPtr(D), aPtr(g.p), aDT(g.dt),
+		return q.launchNow(b.fn("attention_backward_kv"), rows(nrows), block, aPtr(d.p), aDT(d.dt), aPtr(D), aPtr(g.p), aDT(g.dt),
 			aPtr(x.p), aDT(x.dt), aPtr(l), aI32(B), aI32(T), aI32(C), aI32(NH))
 	})
 }
@@ -341,11 +340,11 @@ func (q *queue) attnBackwardGEMM(dqkv, dout, x, out operand, lse cu.DevicePtr, B
 		return false, err
 	}
 	wd, w, hs := p.wd, p.wd.Size(), p.hs
-	if err := q.launch(b.fn("attn_split"), elems(B*T*3*C), block, aPtr(p.q), aPtr(p.k), aPtr(p.v), aDT(wd),
+	if err := q.launchNow(b.fn("attn_split"), elems(B*T*3*C), block, aPtr(p.q), aPtr(p.k), aPtr(p.v), aDT(wd),
 		aPtr(x.p), aDT(x.dt), aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {
 		return false, err
 	}
-	if err := q.launch(b.fn("attn_bwd_prep"), rows(p.Z*T), block, aPtr(p.x), aDT(wd), aPtr(p.d), aPtr(dout.p), aDT(dout.dt),
+	if err := q.launchNow(b.fn("attn_bwd_prep"), rows(p.Z*T), block, aPtr(p.x), aDT(wd), aPtr(p.d), aPtr(dout.p), aDT(dout.dt),
 		aPtr(out.p), aDT(out.dt), aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {
 		return false, err
 	}
@@ -375,7 +374,7 @@ func (q *queue) attnBackwardGEMM(dqkv, dout, x, out operand, lse cu.DevicePtr, B
 				0, p.dp, kernels.F32, Tk, blk, n); err != nil {
 				return false, err
 			}
-			if err := q.launch(b.fn("attn_softmax_bwd"), rows(n*Tq), block, aPtr(p.s), aPtr(p.dp), aPtr(p.p), aPtr(p.ds),
+			if err := q.launchNow(b.fn("attn_softmax_bwd"), rows(n*Tq), block, aPtr(p.s), aPtr(p.dp), aPtr(p.p), aPtr(p.ds),
 				aDT(wd), aPtr(lse), aPtr(p.d), aI32(n), aI32(Tq), aI32(Tk), aI32(q0), aI32(z0), aI32(T), aF32(p.scale)); err != nil {
 				return false, err
 			}
@@ -396,6 +395,6 @@ func (q *queue) attnBackwardGEMM(dqkv, dout, x, out operand, lse cu.DevicePtr, B
 			}
 		}
 	}
-	return true, q.launch(b.fn("attn_merge_grad"), elems(B*T*3*C), block, aPtr(dqkv.p), aDT(dqkv.dt), aPtr(p.dq), aPtr(p.dk),
+	return true, q.launchNow(b.fn("attn_merge_grad"), elems(B*T*3*C), block, aPtr(dqkv.p), aDT(dqkv.dt), aPtr(p.dq), aPtr(p.dk),
 		aPtr(p.dv), aI32(B), aI32(T), aI32(C), aI32(NH))
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -27,9 +28,9 @@ type Backend struct {
 	ctx    cu.CUContext
 	name   string
 	pool   *pool
-	mods   []cu.Module
-	fns    map[string]cu.Function // read-only after Open
-	alloc  cu.Stream              // zeroes new allocations; used from the pool
+	mods   []uintptr        // CUmodule handles (module.go)
+	fns    map[string]kfunc // read-only after Open
+	alloc  cu.Stream        // zeroes new allocations; used from the pool
 	limit  int64
 	defq   *queue
 	closed atomic.Bool
@@ -38,6 +39,12 @@ type Backend struct {
 	flashErr error
 	// flashBwdErr is the same for the flash backward kernels.
 	flashBwdErr error
+	// flashFwd2Err is the same for the two-tile forward (flash.go).
+	flashFwd2Err error
+	// reducedPrecision lets cuBLAS and cuBLASLt reduce split-K partial
+	// sums in the output type (bf16, f16) instead of float32, as PyTorch
+	// does by default; set at Open from SPILL_CUBLAS_REDUCED_PRECISION=1.
+	reducedPrecision bool
 
 	mem struct {
 		sync.Mutex
@@ -57,6 +64,10 @@ var (
 	_ kernels.DeviceInspector = (*Backend)(nil)
 	_ kernels.PinnedAllocator = (*Backend)(nil)
 )
+
+// reducedPrecisionEnv names the environment variable that, set to 1 at
+// Open, allows reduced-precision split-K reductions (Backend.reducedPrecision).
+const reducedPrecisionEnv = "SPILL_CUBLAS_REDUCED_PRECISION"
 
 // reserveBytes is what a zero Config.MemoryLimit leaves free of the device's
 // free memory at Open, for cuBLAS workspaces, modules and the driver.
@@ -82,7 +93,7 @@ func Open(cfg kernels.Config) (*Backend, error) {
 	if cfg.Device < 0 || cfg.Device >= n {
 		return nil, fmt.Errorf("kernels/cuda: device %d does not exist (%d found)", cfg.Device, n)
 	}
-	b := &Backend{dev: cu.Device(cfg.Device), fns: map[string]cu.Function{}}
+	b := &Backend{dev: cu.Device(cfg.Device), fns: map[string]kfunc{}, reducedPrecision: os.Getenv(reducedPrecisionEnv) == "1"}
 	if b.ctx, err = b.dev.RetainPrimaryCtx(); err != nil {
 		return nil, fmt.Errorf("kernels/cuda: device %d: primary context: %w", cfg.Device, err)
 	}
@@ -108,6 +119,9 @@ func Open(cfg kernels.Config) (*Backend, error) {
 		if b.flashErr == nil {
 			b.flashErr = b.checkFlash()
 		}
+		if b.flashErr != nil {
+			b.flashFwd2Err = b.flashErr
+		}
 		if b.flashBwdErr = b.flashErr; b.flashBwdErr == nil {
 			b.flashBwdErr = b.checkFlashBwd()
 		}
@@ -132,7 +146,7 @@ func Open(cfg kernels.Config) (*Backend, error) {
 func (b *Backend) release() {
 	_ = b.pool.call(func() error {
 		for _, m := range b.mods {
-			_ = m.Unload()
+			_ = moduleUnload(m)
 		}
 		if b.alloc != (cu.Stream{}) {
 			_ = b.alloc.Destroy()
@@ -410,9 +424,7 @@ func (b *Backend) CopyToDevice(kq kernels.Queue, dst kernels.Tensor, src []byte)
 	if len(src) == 0 {
 		return
 	}
-	q.enqueue(func(q *queue) error {
-		return cu.MemcpyHtoDAsync(d, unsafe.Pointer(&src[0]), int64(len(src)), q.stream)
-	})
+	q.copyHost(true, d, unsafe.Pointer(&src[0]), int64(len(src)))
 }
 
 // CopyToHost enqueues a copy of src into dst.
@@ -425,9 +437,7 @@ func (b *Backend) CopyToHost(kq kernels.Queue, dst []byte, src kernels.Tensor) {
 	if len(dst) == 0 {
 		return
 	}
-	q.enqueue(func(q *queue) error {
-		return cu.MemcpyDtoHAsync(unsafe.Pointer(&dst[0]), s, int64(len(dst)), q.stream)
-	})
+	q.copyHost(false, s, unsafe.Pointer(&dst[0]), int64(len(dst)))
 }
 
 // CopyDevice enqueues a device-to-device copy.
@@ -438,7 +448,7 @@ func (b *Backend) CopyDevice(kq kernels.Queue, dst, src kernels.Tensor) {
 	}
 	d, s := b.devPtr(dst, "CopyDevice", "dst"), b.devPtr(src, "CopyDevice", "src")
 	if n := dst.Bytes(); n > 0 {
-		q.enqueue(func(q *queue) error { return cu.MemcpyDtoDAsync(d, s, n, q.stream) })
+		q.copyDevice(d, s, n)
 	}
 }
 

@@ -99,16 +99,25 @@ func BenchmarkCopyPinned(b *testing.B) {
 	syncB(b, be)
 }
 
-// BenchmarkLaunch is the host cost of enqueueing one small kernel.
+// BenchmarkLaunch is the host cost of enqueueing one small kernel: ns/op
+// and allocs/op on the caller's side and the queue goroutine's (allocs
+// count every goroutine), and the queue goroutine's time per launch
+// (host-ns/launch, from HostStats). The kernel is tiny, so ns/op is bound
+// by whichever of the host and the GPU is slower.
 func BenchmarkLaunch(b *testing.B) {
 	be := benchBackend(b)
 	q := be.DefaultQueue()
 	x := benchTensor(b, be, kernels.F32, 1024)
 	syncB(b, be)
+	_, l0, t0 := HostStats()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
 		be.Scale(q, x, 1)
 	}
 	syncB(b, be)
+	b.StopTimer()
+	if _, l1, t1 := HostStats(); l1 > l0 {
+		b.ReportMetric(float64(t1-t0)/float64(l1-l0), "host-ns/launch")
+	}
 }

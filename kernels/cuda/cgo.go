@@ -5,6 +5,8 @@ package cuda
 /*
 #cgo CFLAGS: -I${SRCDIR}/compat -I/usr/local/cuda/include
 #cgo LDFLAGS: -L/usr/local/cuda/lib64 -lcublasLt -lcublas -lcuda
+#cgo noescape spill_launch
+#cgo nocallback spill_launch
 #include <stdint.h>
 #include <stdlib.h>
 #include <cuda.h>
@@ -22,18 +24,53 @@ static const char *spill_cu_error(int r) {
 	return s;
 }
 
+// spill_launch launches f with n kernel arguments, each in an 8-byte slot
+// of args (the driver reads the parameter's own size from the start of its
+// slot). cuLaunchKernel copies the arguments before it returns, so the
+// caller may reuse args at once; the pointer array lives on this stack.
+#define SPILL_MAX_ARGS 24
+static int spill_launch(uintptr_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+		unsigned smem, uintptr_t stream, uint64_t *args, int n) {
+	void *p[SPILL_MAX_ARGS];
+	if (n < 0 || n > SPILL_MAX_ARGS) return (int)CUDA_ERROR_INVALID_VALUE;
+	for (int i = 0; i < n; i++) p[i] = &args[i];
+	return (int)cuLaunchKernel((CUfunction)f, gx, gy, gz, bx, by, bz, smem, (CUstream)stream, p, NULL);
+}
+
+// Modules: PTX loaded into the current context, entry points by name.
+static int spill_module_load(uintptr_t *m, const char *image) {
+	CUmodule mod = 0;
+	int r = (int)cuModuleLoadData(&mod, image);
+	*m = (uintptr_t)mod;
+	return r;
+}
+
+static int spill_module_function(uintptr_t *f, uintptr_t m, const char *name) {
+	CUfunction fn = 0;
+	int r = (int)cuModuleGetFunction(&fn, (CUmodule)m, name);
+	*f = (uintptr_t)fn;
+	return r;
+}
+
+static int spill_module_unload(uintptr_t m) { return (int)cuModuleUnload((CUmodule)m); }
+
 static int spill_host_alloc(void **p, size_t n) {
 	return (int)cuMemHostAlloc(p, n, CU_MEMHOSTALLOC_PORTABLE);
 }
 
 static int spill_host_free(void *p) { return (int)cuMemFreeHost(p); }
 
-static int spill_blas_create(cublasHandle_t *h, uintptr_t stream) {
+// spill_blas_create makes a cuBLAS handle on stream; reduced allows split-K
+// reductions in the output type (bf16/f16) as PyTorch does by default,
+// else they stay in float32.
+static int spill_blas_create(cublasHandle_t *h, uintptr_t stream, int reduced) {
 	cublasStatus_t s = cublasCreate(h);
 	if (s != CUBLAS_STATUS_SUCCESS) return (int)s;
 	s = cublasSetStream(*h, (cudaStream_t)stream);
+	int mode = CUBLAS_DEFAULT_MATH;
+	if (!reduced) mode |= CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
 	if (s == CUBLAS_STATUS_SUCCESS)
-		s = cublasSetMathMode(*h, (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+		s = cublasSetMathMode(*h, (cublasMath_t)mode);
 	if (s != CUBLAS_STATUS_SUCCESS) cublasDestroy(*h);
 	return (int)s;
 }
@@ -70,6 +107,7 @@ typedef struct {
 	cublasLtMatrixLayout_t a, b, d;
 	cublasLtMatmulAlgo_t algo;
 	size_t ws;
+	int epi;
 } spill_lt_plan;
 
 static void spill_lt_plan_free(spill_lt_plan *p) {
@@ -81,31 +119,49 @@ static void spill_lt_plan_free(spill_lt_plan *p) {
 	free(p);
 }
 
-// spill_lt_plan_bias plans column-major D(m,n) = op(A)*op(B) + bias(m)
-// (CUBLASLT_EPILOGUE_BIAS, float32 accumulation and scale, no split-K
-// reduction in the output type). The bias has D's type (the default of
-// CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, the only one documented outside
-// int8 and fp8). bias is an address with the alignment of the biases to
-// come; al* are the alignments of A, B and D in bytes.
-static int spill_lt_plan_bias(cublasLtHandle_t h, spill_lt_plan **out, int ta, int tb, int m, int n, int k,
-		int abt, int lda, int ldb, int dt, int ldd, uint64_t bias,
-		uint32_t alA, uint32_t alB, uint32_t alD, uint64_t maxWs) {
+// Epilogues of spill_lt_plan_make (epi): column-major, ab = op(A)*op(B) with
+// float32 accumulation and scale,
+//   SPILL_EPI_BIAS:      D = ab + bias(m)                (CUBLASLT_EPILOGUE_BIAS)
+//   SPILL_EPI_GELU_BIAS: aux = ab + bias(m), D = gelu(aux) (CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+//   SPILL_EPI_DGELU:     D = gelu'(aux) * ab             (CUBLASLT_EPILOGUE_DGELU)
+// gelu is the tanh approximation; aux is an (m,n) matrix of D's type with
+// leading dimension auxld.
+#define SPILL_EPI_BIAS 0
+#define SPILL_EPI_GELU_BIAS 1
+#define SPILL_EPI_DGELU 2
+
+// spill_lt_plan_make plans one of the epilogues above (split-K reductions in
+// the output type only with reduced). The bias has D's type (the default of
+// CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, the only one documented outside int8
+// and fp8). bias and aux are addresses with the alignment of those to come;
+// al* are the alignments of A, B and D in bytes.
+static int spill_lt_plan_make(cublasLtHandle_t h, spill_lt_plan **out, int epi, int ta, int tb, int m, int n, int k,
+		int abt, int lda, int ldb, int dt, int ldd, uint64_t bias, uint64_t aux, int64_t auxld,
+		uint32_t alA, uint32_t alB, uint32_t alD, uint64_t maxWs, int reduced) {
 	*out = NULL;
 	spill_lt_plan *p = (spill_lt_plan *)calloc(1, sizeof *p);
 	if (p == NULL) return (int)CUBLAS_STATUS_ALLOC_FAILED;
 	cublasLtMatmulPreference_t pref = NULL;
 	int32_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-	uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
-	const void *bp = (const void *)(uintptr_t)bias;
+	uint32_t e = epi == SPILL_EPI_GELU_BIAS ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+	           : epi == SPILL_EPI_DGELU     ? CUBLASLT_EPILOGUE_DGELU
+	                                        : CUBLASLT_EPILOGUE_BIAS;
+	const void *bp = (const void *)(uintptr_t)bias, *xp = (const void *)(uintptr_t)aux;
 	uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+	if (reduced) red = CUBLASLT_REDUCTION_SCHEME_MASK;
 	cublasLtMatmulHeuristicResult_t r;
 	int found = 0;
 	cublasStatus_t s = cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
 #define SPILL_TRY(x) if (s == CUBLAS_STATUS_SUCCESS) s = (x)
 	SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA));
 	SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB));
-	SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-	SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
+	SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e));
+	if (epi != SPILL_EPI_DGELU)
+		SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
+	if (epi != SPILL_EPI_BIAS) {
+		SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &xp, sizeof xp));
+		SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &auxld, sizeof auxld));
+	}
 	SPILL_TRY(cublasLtMatrixLayoutCreate(&p->a, (cudaDataType)abt, ta ? k : m, ta ? m : k, lda));
 	SPILL_TRY(cublasLtMatrixLayoutCreate(&p->b, (cudaDataType)abt, tb ? n : k, tb ? k : n, ldb));
 	SPILL_TRY(cublasLtMatrixLayoutCreate(&p->d, (cudaDataType)dt, m, n, ldd));
@@ -126,15 +182,21 @@ static int spill_lt_plan_bias(cublasLtHandle_t h, spill_lt_plan **out, int ta, i
 	}
 	p->algo = r.algo;
 	p->ws = r.workspaceSize;
+	p->epi = epi;
 	*out = p;
 	return 0;
 }
 
-// spill_lt_matmul_bias runs a plan of spill_lt_plan_bias: D = op(A)*op(B) + bias.
-static int spill_lt_matmul_bias(cublasLtHandle_t h, spill_lt_plan *p, uint64_t A, uint64_t B, uint64_t D,
-		uint64_t bias, uint64_t ws, uintptr_t stream) {
-	const void *bp = (const void *)(uintptr_t)bias;
-	cublasStatus_t s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp);
+// spill_lt_matmul runs a plan of spill_lt_plan_make with these operands (bias
+// and aux as its epilogue takes them).
+static int spill_lt_matmul(cublasLtHandle_t h, spill_lt_plan *p, uint64_t A, uint64_t B, uint64_t D,
+		uint64_t bias, uint64_t aux, uint64_t ws, uintptr_t stream) {
+	const void *bp = (const void *)(uintptr_t)bias, *xp = (const void *)(uintptr_t)aux;
+	cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+	if (p->epi != SPILL_EPI_DGELU)
+		s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp);
+	if (s == CUBLAS_STATUS_SUCCESS && p->epi != SPILL_EPI_BIAS)
+		s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &xp, sizeof xp);
 	if (s != CUBLAS_STATUS_SUCCESS) return (int)s;
 	float alpha = 1.f, beta = 0.f;
 	void *d = (void *)(uintptr_t)D;
@@ -189,7 +251,61 @@ func (e blasError) Error() string { return fmt.Sprintf("cuBLAS status %d", int(e
 // driverError is a CUresult returned by this package's own cgo.
 type driverError int
 
-func (e driverError) Error() string { return fmt.Sprintf("CUDA driver error %d", int(e)) }
+func (e driverError) Error() string {
+	return fmt.Sprintf("CUDA driver error %d (%s)", int(e), C.GoString(C.spill_cu_error(C.int(e))))
+}
+
+// maxArgs is the most kernel arguments a launch takes (SPILL_MAX_ARGS).
+const maxArgs = C.SPILL_MAX_ARGS
+
+// kfunc is a kernel entry point (a CUfunction) of a module loaded by
+// loadModule; valid while the backend is open.
+type kfunc uintptr
+
+// launchArgs launches fn on stream s (a CUstream) with the first n slots
+// of args. It allocates nothing: the pointer array the driver wants is
+// built on the C stack and the driver copies the values before returning.
+func launchArgs(s uintptr, fn kfunc, grid, block dim3, args *[maxArgs]uint64, n int) error {
+	r := C.spill_launch(C.uintptr_t(fn), C.uint(grid.x), C.uint(max(grid.y, 1)), C.uint(max(grid.z, 1)),
+		C.uint(block.x), C.uint(max(block.y, 1)), C.uint(max(block.z, 1)), 0, C.uintptr_t(s),
+		(*C.uint64_t)(unsafe.Pointer(&args[0])), C.int(n))
+	if r != 0 {
+		return driverError(r)
+	}
+	return nil
+}
+
+// streamHandle is the CUstream of s as an integer for this package's cgo.
+func streamHandle(s cu.Stream) uintptr { return uintptr(unsafe.Pointer(s.C())) }
+
+// moduleLoad loads a PTX image into the current context.
+func moduleLoad(image string) (uintptr, error) {
+	cs := C.CString(image)
+	defer C.free(unsafe.Pointer(cs))
+	var m C.uintptr_t
+	if r := C.spill_module_load(&m, cs); r != 0 {
+		return 0, driverError(r)
+	}
+	return uintptr(m), nil
+}
+
+// moduleFunction returns entry point name of module m.
+func moduleFunction(m uintptr, name string) (kfunc, error) {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	var f C.uintptr_t
+	if r := C.spill_module_function(&f, C.uintptr_t(m), cs); r != 0 {
+		return 0, driverError(r)
+	}
+	return kfunc(f), nil
+}
+
+func moduleUnload(m uintptr) error {
+	if r := C.spill_module_unload(C.uintptr_t(m)); r != 0 {
+		return driverError(r)
+	}
+	return nil
+}
 
 // cuBLAS status codes (cublas_api.h).
 const (
@@ -205,9 +321,11 @@ type blasHandle struct {
 	ltErr error     // why lt could not be made
 }
 
-func newBlasHandle(s cu.Stream) (*blasHandle, error) {
+// newBlasHandle makes a cuBLAS handle on s; reduced lets its split-K
+// reductions run in the output type (reducedPrecision).
+func newBlasHandle(s cu.Stream, reduced bool) (*blasHandle, error) {
 	var h C.cublasHandle_t
-	if st := C.spill_blas_create(&h, C.uintptr_t(uintptr(unsafe.Pointer(s.C())))); st != 0 {
+	if st := C.spill_blas_create(&h, C.uintptr_t(uintptr(unsafe.Pointer(s.C()))), cbool(reduced)); st != 0 {
 		return nil, fmt.Errorf("kernels/cuda: cublasCreate: %w", blasError(st))
 	}
 	return &blasHandle{h: h}, nil
@@ -288,24 +406,30 @@ func (l *ltHandle) drop(k ltKey, err error) {
 	l.plans[k] = &ltPlan{err: err}
 }
 
-// planBias plans column-major d(m,n) = op(a)·op(b) + bias(m) for k (bias
-// of d's dtype), with biases aligned like bias and at most maxWs bytes of
-// workspace.
-func (l *ltHandle) planBias(k ltKey, bias cu.DevicePtr, maxWs int64) (*ltPlan, error) {
+// Epilogues of a cuBLASLt plan (SPILL_EPI_*).
+const (
+	epiBias     = C.SPILL_EPI_BIAS
+	epiGeluBias = C.SPILL_EPI_GELU_BIAS
+	epiDGelu    = C.SPILL_EPI_DGELU
+)
+
+// plan plans k (spill_lt_plan_make): biases and aux matrices aligned like bias
+// and aux, at most maxWs bytes of workspace.
+func (l *ltHandle) plan(k ltKey, bias, aux cu.DevicePtr, maxWs int64, reduced bool) (*ltPlan, error) {
 	var p *C.spill_lt_plan
-	st := C.spill_lt_plan_bias(l.h, &p, cbool(k.ta), cbool(k.tb), C.int(k.m), C.int(k.n), C.int(k.k),
-		blasType(k.ab), C.int(k.lda), C.int(k.ldb), blasType(k.d), C.int(k.ldd), C.uint64_t(bias),
-		C.uint32_t(k.alA), C.uint32_t(k.alB), C.uint32_t(k.alD), C.uint64_t(maxWs))
+	st := C.spill_lt_plan_make(l.h, &p, C.int(k.epi), cbool(k.ta), cbool(k.tb), C.int(k.m), C.int(k.n), C.int(k.k),
+		blasType(k.ab), C.int(k.lda), C.int(k.ldb), blasType(k.d), C.int(k.ldd), C.uint64_t(bias), C.uint64_t(aux),
+		C.int64_t(k.ldAux), C.uint32_t(k.alA), C.uint32_t(k.alB), C.uint32_t(k.alD), C.uint64_t(maxWs), cbool(reduced))
 	if st != 0 {
 		return nil, blasError(st)
 	}
 	return &ltPlan{c: p, ws: int64(C.spill_lt_plan_ws(p))}, nil
 }
 
-// matmulBias runs p with a workspace of p.ws bytes at ws.
-func (l *ltHandle) matmulBias(p *ltPlan, a, b, d, bias, ws cu.DevicePtr, s cu.Stream) error {
-	st := C.spill_lt_matmul_bias(l.h, p.c, C.uint64_t(a), C.uint64_t(b), C.uint64_t(d), C.uint64_t(bias), C.uint64_t(ws),
-		C.uintptr_t(uintptr(unsafe.Pointer(s.C()))))
+// matmul runs p with a workspace of p.ws bytes at ws.
+func (l *ltHandle) matmul(p *ltPlan, a, b, d, bias, aux, ws cu.DevicePtr, s cu.Stream) error {
+	st := C.spill_lt_matmul(l.h, p.c, C.uint64_t(a), C.uint64_t(b), C.uint64_t(d), C.uint64_t(bias), C.uint64_t(aux),
+		C.uint64_t(ws), C.uintptr_t(uintptr(unsafe.Pointer(s.C()))))
 	if st != 0 {
 		return blasError(st)
 	}

@@ -9,7 +9,8 @@
 //
 // # Building
 //
-// The driver API comes through gorgonia.org/cu; pinned host memory,
+// The driver API comes through gorgonia.org/cu; module loading, kernel
+// launches (launchArgs: no allocation per launch), pinned host memory,
 // cuBLAS (cublasGemmEx, float32 accumulation) and cuBLASLt (the GEMMs with
 // a fused bias epilogue, matmul_lt.go) through a little cgo of this
 // package. Build and test with tools/cuda/test.sh (tools/cuda/bench.sh
@@ -35,8 +36,13 @@
 //   - each Queue is such a goroutine owning one CUDA stream (non-blocking)
 //     and its own cuBLAS handle; the Backend methods that take a Queue
 //     validate their arguments on the caller's goroutine (panicking on
-//     misuse) and then hand the launch to the queue's goroutine through a
-//     channel, so they return at once and keep the caller's order;
+//     misuse) and then hand the work to the queue's goroutine through a
+//     channel, so they return at once and keep the caller's order. The
+//     work travels as job values (a launch with its arguments, a memset, a
+//     copy, a GEMM; a closure only for the rarer paths), so that an op
+//     allocates nothing in steady state, and the goroutine launches
+//     through this package's own cuLaunchKernel call (launchArgs);
+//     HostStats reports how long the goroutines spend issuing work;
 //   - everything else (Alloc, Free, event waits, pinned memory) runs on a
 //     small pool of such goroutines, grown when all are busy.
 //
@@ -61,6 +67,10 @@
 // run instead, see attention.go). cuBLAS's own workspaces, the loaded
 // modules and the self-checks' few hundred KiB (freed before Open
 // returns) are outside the budget.
+//
+// cuBLAS and cuBLASLt keep split-K partial sums in float32; with
+// SPILL_CUBLAS_REDUCED_PRECISION=1 at Open they may reduce them in the
+// output type (bf16, f16), as PyTorch allows by default.
 //
 // The backend implements kernels.Overwriter: the backward ops a layer
 // chains (matmul, GELU, attention, cross-entropy) can write their input

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
 	"sync/atomic"
 	"unsafe"
 
@@ -37,27 +38,56 @@ const (
 // not by the self-check (tests check that the variant they select ran).
 var flashLaunches atomic.Int64
 
-func flashName(hs int) string { return fmt.Sprintf("flash_fwd_bf16_hs%d", hs) }
+// flashName is the forward kernel of head size hs (64 or 128); the names
+// are constants, so that a launch formats nothing.
+func flashName(hs int) string {
+	if hs == 64 {
+		return "flash_fwd_bf16_hs64"
+	}
+	return "flash_fwd_bf16_hs128"
+}
+
+// flashFwd2Name is the head-size-64 forward with two 16-row tiles per warp
+// (flash_fwd_mt), flashRows2 its query rows per block. AttentionForward
+// takes it in place of flash_fwd_bf16_hs64 when flashFwd2 is set (the
+// default; SPILL_FLASH_FWD=1 at start-up clears it) and its own self-check
+// at Open passed (Backend.flashFwd2Err). On the H200 it ran 1.09-1.17x
+// faster than the one-tile kernel at T 1024-8192
+// (tools/bench/results/kernels_h200.json).
+const (
+	flashFwd2Name = "flash_fwd2_bf16_hs64"
+	flashRows2    = 128
+)
+
+var flashFwd2 = os.Getenv("SPILL_FLASH_FWD") != "1"
+
+// flashFwd2Launches counts the forward calls that took flashFwd2Name.
+var flashFwd2Launches atomic.Int64
 
 // flashFunc returns the flash kernel for a forward call, or false when it
 // does not apply: dtypes other than bf16, a head size other than 64 or 128,
 // operands not aligned for its vector accesses (qkv to 16 bytes, out to 4),
 // or more than 65535 heads in all (the grid's y dimension).
-func (b *Backend) flashFunc(o, x operand, B, C, NH int) (cu.Function, bool) {
+func (b *Backend) flashFunc(o, x operand, B, C, NH int) (fn kfunc, rows int, ok bool) {
 	hs := C / NH
 	if o.dt != kernels.BF16 || x.dt != kernels.BF16 || (hs != 64 && hs != 128) || x.p%16 != 0 || o.p%4 != 0 || B*NH > 65535 {
-		return cu.Function{}, false
+		return 0, 0, false
 	}
-	fn, ok := b.fns[flashName(hs)]
-	return fn, ok
+	if hs == 64 && flashFwd2 && b.flashFwd2Err == nil {
+		if fn, ok := b.fns[flashFwd2Name]; ok {
+			return fn, flashRows2, true
+		}
+	}
+	fn, ok = b.fns[flashName(hs)]
+	return fn, flashRows, ok
 }
 
 // flashScale is log2(e)/sqrt(hs): the flash kernel works in base 2.
 func flashScale(hs int) float32 { return float32(math.Log2E / math.Sqrt(float64(hs))) }
 
-// launchFlash launches fn for out, lse, qkv on stream s.
-func launchFlash(s cu.Stream, fn cu.Function, o, lse, x cu.DevicePtr, B, T, C, NH int) error {
-	return launchOn(s, fn, dim3{x: (T + flashRows - 1) / flashRows, y: B * NH}, dim3{x: flashThreads},
+// flashJob is the launch of fn (rows query rows per block) for out, lse, qkv.
+func flashJob(fn kfunc, rows int, o, lse, x cu.DevicePtr, B, T, C, NH int) job {
+	return launchJob(fn, dim3{x: (T + rows - 1) / rows, y: B * NH}, dim3{x: flashThreads},
 		aPtr(o), aPtr(lse), aPtr(x), aI32(T), aI32(C), aI32(NH), aF32(flashScale(C/NH)))
 }
 
@@ -74,6 +104,9 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	case b.flashBwdErr != nil:
 		return fmt.Sprintf("forward: tensor-core flash kernel; backward: cuBLAS batched GEMMs (flash backward off: %v)", b.flashBwdErr)
 	}
+	if hs == 64 && flashFwd2 && b.flashFwd2Err == nil {
+		return "forward and backward: tensor-core flash kernels (forward with two 16-row tiles per warp)"
+	}
 	return "forward and backward: tensor-core flash kernels"
 }
 
@@ -89,14 +122,20 @@ func (b *Backend) checkFlash() error {
 		if !ok {
 			return fmt.Errorf("kernel %s missing from the embedded PTX", name)
 		}
-		if err := b.checkFlashShape(fn, B, T, NH*hs, NH); err != nil {
+		if err := b.checkFlashShape(fn, flashRows, B, T, NH*hs, NH); err != nil {
 			return fmt.Errorf("%s self-check (B%d T%d C%d NH%d): %w", name, B, T, NH*hs, NH, err)
 		}
+	}
+	// The optional two-tile forward: T 200 spans two of its 128-row blocks.
+	if fn, ok := b.fns[flashFwd2Name]; !ok {
+		b.flashFwd2Err = fmt.Errorf("kernel %s missing from the embedded PTX", flashFwd2Name)
+	} else if err := b.checkFlashShape(fn, flashRows2, B, 200, NH*64, NH); err != nil {
+		b.flashFwd2Err = fmt.Errorf("%s self-check (B%d T200 C%d NH%d): %w", flashFwd2Name, B, NH*64, NH, err)
 	}
 	return nil
 }
 
-func (b *Backend) checkFlashShape(fn cu.Function, B, T, C, NH int) error {
+func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 	nx, no, nl := B*T*3*C, B*T*C, B*NH*T
 	host := make([]byte, 2*nx)
 	seed := uint32(12345)
@@ -128,7 +167,8 @@ func (b *Backend) checkFlashShape(fn cu.Function, B, T, C, NH int) error {
 	if err := cu.MemcpyHtoDAsync(dx, unsafe.Pointer(&host[0]), int64(len(host)), s); err != nil {
 		return err
 	}
-	if err := launchFlash(s, fn, do1, dl1, dx, B, T, C, NH); err != nil {
+	fj := flashJob(fn, qrows, do1, dl1, dx, B, T, C, NH)
+	if err := fj.launchOn(s); err != nil {
 		return err
 	}
 	if err := launchOn(s, b.fn("attention_forward"), rows(B*NH*T), block, aPtr(do2), aDT(kernels.BF16), aPtr(dl2),
@@ -178,7 +218,7 @@ func (b *Backend) checkFlashShape(fn cu.Function, B, T, C, NH int) error {
 var flashBwdLaunches atomic.Int64
 
 // flashBwd holds the three kernels of one head size.
-type flashBwd struct{ kv, q, prep cu.Function }
+type flashBwd struct{ kv, q, prep kfunc }
 
 // flashBwdFuncs returns the backward kernels for a call, or false when they
 // do not apply (as flashFunc; dqkv and out need 4-byte, qkv and dout
@@ -197,28 +237,43 @@ func (b *Backend) flashBwdFuncs(d, g, x, o operand, B, T, C, NH int) (flashBwd, 
 }
 
 func (b *Backend) flashBwdByHead(hs int) (flashBwd, bool) {
-	kv, ok1 := b.fns[fmt.Sprintf("flash_bwd_kv_bf16_hs%d", hs)]
-	q, ok2 := b.fns[fmt.Sprintf("flash_bwd_q_bf16_hs%d", hs)]
+	kvName, qName := "flash_bwd_kv_bf16_hs128", "flash_bwd_q_bf16_hs128"
+	if hs == 64 {
+		kvName, qName = "flash_bwd_kv_bf16_hs64", "flash_bwd_q_bf16_hs64"
+	}
+	kv, ok1 := b.fns[kvName]
+	q, ok2 := b.fns[qName]
 	prep, ok3 := b.fns["flash_bwd_prep"]
 	return flashBwd{kv, q, prep}, ok1 && ok2 && ok3
 }
 
-// launchFlashBwd computes D into the scratch area at D, then dK, dV and dQ,
-// accumulated into dqkv or, with set, written over it.
-func launchFlashBwd(s cu.Stream, f flashBwd, dqkv, dout, qkv, out, lse, D cu.DevicePtr, B, T, C, NH int, set bool) error {
+// flashBwdJobs are the three launches of the backward pass: D = rowsum(dO∘O)
+// into the float32 array at D (argument 0 of the first launch, 4 of the
+// others), then dK, dV and dQ, accumulated into dqkv or, with set, written
+// over it.
+func flashBwdJobs(f flashBwd, dqkv, dout, qkv, out, lse, D cu.DevicePtr, B, T, C, NH int, set bool) [3]job {
 	warps := B * T * NH
-	if err := launchOn(s, f.prep, dim3{x: min((warps+7)/8, 132*16)}, dim3{x: 256}, aPtr(D), aPtr(dout), aPtr(out),
-		aI32(B*T), aI32(T), aI32(C), aI32(NH)); err != nil {
-		return err
-	}
 	hs := C / NH
 	grid := dim3{x: (T + flashRows - 1) / flashRows, y: B * NH}
-	args := []uint64{aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D), aI32(T), aI32(C), aI32(NH),
-		aF32(flashScale(hs)), aF32(float32(1 / math.Sqrt(float64(hs)))), aI32(setFlag(set))}
-	if err := launchOn(s, f.kv, grid, dim3{x: flashThreads}, args...); err != nil {
-		return err
+	scale, rscale := aF32(flashScale(hs)), aF32(float32(1/math.Sqrt(float64(hs))))
+	return [3]job{
+		launchJob(f.prep, dim3{x: min((warps+7)/8, 132*16)}, dim3{x: 256}, aPtr(D), aPtr(dout), aPtr(out),
+			aI32(B*T), aI32(T), aI32(C), aI32(NH)),
+		launchJob(f.kv, grid, dim3{x: flashThreads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
+			aI32(T), aI32(C), aI32(NH), scale, rscale, aI32(setFlag(set))),
+		launchJob(f.q, grid, dim3{x: flashThreads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
+			aI32(T), aI32(C), aI32(NH), scale, rscale, aI32(setFlag(set))),
 	}
-	return launchOn(s, f.q, grid, dim3{x: flashThreads}, args...)
+}
+
+// putFlashBwd enqueues flashBwdJobs with D at the start of the scratch area.
+func (q *queue) putFlashBwd(f flashBwd, dqkv, dout, qkv, out, lse cu.DevicePtr, B, T, C, NH int, set bool) {
+	js := flashBwdJobs(f, dqkv, dout, qkv, out, lse, 0, B, T, C, NH, set)
+	need := int64(B) * int64(NH) * int64(T) * 4
+	js[0] = js[0].withScratch(need, 0)
+	js[1] = js[1].withScratch(need, 4)
+	js[2] = js[2].withScratch(need, 4)
+	q.putGroup(js[:])
 }
 
 // checkFlashBwd runs the backward kernels of each head size beside the
@@ -285,8 +340,10 @@ func (b *Backend) checkFlashBwdShape(f flashBwd, B, T, C, NH int) error {
 		aPtr(p(oX)), bf, aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {
 		return err
 	}
-	if err := launchFlashBwd(s, f, p(oD1), p(oG), p(oX), p(oO), p(oL), p(oD), B, T, C, NH, false); err != nil {
-		return err
+	for _, j := range flashBwdJobs(f, p(oD1), p(oG), p(oX), p(oO), p(oL), p(oD), B, T, C, NH, false) {
+		if err := j.launchOn(s); err != nil {
+			return err
+		}
 	}
 	if err := launchOn(s, b.fn("attention_backward"), rows(nl), block, aPtr(p(oD2)), bf, aPtr(p(oD)), aPtr(p(oG)), bf,
 		aPtr(p(oX)), bf, aPtr(p(oO)), bf, aPtr(p(oL)), aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {

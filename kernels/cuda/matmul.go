@@ -24,24 +24,50 @@ func (b *Backend) MatmulForward(kq kernels.Queue, out, inp, weight, bias kernels
 	x := b.float(op, "inp", inp, BT*C)
 	w := b.float(op, "weight", weight, OC*C)
 	bs := b.optFloat(op, "bias", bias, OC)
-	q.enqueue(func(q *queue) error {
-		// Column-major: outᵀ(OC,BT) = W(OC,C)·inpᵀ(C,BT), W stored as (C,OC);
-		// the bias runs along the OC rows of outᵀ.
-		if bs.p != 0 {
-			if done, err := q.gemmBias(true, false, OC, BT, C, w, C, x, C, bs, o, OC); done || err != nil {
-				return err
-			}
+	// Column-major: outᵀ(OC,BT) = W(OC,C)·inpᵀ(C,BT), W stored as (C,OC);
+	// the bias runs along the OC rows of outᵀ.
+	q.putGemm(gemmCall{ta: true, m: OC, n: BT, k: C, a: w, lda: C, b: x, ldb: C, c: o, ldc: OC, bias: bs})
+}
+
+// gemmCall is a GEMM job: column-major c(m,n) = op(a)·op(b) + beta·c, or
+// with a bias c = op(a)·op(b) + bias(m) (beta ignored), or with epi
+// epiGeluBias or epiDGelu what gemmEpi says, through runGelu.
+type gemmCall struct {
+	epi                  int
+	ta, tb               bool
+	m, n, k              int
+	a, b, c, bias, aux   operand
+	lda, ldb, ldc, ldAux int
+	beta                 float32
+}
+
+// putGemm enqueues g.
+func (q *queue) putGemm(g gemmCall) {
+	j := job{kind: jobGemm, gemm: g}
+	q.put(&j)
+}
+
+// runGemm runs a GEMM job on the queue's goroutine. With a bias it is one
+// cublasLtMatmul with the bias epilogue when cuBLASLt can do it, else the
+// bias is broadcast into c and the GEMM adds onto it (beta 1).
+func (q *queue) runGemm(g *gemmCall) error {
+	if g.epi != epiBias {
+		return q.runGelu(g)
+	}
+	beta := g.beta
+	if g.bias.p != 0 {
+		if done, err := q.gemmBias(g.ta, g.tb, g.m, g.n, g.k, g.a, g.lda, g.b, g.ldb, g.bias, g.c, g.ldc); done || err != nil {
+			return err
 		}
-		beta := float32(0)
-		if bs.p != 0 {
-			if err := q.launch(b.fn("matmul_forward_bias"), elems(BT*OC), block, aPtr(o.p), aDT(o.dt), aPtr(bs.p), aDT(bs.dt),
-				aI32(BT), aI32(OC)); err != nil {
-				return err
-			}
-			beta = 1
+		// matmul_forward_bias broadcasts bias(OC) over the rows of a
+		// row-major (BT,OC) matrix: c(m,n) column-major with ldc = m.
+		if err := q.launchNow(q.b.fn("matmul_forward_bias"), elems(g.m*g.n), block, aPtr(g.c.p), aDT(g.c.dt), aPtr(g.bias.p),
+			aDT(g.bias.dt), aI32(g.n), aI32(g.m)); err != nil {
+			return err
 		}
-		return q.gemm(true, false, OC, BT, C, w, C, x, C, beta, o, OC)
-	})
+		beta = 1
+	}
+	return q.gemm(g.ta, g.tb, g.m, g.n, g.k, g.a, g.lda, g.b, g.ldb, beta, g.c, g.ldc)
 }
 
 // MatmulBackward accumulates dinp += dout·weight, dweight += doutᵀ·inp
@@ -81,52 +107,43 @@ func (b *Backend) matmulBackward(kq kernels.Queue, set bool, dinp, dweight, dbia
 	if di.p != 0 {
 		w = b.float(op, "weight", weight, OC*C)
 	}
-	q.enqueue(func(q *queue) error {
-		if di.p != 0 && C > 0 {
-			// dinpᵀ(C,BT) (+)= Wᵀ(C,OC)·doutᵀ(OC,BT).
-			if err := q.gemm(false, false, C, BT, OC, w, C, g, OC, beta, di, C); err != nil {
-				return err
-			}
-		}
-		if dw.p != 0 && C > 0 {
-			// dWᵀ(C,OC) += inpᵀ(C,BT)·dout(BT,OC).
-			if err := q.gemm(false, true, C, OC, BT, x, C, g, OC, 1, dw, C); err != nil {
-				return err
-			}
-		}
-		if db.p != 0 {
-			return q.biasGrad(db, g, BT, OC)
-		}
-		return nil
-	})
+	if di.p != 0 && C > 0 {
+		// dinpᵀ(C,BT) (+)= Wᵀ(C,OC)·doutᵀ(OC,BT).
+		q.putGemm(gemmCall{m: C, n: BT, k: OC, a: w, lda: C, b: g, ldb: OC, beta: beta, c: di, ldc: C})
+	}
+	if dw.p != 0 && C > 0 {
+		// dWᵀ(C,OC) += inpᵀ(C,BT)·dout(BT,OC).
+		q.putGemm(gemmCall{tb: true, m: C, n: OC, k: BT, a: x, lda: C, b: g, ldb: OC, beta: 1, c: dw, ldc: C})
+	}
+	if db.p != 0 {
+		q.biasGrad(db, g, BT, OC)
+	}
 }
 
 // biasGrad accumulates db(OC) += Σ_rows g(BT,OC) in two deterministic
 // passes: matmul_backward_bias_partial sums slabs of rows into float32
 // partial sums in the scratch area (16-byte loads when g and its rows are
 // 16-byte aligned), matmul_backward_bias adds them up in slab order and
-// rounds once into db. Runs on the queue's goroutine.
-func (q *queue) biasGrad(db, g operand, BT, OC int) error {
+// rounds once into db. Enqueues the two launches.
+func (q *queue) biasGrad(db, g operand, BT, OC int) {
 	const target = 2048 // blocks of the first pass: several waves, short tails
 	cols := 32 * 16 / g.dt.Size()
 	colBlocks := (OC + cols - 1) / cols
 	slabs := max(1, min((BT+31)/32, (target+colBlocks-1)/colBlocks))
 	rows := (BT + slabs - 1) / slabs
-	part, err := q.ensureScratch(4 * int64(slabs) * int64(OC))
-	if err != nil {
-		return err
-	}
+	need := 4 * int64(slabs) * int64(OC) // the partial sums at offset 0 of the scratch area
 	vec := 0
 	if g.p%16 == 0 && OC*g.dt.Size()%16 == 0 {
 		vec = 1
 	}
 	b := q.b
-	if err := q.launch(b.fn("matmul_backward_bias_partial"), dim3{x: colBlocks, y: slabs}, dim3{x: 32, y: 8}, aPtr(part),
-		aPtr(g.p), aDT(g.dt), aI32(BT), aI32(OC), aI32(rows), aI32(vec)); err != nil {
-		return err
+	js := [...]job{
+		launchJob(b.fn("matmul_backward_bias_partial"), dim3{x: colBlocks, y: slabs}, dim3{x: 32, y: 8}, 0,
+			aPtr(g.p), aDT(g.dt), aI32(BT), aI32(OC), aI32(rows), aI32(vec)).withScratch(need, 0),
+		launchJob(b.fn("matmul_backward_bias"), dim3{x: (OC + 31) / 32}, dim3{x: 32, y: 32}, aPtr(db.p), aDT(db.dt),
+			0, aI32(slabs), aI32(OC)).withScratch(need, 2),
 	}
-	return q.launch(b.fn("matmul_backward_bias"), dim3{x: (OC + 31) / 32}, dim3{x: 32, y: 32}, aPtr(db.p), aDT(db.dt),
-		aPtr(part), aI32(slabs), aI32(OC))
+	q.putGroup(js[:])
 }
 
 // gemm computes, column-major, c(m,n) = op(a)·op(b) + beta·c with float32

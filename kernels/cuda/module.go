@@ -8,8 +8,6 @@ import (
 	"io/fs"
 	"maps"
 	"regexp"
-
-	"gorgonia.org/cu"
 )
 
 // The PTX of kernels/*.cu, made by `go generate` (tools/cuda/ptx.sh).
@@ -67,16 +65,17 @@ var kernelNames = []string{
 // flashModule holds the optional tensor-core attention kernels (flash.go).
 const flashModule = "ptx/flashattn.ptx"
 
-// loadModule loads one PTX module and returns its entry points.
-func (b *Backend) loadModule(f, src string) (map[string]cu.Function, error) {
-	m, err := cu.LoadData(src)
+// loadModule loads one PTX module (this package's cgo, cuModuleLoadData)
+// and returns its entry points.
+func (b *Backend) loadModule(f, src string) (map[string]kfunc, error) {
+	m, err := moduleLoad(src)
 	if err != nil {
 		return nil, fmt.Errorf("loading %s: %w", f, err)
 	}
 	b.mods = append(b.mods, m)
-	fns := map[string]cu.Function{}
+	fns := map[string]kfunc{}
 	for _, sub := range entryRE.FindAllStringSubmatch(src, -1) {
-		fn, err := m.Function(sub[1])
+		fn, err := moduleFunction(m, sub[1])
 		if err != nil {
 			return nil, fmt.Errorf("%s: kernel %s: %w", f, sub[1], err)
 		}
@@ -85,7 +84,7 @@ func (b *Backend) loadModule(f, src string) (map[string]cu.Function, error) {
 	return fns, nil
 }
 
-func (b *Backend) fn(name string) cu.Function {
+func (b *Backend) fn(name string) kfunc {
 	f, ok := b.fns[name]
 	if !ok {
 		panic("kernels/cuda: unknown kernel " + name)

@@ -33,7 +33,9 @@ func needN(op, name string, t kernels.Tensor, n int) {
 func needDims(op string, dims ...int) {
 	for _, d := range dims {
 		if d < 0 {
-			panic(fmt.Sprintf("kernels/cuda: %s: negative dimension in %v", op, dims))
+			// A copy goes to Sprintf, so that dims does not escape: the
+			// callers' argument slices stay on their stacks.
+			panic(fmt.Sprintf("kernels/cuda: %s: negative dimension in %v", op, append([]int(nil), dims...)))
 		}
 	}
 }
@@ -89,7 +91,7 @@ func rows(n int) dim3 { return dim3{x: (n + 7) / 8} }
 
 // typedFn returns kernel name specialised for dt, if the PTX has it (PTX
 // older than the kernel falls back to the generic one).
-func (b *Backend) typedFn(name string, dt kernels.DType) (cu.Function, bool) {
+func (b *Backend) typedFn(name string, dt kernels.DType) (kfunc, bool) {
 	var sfx string
 	switch dt {
 	case kernels.F32:
@@ -99,7 +101,7 @@ func (b *Backend) typedFn(name string, dt kernels.DType) (cu.Function, bool) {
 	case kernels.F16:
 		sfx = "_f16"
 	default:
-		return cu.Function{}, false
+		return 0, false
 	}
 	f, ok := b.fns[name+sfx]
 	return f, ok
@@ -161,7 +163,7 @@ func (b *Backend) Zero(kq kernels.Queue, t kernels.Tensor) {
 	q := b.queue(kq)
 	p := b.devPtr(t, "Zero", "t")
 	if n := t.Bytes(); n > 0 {
-		q.enqueue(func(q *queue) error { return cu.MemsetD8Async(p, 0, n, q.stream) })
+		q.memset(p, 1, 0, n)
 	}
 }
 
@@ -173,26 +175,26 @@ func (b *Backend) Fill(kq kernels.Queue, t kernels.Tensor, v float32) {
 	if n == 0 {
 		return
 	}
-	var f func(*queue) error
+	var bits uint32
 	switch t.DType {
 	case kernels.F32:
-		f = func(q *queue) error { return cu.MemsetD32Async(p, uint(math.Float32bits(v)), n, q.stream) }
+		bits = math.Float32bits(v)
 	case kernels.BF16:
-		f = func(q *queue) error { return cu.MemsetD16Async(p, kernels.BF16FromF32(v), n, q.stream) }
+		bits = uint32(kernels.BF16FromF32(v))
 	case kernels.F16:
-		f = func(q *queue) error { return cu.MemsetD16Async(p, kernels.F16FromF32(v), n, q.stream) }
+		bits = uint32(kernels.F16FromF32(v))
 	case kernels.I32:
-		f = func(q *queue) error { return cu.MemsetD32Async(p, uint(uint32(int32(v))), n, q.stream) }
+		bits = uint32(int32(v))
 	case kernels.U32:
-		f = func(q *queue) error { return cu.MemsetD32Async(p, uint(uint32(v)), n, q.stream) }
+		bits = uint32(v)
 	case kernels.U16:
-		f = func(q *queue) error { return cu.MemsetD16Async(p, uint16(v), n, q.stream) }
+		bits = uint32(uint16(v))
 	case kernels.U8:
-		f = func(q *queue) error { return cu.MemsetD8Async(p, byte(v), n, q.stream) }
+		bits = uint32(byte(v))
 	default:
 		panic(fmt.Sprintf("kernels/cuda: Fill: dtype %v", t.DType))
 	}
-	q.enqueue(f)
+	q.memset(p, t.DType.Size(), bits, n)
 }
 
 // Cast converts src into dst.
@@ -207,15 +209,23 @@ func (b *Backend) Cast(kq kernels.Queue, dst, src kernels.Tensor) {
 		return
 	}
 	if d.dt == s.dt {
-		q.enqueue(func(q *queue) error { return cu.MemcpyDtoDAsync(d.p, s.p, dst.Bytes(), q.stream) })
+		q.copyDevice(d.p, s.p, dst.Bytes())
 		return
 	}
-	q.enqueue(func(q *queue) error { return q.cast(d, s, n) })
+	j := castJob(b, d, s, n)
+	q.put(&j)
+}
+
+// castJob launches cast_forward: d = s over n elements.
+func castJob(b *Backend, d, s operand, n int) job {
+	return launchJob(b.fn("cast_forward"), elems(n), block, aPtr(d.p), aDT(d.dt), aPtr(s.p), aDT(s.dt), aI64(int64(n)))
 }
 
 // cast launches cast_forward on the queue's goroutine.
 func (q *queue) cast(d, s operand, n int) error {
-	return q.launch(q.b.fn("cast_forward"), elems(n), block, aPtr(d.p), aDT(d.dt), aPtr(s.p), aDT(s.dt), aI64(int64(n)))
+	j := castJob(q.b, d, s, n)
+	hostStats.launches.Add(1)
+	return j.launchOn(q.stream)
 }
 
 // Add computes dst += src.
@@ -227,14 +237,10 @@ func (b *Backend) Add(kq kernels.Queue, dst, src kernels.Tensor) {
 	d, s := b.float("Add", "dst", dst, dst.N), b.float("Add", "src", src, src.N)
 	n := dst.N
 	if f, ok := b.typedFn("add_forward", d.dt); ok && s.dt == d.dt && alignedLike(d.dt.Size(), d.p, s.p) {
-		q.enqueue(func(q *queue) error {
-			return q.launch(f, vecGrid(n, d.dt), block, aPtr(d.p), aPtr(s.p), aI64(int64(n)))
-		})
+		q.launch(f, vecGrid(n, d.dt), block, aPtr(d.p), aPtr(s.p), aI64(int64(n)))
 		return
 	}
-	q.enqueue(func(q *queue) error {
-		return q.launch(b.fn("add_forward"), elems(n), block, aPtr(d.p), aDT(d.dt), aPtr(s.p), aDT(s.dt), aI64(int64(n)))
-	})
+	q.launch(b.fn("add_forward"), elems(n), block, aPtr(d.p), aDT(d.dt), aPtr(s.p), aDT(s.dt), aI64(int64(n)))
 }
 
 // Scale computes t *= s.
@@ -242,9 +248,7 @@ func (b *Backend) Scale(kq kernels.Queue, t kernels.Tensor, s float32) {
 	q := b.queue(kq)
 	o := b.float("Scale", "t", t, t.N)
 	n := t.N
-	q.enqueue(func(q *queue) error {
-		return q.launch(b.fn("scale_forward"), elems(n), block, aPtr(o.p), aDT(o.dt), aF32(s), aI64(int64(n)))
-	})
+	q.launch(b.fn("scale_forward"), elems(n), block, aPtr(o.p), aDT(o.dt), aF32(s), aI64(int64(n)))
 }
 
 // GeluForward computes out = gelu(inp).
@@ -253,14 +257,10 @@ func (b *Backend) GeluForward(kq kernels.Queue, out, inp kernels.Tensor, N int) 
 	needDims("GeluForward", N)
 	o, i := b.float("GeluForward", "out", out, N), b.float("GeluForward", "inp", inp, N)
 	if f, ok := b.typedFn("gelu_forward", o.dt); ok && i.dt == o.dt && alignedLike(o.dt.Size(), o.p, i.p) {
-		q.enqueue(func(q *queue) error {
-			return q.launch(f, vecGrid(N, o.dt), block, aPtr(o.p), aPtr(i.p), aI64(int64(N)))
-		})
+		q.launch(f, vecGrid(N, o.dt), block, aPtr(o.p), aPtr(i.p), aI64(int64(N)))
 		return
 	}
-	q.enqueue(func(q *queue) error {
-		return q.launch(b.fn("gelu_forward"), elems(N), block, aPtr(o.p), aDT(o.dt), aPtr(i.p), aDT(i.dt), aI64(int64(N)))
-	})
+	q.launch(b.fn("gelu_forward"), elems(N), block, aPtr(o.p), aDT(o.dt), aPtr(i.p), aDT(i.dt), aI64(int64(N)))
 }
 
 // GeluBackward accumulates dinp += gelu'(inp)·dout.
@@ -286,18 +286,14 @@ func (b *Backend) geluBackward(kq kernels.Queue, set bool, dinp, inp, dout kerne
 		name = "gelu_backward_set"
 	}
 	if f, ok := b.typedFn(name, d.dt); ok && sameDT(d.dt, i, g) && alignedLike(d.dt.Size(), d.p, i.p, g.p) {
-		q.enqueue(func(q *queue) error {
-			return q.launch(f, vecGrid(N, d.dt), block, aPtr(d.p), aPtr(i.p), aPtr(g.p), aI64(int64(N)))
-		})
+		q.launch(f, vecGrid(N, d.dt), block, aPtr(d.p), aPtr(i.p), aPtr(g.p), aI64(int64(N)))
 		return
 	}
 	if set {
 		b.Zero(kq, dinp)
 	}
-	q.enqueue(func(q *queue) error {
-		return q.launch(b.fn("gelu_backward"), elems(N), block, aPtr(d.p), aDT(d.dt), aPtr(i.p), aDT(i.dt),
-			aPtr(g.p), aDT(g.dt), aI64(int64(N)))
-	})
+	q.launch(b.fn("gelu_backward"), elems(N), block, aPtr(d.p), aDT(d.dt), aPtr(i.p), aDT(i.dt),
+		aPtr(g.p), aDT(g.dt), aI64(int64(N)))
 }
 
 // MSEForward computes losses = (pred-target)²/2.
@@ -307,9 +303,7 @@ func (b *Backend) MSEForward(kq kernels.Queue, losses, pred, target kernels.Tens
 	l := b.typed("MSEForward", "losses", losses, kernels.F32, N)
 	p := b.float("MSEForward", "pred", pred, N)
 	t := b.typed("MSEForward", "target", target, kernels.F32, N)
-	q.enqueue(func(q *queue) error {
-		return q.launch(b.fn("mse_forward"), elems(N), block, aPtr(l), aPtr(p.p), aDT(p.dt), aPtr(t), aI64(int64(N)))
-	})
+	q.launch(b.fn("mse_forward"), elems(N), block, aPtr(l), aPtr(p.p), aDT(p.dt), aPtr(t), aI64(int64(N)))
 }
 
 // MSEBackward accumulates dpred += scale·(pred-target).
@@ -319,10 +313,8 @@ func (b *Backend) MSEBackward(kq kernels.Queue, dpred, pred, target kernels.Tens
 	d := b.float("MSEBackward", "dpred", dpred, N)
 	p := b.float("MSEBackward", "pred", pred, N)
 	t := b.typed("MSEBackward", "target", target, kernels.F32, N)
-	q.enqueue(func(q *queue) error {
-		return q.launch(b.fn("mse_backward"), elems(N), block, aPtr(d.p), aDT(d.dt), aPtr(p.p), aDT(p.dt), aPtr(t),
-			aI64(int64(N)), aF32(scale))
-	})
+	q.launch(b.fn("mse_backward"), elems(N), block, aPtr(d.p), aDT(d.dt), aPtr(p.p), aDT(p.dt), aPtr(t),
+		aI64(int64(N)), aF32(scale))
 }
 
 // AdamW runs one fused AdamW step.
@@ -343,11 +335,9 @@ func (b *Backend) AdamW(kq kernels.Queue, param, grad, m, v, out kernels.Tensor,
 	if gs == 0 {
 		gs = 1
 	}
-	q.enqueue(func(q *queue) error {
-		return q.launch(b.fn("adamw_update"), elems(N), block, aPtr(pp), aPtr(g.p), aDT(g.dt), aPtr(mp), aPtr(vp),
-			aPtr(o.p), aDT(o.dt), aI64(int64(N)), aF32(p.LR), aF32(p.Beta1), aF32(p.Beta2), aF32(p.Eps),
-			aF32(p.WeightDecay), aF32(bc1), aF32(bc2), aF32(gs))
-	})
+	q.launch(b.fn("adamw_update"), elems(N), block, aPtr(pp), aPtr(g.p), aDT(g.dt), aPtr(mp), aPtr(vp),
+		aPtr(o.p), aDT(o.dt), aI64(int64(N)), aF32(p.LR), aF32(p.Beta1), aF32(p.Beta2), aF32(p.Eps),
+		aF32(p.WeightDecay), aF32(bc1), aF32(bc2), aF32(gs))
 }
 
 // SumSquares accumulates out[0] += Σ x².
@@ -360,16 +350,13 @@ func (b *Backend) SumSquares(kq kernels.Queue, out, x kernels.Tensor) {
 		return
 	}
 	g := int(min((int64(n)+4*threads-1)/(4*threads), 1024))
-	q.enqueue(func(q *queue) error {
-		part, err := q.ensureScratch(int64(g) * 4)
-		if err != nil {
-			return err
-		}
-		if err := q.launch(b.fn("sum_squares_partial"), dim3{x: g}, block, aPtr(part), aPtr(xs.p), aDT(xs.dt), aI64(int64(n))); err != nil {
-			return err
-		}
-		return q.launch(b.fn("sum_squares_final"), dim3{x: 1}, dim3{x: 1024}, aPtr(o), aPtr(part), aI32(g))
-	})
+	// The partial sums in the scratch area (offset 0).
+	part := int64(g) * 4
+	js := [...]job{
+		launchJob(b.fn("sum_squares_partial"), dim3{x: g}, block, 0, aPtr(xs.p), aDT(xs.dt), aI64(int64(n))).withScratch(part, 0),
+		launchJob(b.fn("sum_squares_final"), dim3{x: 1}, dim3{x: 1024}, aPtr(o), 0, aI32(g)).withScratch(part, 1),
+	}
+	q.putGroup(js[:])
 }
 
 // CheckFinite sets flag[0] = 1 if x holds a NaN or Inf.
@@ -378,9 +365,7 @@ func (b *Backend) CheckFinite(kq kernels.Queue, flag, x kernels.Tensor) {
 	f := b.typed("CheckFinite", "flag", flag, kernels.F32, 1)
 	xs := b.float("CheckFinite", "x", x, x.N)
 	n := x.N
-	q.enqueue(func(q *queue) error {
-		return q.launch(b.fn("check_finite"), elems(n), block, aPtr(f), aPtr(xs.p), aDT(xs.dt), aI64(int64(n)))
-	})
+	q.launch(b.fn("check_finite"), elems(n), block, aPtr(f), aPtr(xs.p), aDT(xs.dt), aI64(int64(n)))
 }
 
 // EncoderForward computes out = wte[tokens] + wpe[t].
@@ -397,16 +382,12 @@ func (b *Backend) EncoderForward(kq kernels.Queue, out, tokens, wte, wpe kernels
 	p := b.float(op, "wpe", wpe, T*C)
 	V := wte.N / C
 	if f, ok := b.typedFn("encoder_forward", o.dt); ok && sameDT(o.dt, w, p) && C%vecN(o.dt) == 0 && aligned16(o.p, w.p, p.p) {
-		q.enqueue(func(q *queue) error {
-			return q.launch(f, vecGrid(B*T*C, o.dt), block, aPtr(o.p), aPtr(tk), aPtr(w.p), aPtr(p.p),
-				aI32(B), aI32(T), aI32(C), aI32(V))
-		})
+		q.launch(f, vecGrid(B*T*C, o.dt), block, aPtr(o.p), aPtr(tk), aPtr(w.p), aPtr(p.p),
+			aI32(B), aI32(T), aI32(C), aI32(V))
 		return
 	}
-	q.enqueue(func(q *queue) error {
-		return q.launch(b.fn("encoder_forward"), elems(B*T*C), block, aPtr(o.p), aDT(o.dt), aPtr(tk), aPtr(w.p), aDT(w.dt),
-			aPtr(p.p), aDT(p.dt), aI32(B), aI32(T), aI32(C), aI32(V))
-	})
+	q.launch(b.fn("encoder_forward"), elems(B*T*C), block, aPtr(o.p), aDT(o.dt), aPtr(tk), aPtr(w.p), aDT(w.dt),
+		aPtr(p.p), aDT(p.dt), aI32(B), aI32(T), aI32(C), aI32(V))
 }
 
 // EncoderBackward accumulates into dwte and dwpe.
@@ -431,55 +412,37 @@ func (b *Backend) EncoderBackward(kq kernels.Queue, dwte, dwpe, dout, tokens ker
 	typedSum = typedSum && g.dt == dw.dt && C%vecN(dw.dt) == 0 && aligned16(dw.p, g.p)
 	wpeFn, typedWpe := b.typedFn("encoder_backward_wpe", dp.dt)
 	typedWpe = typedWpe && g.dt == dp.dt && (T*C)%vecN(dp.dt) == 0 && aligned16(dp.p, g.p)
-	q.enqueue(func(q *queue) error {
-		if dw.p != 0 && buckets {
-			// int scratch: cnt(V), off(V), fill(V), pos(BT)
-			base, err := q.ensureScratch(4 * (3*int64(V) + int64(BT)))
-			if err != nil {
-				return err
-			}
-			cnt, off := base, base+cu.DevicePtr(4*V)
-			fill, pos := off+cu.DevicePtr(4*V), off+cu.DevicePtr(8*V)
-			if err := cu.MemsetD32Async(cnt, 0, int64(V), q.stream); err != nil {
-				return err
-			}
-			if err := cu.MemsetD32Async(pos, 0xffffffff, int64(BT), q.stream); err != nil {
-				return err
-			}
-			if err := q.launch(b.fn("encoder_bwd_count"), elems(BT), block, aPtr(cnt), aPtr(tk), aI32(BT), aI32(V)); err != nil {
-				return err
-			}
-			if err := q.launch(b.fn("encoder_bwd_scan"), dim3{x: 1}, dim3{x: 1024}, aPtr(off), aPtr(fill), aPtr(cnt), aI32(V)); err != nil {
-				return err
-			}
-			if err := q.launch(b.fn("encoder_bwd_place"), elems(BT), block, aPtr(pos), aPtr(fill), aPtr(tk), aI32(BT), aI32(V)); err != nil {
-				return err
-			}
-			if typedSum {
-				err = q.launch(sumFn, dim3{x: BT}, dim3{x: 128}, aPtr(dw.p), aPtr(g.p), aPtr(tk), aPtr(pos), aPtr(off), aPtr(cnt),
-					aI32(BT), aI32(C))
-			} else {
-				err = q.launch(b.fn("encoder_bwd_sum"), dim3{x: BT}, dim3{x: 128}, aPtr(dw.p), aDT(dw.dt), aPtr(g.p), aDT(g.dt),
-					aPtr(tk), aPtr(pos), aPtr(off), aPtr(cnt), aI32(BT), aI32(C))
-			}
-			if err != nil {
-				return err
-			}
-		} else if dw.p != 0 {
-			if err := q.launch(b.fn("encoder_backward"), dim3{x: BT}, dim3{x: nt}, aPtr(dw.p), aDT(dw.dt), aPtr(g.p), aDT(g.dt),
-				aPtr(tk), aI32(BT), aI32(C), aI32(V)); err != nil {
-				return err
-			}
+	if dw.p != 0 && buckets {
+		// int scratch: cnt(V), off(V), fill(V), pos(BT) (offsets into the
+		// scratch area).
+		need := 4 * (3*int64(V) + int64(BT))
+		cnt, off := uint64(0), uint64(4*V)
+		fill, pos := off+uint64(4*V), off+uint64(8*V)
+		sum := launchJob(b.fn("encoder_bwd_sum"), dim3{x: BT}, dim3{x: 128}, aPtr(dw.p), aDT(dw.dt), aPtr(g.p), aDT(g.dt),
+			aPtr(tk), pos, off, cnt, aI32(BT), aI32(C)).withScratch(need, 5, 6, 7)
+		if typedSum {
+			sum = launchJob(sumFn, dim3{x: BT}, dim3{x: 128}, aPtr(dw.p), aPtr(g.p), aPtr(tk), pos, off, cnt,
+				aI32(BT), aI32(C)).withScratch(need, 3, 4, 5)
 		}
-		if dp.p != 0 && typedWpe {
-			return q.launch(wpeFn, vecGrid(T*C, dp.dt), block, aPtr(dp.p), aPtr(g.p), aI32(B), aI32(T), aI32(C))
+		js := [...]job{
+			memsetJob(cnt, 4, 0, int64(V)).withScratch(need, 0),
+			memsetJob(pos, 4, 0xffffffff, int64(BT)).withScratch(need, 0),
+			launchJob(b.fn("encoder_bwd_count"), elems(BT), block, cnt, aPtr(tk), aI32(BT), aI32(V)).withScratch(need, 0),
+			launchJob(b.fn("encoder_bwd_scan"), dim3{x: 1}, dim3{x: 1024}, off, fill, cnt, aI32(V)).withScratch(need, 0, 1, 2),
+			launchJob(b.fn("encoder_bwd_place"), elems(BT), block, pos, fill, aPtr(tk), aI32(BT), aI32(V)).withScratch(need, 0, 1),
+			sum,
 		}
-		if dp.p != 0 {
-			return q.launch(b.fn("encoder_backward_wpe"), elems(T*C), block, aPtr(dp.p), aDT(dp.dt), aPtr(g.p), aDT(g.dt),
-				aI32(B), aI32(T), aI32(C))
-		}
-		return nil
-	})
+		q.putGroup(js[:])
+	} else if dw.p != 0 {
+		q.launch(b.fn("encoder_backward"), dim3{x: BT}, dim3{x: nt}, aPtr(dw.p), aDT(dw.dt), aPtr(g.p), aDT(g.dt),
+			aPtr(tk), aI32(BT), aI32(C), aI32(V))
+	}
+	if dp.p != 0 && typedWpe {
+		q.launch(wpeFn, vecGrid(T*C, dp.dt), block, aPtr(dp.p), aPtr(g.p), aI32(B), aI32(T), aI32(C))
+	} else if dp.p != 0 {
+		q.launch(b.fn("encoder_backward_wpe"), elems(T*C), block, aPtr(dp.p), aDT(dp.dt), aPtr(g.p), aDT(g.dt),
+			aI32(B), aI32(T), aI32(C))
+	}
 }
 
 // LayerNormForward normalises the rows of inp(N,C).
@@ -503,15 +466,11 @@ func (b *Backend) LayerNormForward(kq kernels.Queue, out, mean, rstd, inp, weigh
 	bs := b.optFloat(op, "bias", bias, C)
 	if f, ok := b.typedFn("layernorm_forward", o.dt); ok && sameDT(o.dt, i, w, bs) && C%vecN(o.dt) == 0 &&
 		aligned16(o.p, i.p, w.p, bs.p) {
-		q.enqueue(func(q *queue) error {
-			return q.launch(f, rows(N), block, aPtr(o.p), aPtr(mp), aPtr(rp), aPtr(i.p), aPtr(w.p), aPtr(bs.p), aI32(N), aI32(C))
-		})
+		q.launch(f, rows(N), block, aPtr(o.p), aPtr(mp), aPtr(rp), aPtr(i.p), aPtr(w.p), aPtr(bs.p), aI32(N), aI32(C))
 		return
 	}
-	q.enqueue(func(q *queue) error {
-		return q.launch(b.fn("layernorm_forward"), rows(N), block, aPtr(o.p), aDT(o.dt), aPtr(mp), aPtr(rp),
-			aPtr(i.p), aDT(i.dt), aPtr(w.p), aDT(w.dt), aPtr(bs.p), aDT(bs.dt), aI32(N), aI32(C))
-	})
+	q.launch(b.fn("layernorm_forward"), rows(N), block, aPtr(o.p), aDT(o.dt), aPtr(mp), aPtr(rp),
+		aPtr(i.p), aDT(i.dt), aPtr(w.p), aDT(w.dt), aPtr(bs.p), aDT(bs.dt), aI32(N), aI32(C))
 }
 
 // LayerNormBackward accumulates dinp, dweight and dbias.
@@ -542,37 +501,28 @@ func (b *Backend) LayerNormBackward(kq kernels.Queue, dinp, dweight, dbias, dout
 		rpc = max(8, (N*pgrid.x+511)/512) // about 512 blocks
 		pgrid.y = (N + rpc - 1) / rpc
 	}
-	q.enqueue(func(q *queue) error {
-		if di.p != 0 && typedDinp {
-			if err := q.launch(dinpFn, rows(N), block, aPtr(di.p), aPtr(g.p), aPtr(i.p), aPtr(w.p), aPtr(mp), aPtr(rp),
-				aI32(N), aI32(C)); err != nil {
-				return err
-			}
-		} else if di.p != 0 {
-			if err := q.launch(b.fn("layernorm_backward"), rows(N), block, aPtr(di.p), aDT(di.dt), aPtr(g.p), aDT(g.dt),
-				aPtr(i.p), aDT(i.dt), aPtr(w.p), aDT(w.dt), aPtr(mp), aPtr(rp), aI32(N), aI32(C)); err != nil {
-				return err
-			}
+	if di.p != 0 && typedDinp {
+		q.launch(dinpFn, rows(N), block, aPtr(di.p), aPtr(g.p), aPtr(i.p), aPtr(w.p), aPtr(mp), aPtr(rp), aI32(N), aI32(C))
+	} else if di.p != 0 {
+		q.launch(b.fn("layernorm_backward"), rows(N), block, aPtr(di.p), aDT(di.dt), aPtr(g.p), aDT(g.dt),
+			aPtr(i.p), aDT(i.dt), aPtr(w.p), aDT(w.dt), aPtr(mp), aPtr(rp), aI32(N), aI32(C))
+	}
+	switch {
+	case (dw.p != 0 || db.p != 0) && typedPart:
+		// The partial sums at offset 0 of the scratch area.
+		need := int64(pgrid.y) * int64(2*C) * 4
+		js := [...]job{
+			launchJob(partFn, pgrid, dim3{x: 32, y: 8}, 0, aPtr(g.p), aPtr(i.p), aPtr(mp), aPtr(rp),
+				aI32(N), aI32(C), aI32(rpc)).withScratch(need, 0),
+			launchJob(b.fn("layernorm_params_final"), dim3{x: (C + 31) / 32}, dim3{x: 32, y: 32},
+				aPtr(dw.p), aDT(dw.dt), aPtr(db.p), aDT(db.dt), 0, aI32(pgrid.y), aI32(C)).withScratch(need, 4),
 		}
-		if (dw.p != 0 || db.p != 0) && typedPart {
-			part, err := q.ensureScratch(int64(pgrid.y) * int64(2*C) * 4)
-			if err != nil {
-				return err
-			}
-			if err := q.launch(partFn, pgrid, dim3{x: 32, y: 8}, aPtr(part), aPtr(g.p), aPtr(i.p), aPtr(mp), aPtr(rp),
-				aI32(N), aI32(C), aI32(rpc)); err != nil {
-				return err
-			}
-			return q.launch(b.fn("layernorm_params_final"), dim3{x: (C + 31) / 32}, dim3{x: 32, y: 32},
-				aPtr(dw.p), aDT(dw.dt), aPtr(db.p), aDT(db.dt), aPtr(part), aI32(pgrid.y), aI32(C))
-		}
-		if dw.p != 0 || db.p != 0 {
-			return q.launch(b.fn("layernorm_backward_params"), dim3{x: (C + 31) / 32}, dim3{x: 32, y: 32},
-				aPtr(dw.p), aDT(dw.dt), aPtr(db.p), aDT(db.dt), aPtr(g.p), aDT(g.dt), aPtr(i.p), aDT(i.dt),
-				aPtr(mp), aPtr(rp), aI32(N), aI32(C))
-		}
-		return nil
-	})
+		q.putGroup(js[:])
+	case dw.p != 0 || db.p != 0:
+		q.launch(b.fn("layernorm_backward_params"), dim3{x: (C + 31) / 32}, dim3{x: 32, y: 32},
+			aPtr(dw.p), aDT(dw.dt), aPtr(db.p), aDT(db.dt), aPtr(g.p), aDT(g.dt), aPtr(i.p), aDT(i.dt),
+			aPtr(mp), aPtr(rp), aI32(N), aI32(C))
+	}
 }
 
 // CrossEntropyForward computes per-row softmax cross-entropy losses.
@@ -587,15 +537,11 @@ func (b *Backend) CrossEntropyForward(kq kernels.Queue, losses, logits, targets 
 	z := b.float(op, "logits", logits, BT*V)
 	t := b.typed(op, "targets", targets, kernels.I32, BT)
 	if f, ok := b.typedFn("crossentropy_forward", z.dt); ok && alignedLike(z.dt.Size(), z.p) {
-		q.enqueue(func(q *queue) error {
-			return q.launch(f, dim3{x: BT}, dim3{x: 1024}, aPtr(l), aPtr(z.p), aPtr(t), aI32(BT), aI32(V))
-		})
+		q.launch(f, dim3{x: BT}, dim3{x: 1024}, aPtr(l), aPtr(z.p), aPtr(t), aI32(BT), aI32(V))
 		return
 	}
-	q.enqueue(func(q *queue) error {
-		return q.launch(b.fn("crossentropy_forward"), dim3{x: BT}, dim3{x: 512}, aPtr(l), aPtr(z.p), aDT(z.dt), aPtr(t),
-			aI32(BT), aI32(V))
-	})
+	q.launch(b.fn("crossentropy_forward"), dim3{x: BT}, dim3{x: 512}, aPtr(l), aPtr(z.p), aDT(z.dt), aPtr(t),
+		aI32(BT), aI32(V))
 }
 
 // CrossEntropyBackward accumulates dlogits += scale·(softmax - onehot).
@@ -625,16 +571,12 @@ func (b *Backend) crossEntropyBackward(kq kernels.Queue, set bool, dlogits, logi
 		name = "crossentropy_backward_set"
 	}
 	if f, ok := b.typedFn(name, z.dt); ok && d.dt == z.dt && alignedLike(z.dt.Size(), z.p, d.p) {
-		q.enqueue(func(q *queue) error {
-			return q.launch(f, dim3{x: BT}, dim3{x: 1024}, aPtr(d.p), aPtr(z.p), aPtr(t), aI32(BT), aI32(V), aF32(scale))
-		})
+		q.launch(f, dim3{x: BT}, dim3{x: 1024}, aPtr(d.p), aPtr(z.p), aPtr(t), aI32(BT), aI32(V), aF32(scale))
 		return
 	}
 	if set {
 		b.Zero(kq, dlogits)
 	}
-	q.enqueue(func(q *queue) error {
-		return q.launch(b.fn("crossentropy_backward"), dim3{x: BT}, dim3{x: 512}, aPtr(d.p), aDT(d.dt), aPtr(z.p), aDT(z.dt),
-			aPtr(t), aI32(BT), aI32(V), aF32(scale))
-	})
+	q.launch(b.fn("crossentropy_backward"), dim3{x: BT}, dim3{x: 512}, aPtr(d.p), aDT(d.dt), aPtr(z.p), aDT(z.dt),
+		aPtr(t), aI32(BT), aI32(V), aF32(scale))
 }

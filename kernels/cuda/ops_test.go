@@ -431,3 +431,57 @@ func TestSumSquaresCheckFinite(t *testing.T) {
 		}
 	}
 }
+
+// TestAttentionFlash2 checks the two-tile forward (flash_fwd2_bf16_hs64,
+// the default for head size 64) and the one-tile one it replaced against
+// the CPU backend, then against each other on the same inputs (T of 1, 65,
+// 128, 129, 200, 300: 16-row tiles, 64-key tiles and 128-row block edges),
+// with poisoned outputs, and that its self-check at Open passed.
+func TestAttentionFlash2(t *testing.T) {
+	defer func(impl int, two bool) { attnImpl, flashFwd2 = impl, two }(attnImpl, flashFwd2)
+	attnImpl = attnFlash
+	p := openPair(t)
+	gb := p.g.(*Backend)
+	if gb.flashFwd2Err != nil {
+		t.Fatalf("two-tile forward self-check at Open: %v", gb.flashFwd2Err)
+	}
+	for _, sh := range [][4]int{{1, 1, 64, 1}, {2, 65, 128, 2}, {1, 128, 256, 4}, {2, 129, 128, 2}, {1, 200, 192, 3}, {1, 300, 256, 4}} {
+		B, T, C, NH := sh[0], sh[1], sh[2], sh[3]
+		name := fmt.Sprintf("B%d,T%d,C%d,NH%d", B, T, C, NH)
+		qkv := p.random(kernels.BF16, B*T*3*C, 2)
+		out, lse := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)
+		out1, lse1 := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)
+		n0 := flashFwd2Launches.Load()
+		flashFwd2 = true
+		p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+			b.AttentionForward(q, s(out), s(lse), s(qkv), B, T, C, NH)
+		})
+		if flashFwd2Launches.Load() == n0 {
+			t.Errorf("%s: the two-tile kernel did not run", name)
+		}
+		p.check(name+"/out", out, 1)
+		p.check(name+"/lse", lse, 2)
+		// The one-tile kernel against the CPU, then the two kernels compared.
+		flashFwd2 = false
+		p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+			b.AttentionForward(q, s(out1), s(lse1), s(qkv), B, T, C, NH)
+		})
+		p.check(name+"/one-tile/out", out1, 1)
+		p.check(name+"/one-tile/lse", lse1, 2)
+		for _, c := range []struct {
+			name   string
+			two    tp
+			one    tp
+			tol, e float64
+		}{{"out", out, out1, 2e-2, 1.6e-2}, {"lse", lse, lse1, 1e-3, 1e-4}} {
+			two, _ := p.download(c.two)
+			one, _ := p.download(c.one)
+			for i := range one {
+				if g, w := float64(two[i]), float64(one[i]); !(math.Abs(g-w) <= c.tol+c.e*math.Abs(w)) {
+					t.Errorf("%s/%s[%d]: two-tile %g, one-tile %g", name, c.name, i, g, w)
+					break
+				}
+			}
+		}
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/spill-ml/spill/kernels"
@@ -16,12 +18,23 @@ import (
 // queue is a kernels.Queue: one CUDA stream driven by one goroutine locked
 // to an OS thread with the context current. Jobs run on that goroutine in
 // the order they were enqueued; each issues asynchronous CUDA work.
+//
+// A job is a value (job), sent through a buffered channel: the common ones
+// (a kernel launch, a memset, a copy, a GEMM) are described by its fields,
+// so that enqueueing them allocates nothing; the rest carry a closure
+// (jobFunc).
 type queue struct {
 	b      *Backend
 	name   string
 	stream cu.Stream
-	jobs   chan func(*queue) error
+	cs     uintptr // stream's CUstream, for launchArgs
+	jobs   chan job
 	done   chan struct{} // closed when the goroutine has finished
+
+	// sendMu is held while jobs are sent, so that the jobs of one op
+	// (putGroup) reach the goroutine together: they share the scratch
+	// area, which a job of another op in between could overwrite or grow.
+	sendMu sync.Mutex
 
 	mu struct {
 		sync.Mutex
@@ -37,9 +50,80 @@ type queue struct {
 	attnN    int64
 }
 
+// jobKind says what a job does.
+type jobKind uint8
+
+const (
+	jobFunc     jobKind = iota // f(q)
+	jobLaunch                  // fn<<<grid, block>>>(args[:n])
+	jobMemset8                 // args: address, value, count
+	jobMemset16                // args: address, value, count
+	jobMemset32                // args: address, value, count
+	jobCopyHtoD                // args: device address, bytes; host: source
+	jobCopyDtoH                // args: device address, bytes; host: destination
+	jobCopyDtoD                // args: destination, source, bytes
+	jobGemm                    // gemm: q.gemmCall
+)
+
+// job is one unit of a queue's work. Arguments flagged in rel are offsets
+// into the queue's scratch area, which the job needs at least scratch
+// bytes of: the goroutine adds the area's address when it runs the job
+// (the area only grows, after the stream has drained, so consecutive jobs
+// that name the same size see the same area).
+type job struct {
+	kind        jobKind
+	n           uint8  // arguments used
+	rel         uint32 // bit i: args[i] is relative to the scratch area
+	scratch     int64
+	fn          kfunc
+	grid, block dim3
+	args        [maxArgs]uint64
+	host        unsafe.Pointer
+	gemm        gemmCall
+	f           func(*queue) error
+}
+
+// launchJob describes a launch of fn with the arguments, each already
+// encoded as 8 bytes (see the arg helpers).
+func launchJob(fn kfunc, grid, block dim3, args ...uint64) job {
+	if len(args) > maxArgs {
+		panic(fmt.Sprintf("kernels/cuda: %d kernel arguments, at most %d", len(args), maxArgs))
+	}
+	j := job{kind: jobLaunch, fn: fn, grid: grid, block: block, n: uint8(len(args))}
+	copy(j.args[:], args)
+	return j
+}
+
+// withScratch marks the arguments at the indices as offsets into a scratch
+// area of at least n bytes.
+func (j job) withScratch(n int64, idx ...int) job {
+	j.scratch = max(j.scratch, n)
+	for _, i := range idx {
+		j.rel |= 1 << i
+	}
+	return j
+}
+
+// hostStats counts, over every queue of the process, the jobs run, the
+// kernel launches among them and the nanoseconds their goroutines spent
+// running jobs (issuing asynchronous CUDA work, not waiting for it).
+var hostStats struct {
+	jobs, launches, nanos atomic.Int64
+}
+
+// HostStats reports, summed over every queue of every CUDA backend of the
+// process since it started, the jobs the queues' goroutines ran, the
+// kernel launches among them and the time they spent running jobs: the
+// host's side of issuing the work (argument checks and enqueueing on the
+// caller's goroutine not included). Benchmarks compare it per training step
+// with the step's time.
+func HostStats() (jobs, launches int64, busy time.Duration) {
+	return hostStats.jobs.Load(), hostStats.launches.Load(), time.Duration(hostStats.nanos.Load())
+}
+
 // startQueue starts the goroutine of a new queue and creates its stream.
 func startQueue(b *Backend, name string) (*queue, error) {
-	q := &queue{b: b, name: name, jobs: make(chan func(*queue) error, 4096), done: make(chan struct{})}
+	q := &queue{b: b, name: name, jobs: make(chan job, 4096), done: make(chan struct{})}
 	started := make(chan error, 1)
 	go q.run(started)
 	if err := <-started; err != nil {
@@ -53,15 +137,28 @@ func (q *queue) run(started chan<- error) {
 	err := lockToContext(q.b.ctx)
 	if err == nil {
 		q.stream, err = cu.MakeStream(cu.NonBlocking)
+		q.cs = streamHandle(q.stream)
 	}
 	started <- err
 	if err != nil {
 		return
 	}
-	for f := range q.jobs {
-		if err := f(q); err != nil {
+	// One job variable for the goroutine's life: exec passes its
+	// arguments' address to C, which would move a per-iteration variable
+	// to the heap on every job.
+	j := new(job)
+	for {
+		var ok bool
+		if *j, ok = <-q.jobs; !ok {
+			break
+		}
+		t0 := time.Now()
+		if err := q.exec(j); err != nil {
 			q.fail(err)
 		}
+		hostStats.nanos.Add(int64(time.Since(t0)))
+		hostStats.jobs.Add(1)
+		j.f, j.host = nil, nil // let the closure and host memory go
 	}
 	if err := q.stream.Synchronize(); err != nil {
 		q.fail(err)
@@ -78,6 +175,47 @@ func (q *queue) run(started chan<- error) {
 		q.b.unreserve(q.attnN, "attention")
 	}
 	_ = q.stream.Destroy()
+}
+
+// exec runs one job on the queue's goroutine.
+func (q *queue) exec(j *job) error {
+	if j.rel != 0 {
+		base, err := q.ensureScratch(j.scratch)
+		if err != nil {
+			return err
+		}
+		for i := range int(j.n) {
+			if j.rel&(1<<i) != 0 {
+				j.args[i] += uint64(base)
+			}
+		}
+	}
+	a := &j.args
+	switch j.kind {
+	case jobFunc:
+		return j.f(q)
+	case jobLaunch:
+		if j.grid.x == 0 {
+			return nil
+		}
+		hostStats.launches.Add(1)
+		return launchArgs(q.cs, j.fn, j.grid, j.block, a, int(j.n))
+	case jobMemset8:
+		return cu.MemsetD8Async(cu.DevicePtr(a[0]), byte(a[1]), int64(a[2]), q.stream)
+	case jobMemset16:
+		return cu.MemsetD16Async(cu.DevicePtr(a[0]), uint16(a[1]), int64(a[2]), q.stream)
+	case jobMemset32:
+		return cu.MemsetD32Async(cu.DevicePtr(a[0]), uint(uint32(a[1])), int64(a[2]), q.stream)
+	case jobCopyHtoD:
+		return cu.MemcpyHtoDAsync(cu.DevicePtr(a[0]), j.host, int64(a[1]), q.stream)
+	case jobCopyDtoH:
+		return cu.MemcpyDtoHAsync(j.host, cu.DevicePtr(a[0]), int64(a[1]), q.stream)
+	case jobCopyDtoD:
+		return cu.MemcpyDtoDAsync(cu.DevicePtr(a[0]), cu.DevicePtr(a[1]), int64(a[2]), q.stream)
+	case jobGemm:
+		return q.runGemm(&j.gemm)
+	}
+	return fmt.Errorf("unknown job kind %d", j.kind)
 }
 
 // fail records err as the queue's sticky error unless one is there already.
@@ -97,13 +235,81 @@ func (q *queue) firstErr() error {
 
 // enqueue hands f to the queue's goroutine.
 func (q *queue) enqueue(f func(*queue) error) {
+	q.put(&job{kind: jobFunc, f: f})
+}
+
+// put hands a copy of j to the queue's goroutine.
+func (q *queue) put(j *job) {
+	q.sendMu.Lock()
+	defer q.sendMu.Unlock()
+	q.checkOpen()
+	q.jobs <- *j
+}
+
+// putGroup hands copies of the jobs of one op to the queue's goroutine,
+// with no other job in between.
+func (q *queue) putGroup(js []job) {
+	q.sendMu.Lock()
+	defer q.sendMu.Unlock()
+	q.checkOpen()
+	for i := range js {
+		q.jobs <- js[i]
+	}
+}
+
+func (q *queue) checkOpen() {
 	q.mu.Lock()
 	closed := q.mu.closed
 	q.mu.Unlock()
 	if closed {
 		panic(fmt.Sprintf("kernels/cuda: queue %q used after Close", q.name))
 	}
-	q.jobs <- f
+}
+
+// launch enqueues a launch of fn (launchJob).
+func (q *queue) launch(fn kfunc, grid, block dim3, args ...uint64) {
+	j := launchJob(fn, grid, block, args...)
+	q.put(&j)
+}
+
+// memsetJob sets n elements of size es (1, 2 or 4 bytes) at p to v.
+func memsetJob(p uint64, es int, v uint32, n int64) job {
+	j := job{kind: jobMemset8, n: 3}
+	j.args[0], j.args[1], j.args[2] = p, uint64(v), uint64(n)
+	switch es {
+	case 1:
+	case 2:
+		j.kind = jobMemset16
+	case 4:
+		j.kind = jobMemset32
+	default:
+		panic(fmt.Sprintf("kernels/cuda: memset of %d-byte elements", es))
+	}
+	return j
+}
+
+// memset enqueues memsetJob(p, es, v, n).
+func (q *queue) memset(p cu.DevicePtr, es int, v uint32, n int64) {
+	j := memsetJob(uint64(p), es, v, n)
+	q.put(&j)
+}
+
+// copyDevice enqueues a copy of n bytes from device address s to d.
+func (q *queue) copyDevice(d, s cu.DevicePtr, n int64) {
+	j := job{kind: jobCopyDtoD, n: 3}
+	j.args[0], j.args[1], j.args[2] = uint64(d), uint64(s), uint64(n)
+	q.put(&j)
+}
+
+// copyHost enqueues a copy of n bytes between host memory h and device
+// address d (toDevice: h to d).
+func (q *queue) copyHost(toDevice bool, d cu.DevicePtr, h unsafe.Pointer, n int64) {
+	j := job{kind: jobCopyDtoH, n: 2, host: h}
+	if toDevice {
+		j.kind = jobCopyHtoD
+	}
+	j.args[0], j.args[1] = uint64(d), uint64(n)
+	q.put(&j)
 }
 
 // stop ends the goroutine after the queued jobs and returns the sticky error.
@@ -184,7 +390,7 @@ func (q *queue) ensureScratch(n int64) (cu.DevicePtr, error) {
 // blasHandle returns the queue's cuBLAS handle, creating it on first use.
 func (q *queue) blasHandle() (*blasHandle, error) {
 	if q.blas == nil {
-		h, err := newBlasHandle(q.stream)
+		h, err := newBlasHandle(q.stream, q.b.reducedPrecision)
 		if err != nil {
 			return nil, err
 		}
@@ -196,22 +402,23 @@ func (q *queue) blasHandle() (*blasHandle, error) {
 // dim3 is a launch dimension.
 type dim3 struct{ x, y, z int }
 
-// launch starts kernel name with grid and block sizes and the arguments,
-// each already encoded as 8 bytes (see the arg helpers).
-func (q *queue) launch(fn cu.Function, grid, block dim3, args ...uint64) error {
-	return launchOn(q.stream, fn, grid, block, args...)
+// launchOn launches fn on stream s at once, from any context goroutine
+// (the self-checks at Open).
+func launchOn(s cu.Stream, fn kfunc, grid, block dim3, args ...uint64) error {
+	j := launchJob(fn, grid, block, args...)
+	return j.launchOn(s)
 }
 
-// launchOn is launch on stream s (from any context goroutine).
-func launchOn(s cu.Stream, fn cu.Function, grid, block dim3, args ...uint64) error {
-	if grid.x == 0 {
+// launchOn launches a jobLaunch without scratch-relative arguments on
+// stream s at once.
+func (j *job) launchOn(s cu.Stream) error {
+	if j.kind != jobLaunch || j.rel != 0 {
+		panic("kernels/cuda: launchOn of a job that is not a plain launch")
+	}
+	if j.grid.x == 0 {
 		return nil
 	}
-	ptrs := make([]unsafe.Pointer, len(args))
-	for i := range args {
-		ptrs[i] = unsafe.Pointer(&args[i])
-	}
-	return fn.Launch(grid.x, max(grid.y, 1), max(grid.z, 1), block.x, max(block.y, 1), max(block.z, 1), 0, s, ptrs)
+	return launchArgs(streamHandle(s), j.fn, j.grid, j.block, &j.args, int(j.n))
 }
 
 // Kernel arguments, each in 8 bytes: the driver reads the parameter's own
@@ -221,3 +428,14 @@ func aI32(v int) uint64          { return uint64(uint32(int32(v))) }
 func aI64(v int64) uint64        { return uint64(v) }
 func aF32(v float32) uint64      { return uint64(math.Float32bits(v)) }
 func aDT(d kernels.DType) uint64 { return uint64(d) }
+
+// launchNow launches fn at once: on the queue's goroutine only, for the
+// jobs that carry a closure.
+func (q *queue) launchNow(fn kfunc, grid, block dim3, args ...uint64) error {
+	j := launchJob(fn, grid, block, args...)
+	if j.grid.x == 0 {
+		return nil
+	}
+	hostStats.launches.Add(1)
+	return launchArgs(q.cs, j.fn, j.grid, j.block, &j.args, int(j.n))
+}

@@ -2,5 +2,8 @@
 
 package main
 
-// A cuda build registers the CUDA backend ("cuda").
-import _ "github.com/spill-ml/spill/kernels/cuda"
+// A cuda build registers the CUDA backend ("cuda") and reports its host
+// statistics per training step.
+import "github.com/spill-ml/spill/kernels/cuda"
+
+func init() { hostStats = cuda.HostStats }

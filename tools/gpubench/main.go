@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -51,6 +52,8 @@ type shape struct {
 var shapes = []shape{
 	{Name: "124m", Preset: "gpt2-124m", Layers: 12, Embd: 768, Heads: 12, Vocab: 50304, MaxSeq: 1024, SeqLen: 1024, Batch: 16, Steps: 30, Warmup: 5},
 	{Name: "1.3b", Preset: "gpt2-1.3b", Layers: 24, Embd: 2048, Heads: 16, Vocab: 50304, MaxSeq: 2048, SeqLen: 1024, Batch: 8, Steps: 15, Warmup: 4},
+	// The preset's 32 heads (of 80) made 20 of 128, the issue's shape.
+	{Name: "2.7b", Preset: "gpt2-2.7b", Layers: 32, Embd: 2560, Heads: 20, Vocab: 50304, MaxSeq: 2048, SeqLen: 2048, Batch: 4, Steps: 12, Warmup: 4},
 }
 
 // gptParams counts the parameters of the GPT-2 architecture with tied
@@ -69,6 +72,25 @@ type trainResult struct {
 	PeakGiB      float64   `json:"peak_device_gib"`
 	Losses       []float64 `json:"losses"`
 	Error        string    `json:"error,omitempty"`
+	// The backend's queue goroutines per step (after warm-up), where the
+	// backend reports it (cuda.HostStats): jobs (launches, memsets, copies,
+	// GEMMs, ...) and kernel launches issued, milliseconds spent issuing them,
+	// that time per job, and its share of the step's wall time (1 would
+	// make the host the bottleneck).
+	HostJobsPerStep     float64 `json:"host_jobs_per_step,omitempty"`
+	HostLaunchesPerStep float64 `json:"host_launches_per_step,omitempty"`
+	HostMsPerStep       float64 `json:"host_issue_ms_per_step,omitempty"`
+	HostNsPerJob        float64 `json:"host_issue_ns_per_job,omitempty"`
+	HostShareOfStep     float64 `json:"host_issue_share_of_step,omitempty"`
+}
+
+// hostStats is cuda.HostStats in a cuda build (backend_cuda.go), else nil.
+var hostStats func() (jobs, launches int64, busy time.Duration)
+
+// hostSample is hostStats at one step's report.
+type hostSample struct {
+	jobs, launches int64
+	busy           time.Duration
 }
 
 type gemmResult struct {
@@ -121,9 +143,19 @@ func main() {
 	device := flag.String("device", "cuda", "backend")
 	kernelsOnly := flag.Bool("kernels-only", false, "skip the training runs")
 	trainOnly := flag.Bool("train-only", false, "skip the kernel benchmarks (for profiling the training steps alone)")
+	attnSweep := flag.String("attn-sweep", "", "only time attention forward and backward at these HS:T pairs (e.g. 64:1024,128:2048) and write them to -out")
+	attnTokens := flag.Int("attn-tokens", 16384, "batch x T of each -attn-sweep shape")
+	attnHeads := flag.Int("attn-heads", 16, "heads of each -attn-sweep shape")
 	flag.Parse()
 	skipKernels = *trainOnly
 	ctx := context.Background()
+	if *attnSweep != "" {
+		if err := sweepAttention(ctx, *device, *attnSweep, *attnTokens, *attnHeads, *outPath); err != nil {
+			fmt.Fprintln(os.Stderr, "gpubench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(ctx, *device, *torchPath, *outPath, strings.Split(*only, ","), *kernelsOnly); err != nil {
 		fmt.Fprintln(os.Stderr, "gpubench:", err)
 		os.Exit(1)
@@ -204,6 +236,10 @@ func run(ctx context.Context, device, torchPath, outPath string, only []string, 
 			}
 		}
 		fmt.Printf("   spill: %.0f tok/s, %.1f TFLOP/s, step %.1f ms, peak %.2f GiB", res.TokensPerSec, res.ModelTFLOPs, res.StepMsMedian, res.PeakGiB)
+		if res.HostJobsPerStep > 0 {
+			fmt.Printf(", host %.2f ms/step issuing %.0f jobs (%.0f launches, %.0f ns/job)", res.HostMsPerStep, res.HostJobsPerStep,
+				res.HostLaunchesPerStep, res.HostNsPerJob)
+		}
 		if r.Ratio != nil {
 			fmt.Printf(", %.3fx PyTorch", *r.Ratio)
 		}
@@ -280,9 +316,17 @@ func train(ctx context.Context, device string, s shape) (trainResult, error) {
 	cfg.EvalEvery, cfg.EvalFraction = 0, 0
 	cfg.Device, cfg.Precision = device, "bf16"
 	var ms []engine.StepMetrics
+	var hs []hostSample
 	sum, err := engine.Run(ctx, cfg, engine.RunOptions{
-		Reporter: engine.ReporterFunc(func(m engine.StepMetrics) { ms = append(ms, m) }),
-		Log:      os.Stdout,
+		Reporter: engine.ReporterFunc(func(m engine.StepMetrics) {
+			ms = append(ms, m)
+			if hostStats != nil {
+				var h hostSample
+				h.jobs, h.launches, h.busy = hostStats()
+				hs = append(hs, h)
+			}
+		}),
+		Log: os.Stdout,
 	})
 	if err != nil {
 		return res, err
@@ -301,6 +345,16 @@ func train(ctx context.Context, device string, s shape) (trainResult, error) {
 	res.TokensPerSec = float64((len(ms)-s.Warmup)*s.Batch*s.SeqLen) / wall
 	res.ModelTFLOPs = res.TokensPerSec * float64(6*gptParams(s)) / 1e12
 	res.StepMsMedian = median(steps)
+	if len(hs) == len(ms) {
+		a, z, n := hs[s.Warmup-1], hs[len(hs)-1], float64(len(ms)-s.Warmup)
+		res.HostJobsPerStep = float64(z.jobs-a.jobs) / n
+		res.HostLaunchesPerStep = float64(z.launches-a.launches) / n
+		res.HostMsPerStep = (z.busy - a.busy).Seconds() * 1e3 / n
+		if z.jobs > a.jobs {
+			res.HostNsPerJob = float64((z.busy - a.busy).Nanoseconds()) / float64(z.jobs-a.jobs)
+		}
+		res.HostShareOfStep = res.HostMsPerStep / (wall * 1e3 / n)
+	}
 	res.PeakBytes = sum.PeakDeviceBytes
 	res.PeakGiB = float64(sum.PeakDeviceBytes) / (1 << 30)
 	return res, nil
@@ -338,26 +392,10 @@ func kernelBench(device string, s shape) ([]gemmResult, []attnResult, error) {
 		}
 		bufs = append(bufs, b)
 		t := kernels.View(b, 0, dt, n)
-		be.Fill(q, t, 0.01)
+		fillRandom(be, q, t)
 		return t, nil
 	}
-	// timeIt runs f reps times after warm-up and returns ms per call.
-	timeIt := func(reps int, f func()) (float64, error) {
-		for range 3 {
-			f()
-		}
-		if err := q.Synchronize(ctx); err != nil {
-			return 0, err
-		}
-		t0 := time.Now()
-		for range reps {
-			f()
-		}
-		if err := q.Synchronize(ctx); err != nil {
-			return 0, err
-		}
-		return time.Since(t0).Seconds() * 1e3 / float64(reps), nil
-	}
+	timeIt := func(reps int, f func()) (float64, error) { return timeCalls(ctx, q, reps, f) }
 	BT, C := s.Batch*s.SeqLen, s.Embd
 	var gs []gemmResult
 	for _, g := range []struct {
@@ -471,4 +509,145 @@ func kernelRatios(gs []gemmResult, as []attnResult, raw json.RawMessage) (map[st
 		}
 	}
 	return gr, ar
+}
+
+// fillRandom fills a float tensor with pseudo-random values, uniform in
+// [-1, 1), and any other with zeros: timings on constant or zero data can
+// be faster than on real data.
+func fillRandom(be kernels.Backend, q kernels.Queue, t kernels.Tensor) {
+	if !t.DType.IsFloat() {
+		be.Fill(q, t, 0)
+		return
+	}
+	host := make([]byte, t.Bytes())
+	f32 := make([]float32, t.N)
+	x := uint64(0x9e3779b97f4a7c15) ^ uint64(t.N)
+	for i := range f32 {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		f32[i] = float32(int32(x>>32)) / (1 << 31)
+	}
+	switch t.DType {
+	case kernels.F32:
+		for i, v := range f32 {
+			binary.LittleEndian.PutUint32(host[4*i:], math.Float32bits(v))
+		}
+	case kernels.BF16:
+		for i, v := range f32 {
+			binary.LittleEndian.PutUint16(host[2*i:], kernels.BF16FromF32(v))
+		}
+	case kernels.F16:
+		for i, v := range f32 {
+			binary.LittleEndian.PutUint16(host[2*i:], kernels.F16FromF32(v))
+		}
+	}
+	be.CopyToDevice(q, t, host)
+	_ = q.Synchronize(context.Background()) // before host can go
+}
+
+// sweepResult is spill's attention at one head size and length.
+type sweepResult struct {
+	HS      int     `json:"hs"`
+	T       int     `json:"t"`
+	B       int     `json:"b"`
+	NH      int     `json:"nh"`
+	FwdMs   float64 `json:"fwd_ms"`
+	BwdMs   float64 `json:"bwd_ms"`
+	TFLOPs  float64 `json:"tflops_fwd_bwd_causal"`
+	Kernels string  `json:"kernels,omitempty"`
+}
+
+// sweepAttention times AttentionForward and AttentionBackwardSet (as the
+// GPT block calls them) in bf16 at each HS:T of spec, with B = tokens/T
+// sequences of heads heads, on random data, and writes the results to out.
+func sweepAttention(ctx context.Context, device, spec string, tokens, heads int, out string) error {
+	be, err := kernels.Open(device, kernels.Config{})
+	if err != nil {
+		return err
+	}
+	defer be.Close()
+	q := be.DefaultQueue()
+	var res []sweepResult
+	for _, p := range strings.Split(spec, ",") {
+		var hs, T int
+		if _, err := fmt.Sscanf(strings.TrimSpace(p), "%d:%d", &hs, &T); err != nil {
+			return fmt.Errorf("-attn-sweep %q: %w", p, err)
+		}
+		B, NH := max(1, tokens/T), heads
+		C := hs * NH
+		var bufs []kernels.Buffer
+		tensor := func(dt kernels.DType, n int) kernels.Tensor {
+			b, e := be.Alloc(int64(n*dt.Size()), "bench")
+			if e != nil && err == nil {
+				err = e
+			}
+			if e != nil {
+				return kernels.Tensor{}
+			}
+			bufs = append(bufs, b)
+			t := kernels.View(b, 0, dt, n)
+			fillRandom(be, q, t)
+			return t
+		}
+		qkv, o, lse := tensor(kernels.BF16, B*T*3*C), tensor(kernels.BF16, B*T*C), tensor(kernels.F32, B*NH*T)
+		dqkv, dout := tensor(kernels.BF16, B*T*3*C), tensor(kernels.BF16, B*T*C)
+		if err != nil {
+			return err
+		}
+		fwd, err := timeCalls(ctx, q, 10, func() { be.AttentionForward(q, o, lse, qkv, B, T, C, NH) })
+		if err != nil {
+			return err
+		}
+		bwd, err := timeCalls(ctx, q, 10, func() { kernels.AttentionBackwardSet(be, q, dqkv, dout, qkv, o, lse, B, T, C, NH) })
+		if err != nil {
+			return err
+		}
+		fl := 3.5 * 4 * float64(B) * float64(NH) * float64(T) * float64(T) / 2 * float64(hs)
+		r := sweepResult{HS: hs, T: T, B: B, NH: NH, FwdMs: fwd, BwdMs: bwd, TFLOPs: fl / ((fwd + bwd) / 1e3) / 1e12}
+		if ak, ok := be.(interface {
+			AttentionKernels(dt kernels.DType, C, NH int) string
+		}); ok {
+			r.Kernels = ak.AttentionKernels(kernels.BF16, C, NH)
+		}
+		fmt.Printf("   spill attention hs%d T%d B%d NH%d: fwd %.3f ms, bwd %.3f ms, %.0f TFLOP/s (causal)\n", hs, T, B, NH, fwd, bwd, r.TFLOPs)
+		res = append(res, r)
+		for _, b := range bufs {
+			be.Free(b)
+		}
+	}
+	b, err := json.MarshalIndent(map[string]any{"date": time.Now().UTC().Format(time.RFC3339), "machine": machine(),
+		"command": strings.Join(os.Args, " "), "attention": res}, "", " ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(out, append(b, '\n'), 0o644)
+}
+
+// timeCalls runs f reps times after warm-up and returns ms per call,
+// repeating until the timed run lasts at least 50 ms.
+func timeCalls(ctx context.Context, q kernels.Queue, reps int, f func()) (float64, error) {
+	for range 3 {
+		f()
+	}
+	if err := q.Synchronize(ctx); err != nil {
+		return 0, err
+	}
+	var ms float64
+	for pass := 0; pass < 2; pass++ {
+		t0 := time.Now()
+		for range reps {
+			f()
+		}
+		if err := q.Synchronize(ctx); err != nil {
+			return 0, err
+		}
+		total := time.Since(t0).Seconds() * 1e3
+		ms = total / float64(reps)
+		if total >= 50 {
+			break
+		}
+		reps = int(min(2000, 50/ms+1))
+	}
+	return ms, nil
 }

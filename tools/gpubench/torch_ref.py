@@ -4,6 +4,11 @@ F.scaled_dot_product_attention, grad clip 1.0), plus the same GEMMs and
 attention timed alone. Writes one JSON file that gpubench merges.
 
     python3 tools/gpubench/torch_ref.py OUT.json [124m,1.3b]
+
+With SPILL_TORCH_COMPILE=1 the model is trained through torch.compile
+(regional: each transformer block, and the head with its loss, compiled;
+identical blocks share one compiled graph), compile time excluded by the
+warm-up steps.
 """
 
 import json
@@ -20,6 +25,7 @@ import torch.nn.functional as F
 SHAPES = {
     "124m": dict(layers=12, embd=768, heads=12, vocab=50304, max_seq=1024, seq_len=1024, batch=16, steps=30, warmup=5),
     "1.3b": dict(layers=24, embd=2048, heads=16, vocab=50304, max_seq=2048, seq_len=1024, batch=8, steps=15, warmup=4),
+    "2.7b": dict(layers=32, embd=2560, heads=20, vocab=50304, max_seq=2048, seq_len=2048, batch=4, steps=12, warmup=4),
 }
 
 
@@ -74,14 +80,21 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for b in self.h:
             x = b(x)
+        return self.head(x, targets)
+
+    def head(self, x, targets):
         logits = self.lm_head(self.ln_f(x))
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def train(name, s):
+def train(name, s, compiled=False):
     torch.manual_seed(1337)
     dev = "cuda"
     model = GPT(s).to(dev)
+    if compiled:
+        for b in model.h:
+            b.compile()
+        model.head = torch.compile(model.head)
     nparams = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     nodecay = [p for p in model.parameters() if p.dim() < 2]
@@ -116,8 +129,9 @@ def train(name, s):
     res = dict(tokens_per_sec=tok, model_tflops=6 * nparams * tok / 1e12, params=nparams,
                step_ms_mean=wall * 1e3 / (s["steps"] - s["warmup"]), peak_device_bytes=peak,
                peak_device_gib=peak / 2**30, losses=[float(l) for l in losses],
+               compiled=compiled,
                note="no host sync per step (nanoGPT syncs only at log intervals); one sync at the end")
-    print(f"== torch {name}: {tok:.0f} tok/s, {res['model_tflops']:.1f} TFLOP/s, {res['step_ms_mean']:.1f} ms/step, "
+    print(f"== torch{' compiled' if compiled else ''} {name}: {tok:.0f} tok/s, {res['model_tflops']:.1f} TFLOP/s, {res['step_ms_mean']:.1f} ms/step, "
           f"peak {res['peak_device_gib']:.2f} GiB, loss {res['losses'][0]:.3f} -> {res['losses'][-1]:.3f}", flush=True)
     del model, opt, data
     torch.cuda.empty_cache()
@@ -182,7 +196,9 @@ def main():
     for n in names:
         if os.environ.get("SPILL_KERNELS_ONLY"):  # the kernel benchmarks alone
             break
-        rep["shapes"][n] = train(n, SHAPES[n])
+        rep["shapes"][n] = train(n, SHAPES[n], compiled=os.environ.get("SPILL_TORCH_COMPILE") == "1")
+        with open(out, "w") as f:  # after each shape: a run cut short keeps what it measured
+            json.dump(rep, f, indent=1)
     with open(out, "w") as f:
         json.dump(rep, f, indent=1)
 

@@ -288,6 +288,177 @@ __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __r
     }
 }
 
+// flash_fwd_mt is flash_fwd with MT 16-row tiles per warp (BQ = 64·MT query
+// rows per block): each K and V fragment loaded by ldmatrix feeds MT
+// products instead of one, and the address arithmetic of a key tile is
+// shared by MT row tiles. MT 1 computes what flash_fwd does.
+template <int HS, int MT>
+__device__ __forceinline__ void flash_fwd_mt(uint16_t* __restrict__ out, float* __restrict__ lse,
+                                             const uint16_t* __restrict__ qkv, int T, int C, int NH, float scale_log2,
+                                             uint16_t* Ks, uint16_t* Vs) {
+    constexpr int KS = HS + 8, KD = HS / 16, ND = HS / 8, NK = FA_BK / 8, BQ = 64 * MT;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int z = blockIdx.y, b = z / NH, h = z - b * NH;
+    // The last query blocks have the most keys: start them first.
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+    const i64 C3 = 3LL * C;
+    const uint16_t* base = qkv + (i64)b * T * C3 + (i64)h * HS;  // q of token 0 of this head
+    const int w0 = q0 + warp * 16 * MT;                                  // first row of this warp
+
+    uint32_t qf[MT][KD][4];
+#pragma unroll
+    for (int t = 0; t < MT; t++) fa_ld_frag<HS>(qf[t], base, C3, w0 + 16 * t + g, T);
+    float o[MT][ND][4];
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int t = 0; t < MT; t++) {
+#pragma unroll
+        for (int j = 0; j < ND; j++) o[t][j][0] = o[t][j][1] = o[t][j][2] = o[t][j][3] = 0.f;
+        m[t][0] = m[t][1] = -INFINITY;
+        l[t][0] = l[t][1] = 0.f;
+    }
+    const int qlast = min(q0 + BQ, T) - 1;  // the block's last valid row
+    const bool active = w0 < T;             // the warp has a valid row
+
+    fa_cp_rows<HS>(Ks, base + C, C3, 0, FA_BK, T);
+    fa_cp_commit();
+    for (int k0 = 0; k0 <= qlast; k0 += FA_BK) {
+        fa_cp_wait();
+        __syncthreads();  // K(k0) is in; every warp is done with V of the previous tile
+        fa_cp_rows<HS>(Vs, base + 2 * C, C3, k0, FA_BK, T);
+        fa_cp_commit();
+        const bool work = active && k0 <= w0 + 16 * MT - 1;  // some row of this warp sees these keys
+
+        float s[MT][NK][4];
+        if (work) {
+#pragma unroll
+            for (int j = 0; j < NK; j++) {
+#pragma unroll
+                for (int t = 0; t < MT; t++) s[t][j][0] = s[t][j][1] = s[t][j][2] = s[t][j][3] = 0.f;
+                const uint16_t* kp = Ks + (8 * j + (lane & 7)) * KS + 8 * (lane >> 3);
+#pragma unroll
+                for (int kk = 0; kk < KD; kk += 2) {
+                    uint32_t bk[4];
+                    fa_ldsm4(bk, kp + 16 * kk);
+#pragma unroll
+                    for (int t = 0; t < MT; t++) {
+                        fa_mma(s[t][j], qf[t][kk], bk[0], bk[1]);
+                        fa_mma(s[t][j], qf[t][kk + 1], bk[2], bk[3]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < MT; t++) {
+                const int r0 = w0 + 16 * t + g, r1 = r0 + 8;
+                // Keys after a row (and so keys past T) are masked on the
+                // tiles that reach past the row tile's first row.
+                if (k0 + FA_BK - 1 > w0 + 16 * t) {
+#pragma unroll
+                    for (int j = 0; j < NK; j++) {
+                        const int key = k0 + j * 8 + 2 * c;
+                        if (key > r0) s[t][j][0] = -INFINITY;
+                        if (key + 1 > r0) s[t][j][1] = -INFINITY;
+                        if (key > r1) s[t][j][2] = -INFINITY;
+                        if (key + 1 > r1) s[t][j][3] = -INFINITY;
+                    }
+                }
+                float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < NK; j++) {
+                    mx0 = fmaxf(mx0, fmaxf(s[t][j][0], s[t][j][1]));
+                    mx1 = fmaxf(mx1, fmaxf(s[t][j][2], s[t][j][3]));
+                }
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+                const float n0 = fmaxf(m[t][0], mx0), n1 = fmaxf(m[t][1], mx1);
+                // A row tile entirely before k0 has every score masked: its
+                // maximum stays, f is 1 and p is 0. -inf - -inf never occurs
+                // (key 0 is in the first tile and visible to every row).
+                const float b0 = n0 == -INFINITY ? 0.f : n0 * scale_log2, b1 = n1 == -INFINITY ? 0.f : n1 * scale_log2;
+                const float f0 = fa_exp2(m[t][0] * scale_log2 - b0), f1 = fa_exp2(m[t][1] * scale_log2 - b1);
+                m[t][0] = n0;
+                m[t][1] = n1;
+                float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+                for (int j = 0; j < NK; j++) {
+                    s[t][j][0] = fa_exp2(s[t][j][0] * scale_log2 - b0);
+                    s[t][j][1] = fa_exp2(s[t][j][1] * scale_log2 - b0);
+                    s[t][j][2] = fa_exp2(s[t][j][2] * scale_log2 - b1);
+                    s[t][j][3] = fa_exp2(s[t][j][3] * scale_log2 - b1);
+                    ps0 += s[t][j][0] + s[t][j][1];
+                    ps1 += s[t][j][2] + s[t][j][3];
+                }
+                l[t][0] = l[t][0] * f0 + ps0;
+                l[t][1] = l[t][1] * f1 + ps1;
+#pragma unroll
+                for (int j = 0; j < ND; j++) {
+                    o[t][j][0] *= f0;
+                    o[t][j][1] *= f0;
+                    o[t][j][2] *= f1;
+                    o[t][j][3] *= f1;
+                }
+            }
+        }
+        fa_cp_wait();
+        __syncthreads();  // V(k0) is in; every warp is done with K(k0)
+        if (k0 + FA_BK <= qlast) {
+            fa_cp_rows<HS>(Ks, base + C, C3, k0 + FA_BK, FA_BK, T);
+            fa_cp_commit();
+        }
+        if (!work) continue;
+        // O += P·V: P's accumulator layout is the A layout of the next product.
+#pragma unroll
+        for (int kk = 0; kk < FA_BK / 16; kk++) {
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int t = 0; t < MT; t++) {
+                pa[t][0] = fa_pack(s[t][2 * kk][0], s[t][2 * kk][1]);
+                pa[t][1] = fa_pack(s[t][2 * kk][2], s[t][2 * kk][3]);
+                pa[t][2] = fa_pack(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]);
+                pa[t][3] = fa_pack(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]);
+            }
+            const uint16_t* vp = Vs + (16 * kk + (lane & 15)) * KS + 8 * (lane >> 4);
+#pragma unroll
+            for (int j = 0; j < ND; j += 2) {
+                uint32_t bv[4];
+                fa_ldsm4t(bv, vp + 8 * j);
+#pragma unroll
+                for (int t = 0; t < MT; t++) {
+                    fa_mma(o[t][j], pa[t], bv[0], bv[1]);
+                    fa_mma(o[t][j + 1], pa[t], bv[2], bv[3]);
+                }
+            }
+        }
+    }
+    if (!active) return;
+    uint16_t* ob = out + (i64)b * T * C + (i64)h * HS + 2 * c;
+#pragma unroll
+    for (int t = 0; t < MT; t++) {
+        const int r0 = w0 + 16 * t + g, r1 = r0 + 8;
+        float l0 = l[t][0], l1 = l[t][1];
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        if (r0 < T) {
+            const float inv = 1.f / l0;
+#pragma unroll
+            for (int j = 0; j < ND; j++)
+                *reinterpret_cast<uint32_t*>(ob + (i64)r0 * C + j * 8) = fa_pack(o[t][j][0] * inv, o[t][j][1] * inv);
+            if (c == 0) lse[(i64)z * T + r0] = (m[t][0] * scale_log2 + log2f(l0)) * FA_LN2;
+        }
+        if (r1 < T) {
+            const float inv = 1.f / l1;
+#pragma unroll
+            for (int j = 0; j < ND; j++)
+                *reinterpret_cast<uint32_t*>(ob + (i64)r1 * C + j * 8) = fa_pack(o[t][j][2] * inv, o[t][j][3] * inv);
+            if (c == 0) lse[(i64)z * T + r1] = (m[t][1] * scale_log2 + log2f(l1)) * FA_LN2;
+        }
+    }
+}
+
 // Backward pass. // Two kernels, no atomics (deterministic), both accumulating into dqkv:
 // flash_bwd_kv gives dK and dV, one block per 64 keys of one (batch, head),
 // each warp owning 16 keys and walking the query tiles from its diagonal to
@@ -599,6 +770,15 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS)
     __shared__ __align__(16) uint16_t Ks[FA_BK * (128 + 8)];
     __shared__ __align__(16) uint16_t Vs[FA_BK * (128 + 8)];
     flash_fwd<128>((uint16_t*)out, lse, (const uint16_t*)qkv, T, C, NH, scale_log2, Ks, Vs);
+}
+
+// flash_fwd2_bf16_hs64: flash_fwd_bf16_hs64 with two 16-row tiles per
+// warp (flash_fwd_mt): grid (ceil(T/128), B·NH), 128 threads.
+extern "C" __global__ void __launch_bounds__(FA_THREADS, 2)
+    flash_fwd2_bf16_hs64(void* out, float* lse, const void* qkv, int T, int C, int NH, float scale_log2) {
+    __shared__ __align__(16) uint16_t Ks[FA_BK * (64 + 8)];
+    __shared__ __align__(16) uint16_t Vs[FA_BK * (64 + 8)];
+    flash_fwd_mt<64, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, C, NH, scale_log2, Ks, Vs);
 }
 
 // flash_bwd entry points: dqkv(B,T,3C) += the gradients from dout(B,T,C),

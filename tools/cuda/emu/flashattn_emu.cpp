@@ -1,4 +1,4 @@
-// flashattn_emu.cpp: runs flash_fwd of kernels/cuda/kernels/flashattn.cu on
+// flashattn_emu.cpp: runs flash_fwd, flash_fwd_mt and the backward kernels of kernels/cuda/kernels/flashattn.cu on
 // the host, to check the kernel's index arithmetic without a GPU: each block
 // is 128 std::threads, __syncthreads a barrier, and mma.m16n8k16 and the
 // shuffles and ldmatrix are emulated warp-collectively from the fragment layouts of the
@@ -119,7 +119,8 @@ template <class F> void run_grid(F kernel) {
     }
 }
 
-template <int HS> void run(int B, int T, int NH, unsigned seed, int& bad) {
+// run checks flash_fwd (MT 0) or flash_fwd_mt<HS, MT>.
+template <int HS, int MT = 0> void run(int B, int T, int NH, unsigned seed, int& bad) {
   int C = NH * HS;
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> U(-2, 2);
@@ -127,9 +128,13 @@ template <int HS> void run(int B, int T, int NH, unsigned seed, int& bad) {
   std::vector<float> lse((size_t)B * NH * T, NAN);
   for (auto& x : qkv) x = f2bf(U(rng));
   float sl2 = (float)(1.4426950408889634 / std::sqrt((double)HS));
-  gridDim = {(T + 63) / 64, B * NH};
+  const int BQ = 64 * (MT ? MT : 1);
+  gridDim = {(T + BQ - 1) / BQ, B * NH};
   std::vector<uint16_t> Ks(64 * (HS + 8)), Vs(64 * (HS + 8));
-  run_grid([&] { flash_fwd<HS>(out.data(), lse.data(), qkv.data(), T, C, NH, sl2, Ks.data(), Vs.data()); });
+  if constexpr (MT == 0)
+    run_grid([&] { flash_fwd<HS>(out.data(), lse.data(), qkv.data(), T, C, NH, sl2, Ks.data(), Vs.data()); });
+  else
+    run_grid([&] { flash_fwd_mt<HS, MT>(out.data(), lse.data(), qkv.data(), T, C, NH, sl2, Ks.data(), Vs.data()); });
   // reference in double
   double worst = 0, worstL = 0;
   for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
@@ -149,7 +154,7 @@ template <int HS> void run(int B, int T, int NH, unsigned seed, int& bad) {
       if (!(e <= 2e-2 + 1.6e-2 * std::fabs(o))) { if (bad++ < 5) printf("out b%d h%d t%d d%d: %g vs %g\n", b, h, t, d, g, o); }
     }
   }
-  printf("HS%d B%d T%d NH%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", HS, B, T, NH, worst, worstL, bad);
+  printf("HS%d MT%d B%d T%d NH%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", HS, MT, B, T, NH, worst, worstL, bad);
 }
 // run_bwd checks flash_bwd_kv and flash_bwd_q: dqkv starts random (the
 // kernels accumulate, or with set overwrite), lse and D come from a float64
@@ -234,6 +239,12 @@ int main() {
   run<128>(1, 63, 1, 3, bad);
   run<128>(1, 130, 2, 4, bad);
   run<64>(1, 200, 1, 5, bad);
+  run<64, 2>(1, 1, 1, 21, bad);
+  run<64, 2>(2, 65, 2, 22, bad);
+  run<64, 2>(1, 129, 1, 23, bad);
+  run<64, 2>(1, 200, 2, 24, bad);
+  run<128, 2>(1, 130, 1, 25, bad);
+  run<64, 1>(1, 100, 1, 26, bad);
   run_bwd<64, 64>(1, 1, 1, 6, bad);
   run_bwd<64, 64>(2, 65, 2, 7, bad);
   run_bwd<64, 64>(2, 65, 2, 11, bad, true);

@@ -1,0 +1,146 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/spill-ml/spill/kernels"
+)
+
+// opCase is one backend call as a GPT training step makes it.
+type opCase struct {
+	name  string
+	flash bool // takes the flash attention kernels
+	f     func()
+}
+
+// stepOps opens a backend and returns the calls a GPT block's forward and
+// backward pass, the loss and the optimizer step make, at a small shape
+// (bf16, B 2, T 128, C 256, 4 heads of 64), on operands allocated once.
+func stepOps(tb testing.TB) (*Backend, []opCase) {
+	be, err := Open(kernels.Config{MemoryLimit: 1 << 30})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := be.Close(); err != nil {
+			tb.Errorf("Close: %v", err)
+		}
+	})
+	q := be.DefaultQueue()
+	const B, T, C, NH, V = 2, 128, 256, 4, 512
+	BT := B * T
+	tensor := func(dt kernels.DType, n int) kernels.Tensor {
+		buf, err := be.Alloc(int64(n*dt.Size()), "test")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return kernels.View(buf, 0, dt, n)
+	}
+	bf, f32 := kernels.BF16, kernels.F32
+	x, y, dx, dy := tensor(bf, BT*C), tensor(bf, BT*C), tensor(bf, BT*C), tensor(bf, BT*C)
+	mean, rstd := tensor(f32, BT), tensor(f32, BT)
+	lnw, lnb, dlnw, dlnb := tensor(bf, C), tensor(bf, C), tensor(bf, C), tensor(bf, C)
+	w, bias, dw, dbias := tensor(bf, 3*C*C), tensor(bf, 3*C), tensor(bf, 3*C*C), tensor(bf, 3*C)
+	qkv, dqkv := tensor(bf, BT*3*C), tensor(bf, BT*3*C)
+	lse := tensor(f32, B*NH*T)
+	logits, dlogits := tensor(bf, BT*V), tensor(bf, BT*V)
+	losses, tokens := tensor(f32, BT), tensor(kernels.I32, BT)
+	wte, wpe, dwte, dwpe := tensor(bf, V*C), tensor(bf, T*C), tensor(bf, V*C), tensor(bf, T*C)
+	p32, m32, v32, g := tensor(f32, C*C), tensor(f32, C*C), tensor(f32, C*C), tensor(bf, C*C)
+	norm, flag := tensor(f32, 1), tensor(f32, 1)
+	host, err := be.AllocPinned(BT * 4)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = be.FreePinned(host) })
+	be.Fill(q, x, 0.5)
+	be.Fill(q, w, 0.01)
+	adam := kernels.AdamWParams{LR: 1e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 1}
+	return be, []opCase{
+		{name: "Scale", f: func() { be.Scale(q, x, 1) }},
+		{name: "Fill", f: func() { be.Fill(q, dy, 0.25) }},
+		{name: "Zero", f: func() { be.Zero(q, dx) }},
+		{name: "CopyToDevice", f: func() { be.CopyToDevice(q, tokens, host) }},
+		{name: "CopyToHost", f: func() { be.CopyToHost(q, host, losses) }},
+		{name: "EncoderForward", f: func() { be.EncoderForward(q, x, tokens, wte, wpe, B, T, C) }},
+		{name: "LayerNormForward", f: func() { be.LayerNormForward(q, y, mean, rstd, x, lnw, lnb, BT, C) }},
+		{name: "MatmulForward", f: func() { be.MatmulForward(q, qkv, y, w, bias, BT, C, 3*C) }},
+		{name: "AttentionForward", flash: true, f: func() { be.AttentionForward(q, y, lse, qkv, B, T, C, NH) }},
+		{name: "GeluForward", f: func() { be.GeluForward(q, y, x, BT*C) }},
+		{name: "Add", f: func() { be.Add(q, x, y) }},
+		{name: "CrossEntropyForward", f: func() { be.CrossEntropyForward(q, losses, logits, tokens, BT, V) }},
+		{name: "CrossEntropyBackwardSet", f: func() { be.CrossEntropyBackwardSet(q, dlogits, logits, tokens, BT, V, 1) }},
+		{name: "GeluBackwardSet", f: func() { be.GeluBackwardSet(q, dx, x, dy, BT*C) }},
+		{name: "AttentionBackwardSet", flash: true, f: func() { be.AttentionBackwardSet(q, dqkv, dy, qkv, y, lse, B, T, C, NH) }},
+		{name: "MatmulBackwardSet", f: func() { be.MatmulBackwardSet(q, dx, dw, dbias, dqkv, y, w, BT, C, 3*C) }},
+		{name: "LayerNormBackward", f: func() { be.LayerNormBackward(q, dx, dlnw, dlnb, dy, x, lnw, mean, rstd, BT, C) }},
+		{name: "EncoderBackward", f: func() { be.EncoderBackward(q, dwte, dwpe, dx, tokens, B, T, C) }},
+		{name: "SumSquares", f: func() { be.SumSquares(q, norm, g) }},
+		{name: "CheckFinite", f: func() { be.CheckFinite(q, flag, g) }},
+		{name: "AdamW", f: func() { be.AdamW(q, p32, g, m32, v32, kernels.Tensor{}, adam) }},
+	}
+}
+
+// TestLaunchAllocs checks that the calls of a training step allocate no Go
+// memory in steady state: testing.AllocsPerRun counts the allocations of
+// every goroutine, the queue's (which issues the launches) included. C
+// allocations are ruled out by construction (launchArgs).
+func TestLaunchAllocs(t *testing.T) {
+	be, ops := stepOps(t)
+	ctx := context.Background()
+	for _, c := range ops {
+		if c.flash && (be.flashErr != nil || be.flashBwdErr != nil) {
+			t.Logf("%s: flash kernels off (%v, %v): not checked", c.name, be.flashErr, be.flashBwdErr)
+			continue
+		}
+		for range 3 { // first use: cuBLAS handles, plans, scratch growth
+			c.f()
+		}
+		if err := be.DefaultQueue().Synchronize(ctx); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if n := testing.AllocsPerRun(200, c.f); n != 0 {
+			t.Errorf("%s: %v allocations per call, want 0", c.name, n)
+		}
+	}
+	if err := be.DefaultQueue().Synchronize(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// BenchmarkStepOps enqueues the calls of stepOps once per iteration and
+// reports allocations, kernel launches per iteration and the queue
+// goroutine's host time per launch (HostStats).
+func BenchmarkStepOps(b *testing.B) {
+	be, ops := stepOps(b)
+	ctx := context.Background()
+	run := func() {
+		for _, c := range ops {
+			c.f()
+		}
+	}
+	run()
+	if err := be.DefaultQueue().Synchronize(ctx); err != nil {
+		b.Fatal(err)
+	}
+	j0, l0, t0 := HostStats()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		run()
+	}
+	if err := be.DefaultQueue().Synchronize(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	j1, l1, t1 := HostStats()
+	if l1 > l0 {
+		b.ReportMetric(float64(l1-l0)/float64(b.N), "launches/op")
+		b.ReportMetric(float64(j1-j0)/float64(b.N), "jobs/op")
+		b.ReportMetric(float64((t1-t0)/time.Nanosecond)/float64(l1-l0), "host-ns/launch")
+	}
+}
