@@ -146,10 +146,10 @@ type ClassStats struct {
 
 // CacheStats is a snapshot of a Cache's statistics.
 type CacheStats struct {
-	Limit         int64 // the budget, 0 if none
+	Limit int64 // the budget, 0 if none
 	// Source names whose allocations these are in MemorySummary's title
 	// ("" is the offload device cache).
-	Source string
+	Source        string
 	Allocated     int64 // bytes in live blocks (rounded sizes)
 	Requested     int64 // bytes asked for by live blocks
 	Reserved      int64 // bytes of all segments
