@@ -526,7 +526,10 @@ func planRequest(cfg *Config, device string, B, T int, budget int64) PlanRequest
 		req.Hardware = CPUHardware(cfg.Threads)
 	} else {
 		req.Hardware = offload.H200()
-		req.Hardware.DeviceReserve = 0 // the budget counts only the trainer's own allocations
+		// The budget is the backend's limit too, and the CUDA backend takes
+		// its own workspaces (cuBLASLt, attention scratch) from it: a plan
+		// that left it 4 MiB failed on the H200 (2026-12-03).
+		req.Hardware.DeviceReserve = 256 << 20
 	}
 	return req
 }
