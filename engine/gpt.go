@@ -347,9 +347,15 @@ func (h *head) acts(buf kernels.Buffer, B, T int) headActs {
 }
 
 func (h *head) scratch(buf kernels.Buffer, B, T int) (dlogits, dlnf kernels.Tensor, size int64) {
+	return headScratch(buf, h.dt, B*T, h.s.Vocab, h.s.Embd)
+}
+
+// headScratch lays out an LM head's backward scratch (GPT and Llama):
+// the gradients of the BT×V logits and of the BT×C normalised input.
+func headScratch(buf kernels.Buffer, dt kernels.DType, BT, V, C int) (dlogits, dlnf kernels.Tensor, size int64) {
 	a := scratchAlloc{buf: buf}
-	dlogits = a.take(h.dt, B*T*h.s.Vocab)
-	dlnf = a.take(h.dt, B*T*h.s.Embd)
+	dlogits = a.take(dt, BT*V)
+	dlnf = a.take(dt, BT*C)
 	return dlogits, dlnf, a.off
 }
 

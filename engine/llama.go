@@ -453,10 +453,7 @@ func (h *llamaHead) acts(buf kernels.Buffer, B, T int) llamaHeadActs {
 }
 
 func (h *llamaHead) scratch(buf kernels.Buffer, B, T int) (dlogits, dlnf kernels.Tensor, size int64) {
-	a := scratchAlloc{buf: buf}
-	dlogits = a.take(h.dt, B*T*h.s.Vocab)
-	dlnf = a.take(h.dt, B*T*h.s.Embd)
-	return dlogits, dlnf, a.off
+	return headScratch(buf, h.dt, B*T, h.s.Vocab, h.s.Embd)
 }
 
 func (h *llamaHead) Name() string        { return "head" }
