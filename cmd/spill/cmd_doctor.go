@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
 	"time"
 
+	"github.com/spill-ml/spill/engine"
 	"github.com/spill-ml/spill/kernels"
+	"github.com/spill-ml/spill/offload"
 )
 
 func init() {
@@ -31,14 +35,16 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	device := fs.Int("device", 0, "CUDA device ordinal")
 	mib := fs.Int("mib", 256, "size of each bandwidth test copy in MiB")
 	gemm := fs.Int("gemm", 8192, "size n of the n×n×n bf16 GEMM")
+	hostM := fs.Int("host-params", 64, "millions of parameters in the host optimizer test (0: skip it)")
+	jsonOut := fs.String("json", "", "also write the measured rates as a hardware profile for spill plan --hardware")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usagef("doctor takes no arguments (got %q)", fs.Args())
 	}
-	if *mib <= 0 || *gemm <= 0 {
-		return usagef("--mib and --gemm must be positive")
+	if *mib <= 0 || *gemm <= 0 || *hostM < 0 {
+		return usagef("--mib and --gemm must be positive, --host-params not negative")
 	}
 	if !slices.Contains(kernels.Backends(), "cuda") {
 		return errors.New("doctor: this spill was built without CUDA support; rebuild with -tags cuda on a machine with the CUDA toolkit (see tools/cuda/env.sh)")
@@ -74,6 +80,30 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("doctor: gemm: %w", err)
 	}
 	fmt.Fprintf(stdout, "bf16 GEMM     %.0f TFLOP/s (%d×%d×%d, fp32 accumulation)\n", tflops, *gemm, *gemm, *gemm)
+
+	hw := offload.H200()
+	hw.Name = "measured by spill doctor on " + be.DeviceName()
+	hw.H2D, hw.D2H, hw.Duplex, hw.FLOPS16 = h2d*1e9, d2h*1e9, bidir*1e9, tflops*1e12
+	if *hostM > 0 {
+		hr, err := measureHost(be, *hostM<<20)
+		if err != nil {
+			return fmt.Errorf("doctor: host optimizer: %w", err)
+		}
+		fmt.Fprintf(stdout, "host AdamW    %.2f G params/s pinned, %.2f G params/s Go memory (%d threads, %dM params)\n",
+			hr.AdamPinned/1e9, hr.AdamGo/1e9, runtime.GOMAXPROCS(0), *hostM)
+		fmt.Fprintf(stdout, "host finite   %.1f G params/s; memcpy %.1f GB/s\n", hr.Finite/1e9, hr.Copy/1e9)
+		hw.HostAdam = hr.AdamGo
+		if hr.AdamPinned > 0 {
+			hw.HostAdam = hr.AdamPinned
+		}
+	}
+	if *jsonOut != "" {
+		return engine.WriteFileAtomic(*jsonOut, func(w io.Writer) error {
+			e := json.NewEncoder(w)
+			e.SetIndent("", "  ")
+			return e.Encode(hw)
+		})
+	}
 	return nil
 }
 

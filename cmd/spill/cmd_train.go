@@ -218,6 +218,7 @@ type trainOptions struct {
 	progressEvery int
 	memoryReport  bool
 	planJSON      string
+	cpuProfile    string
 }
 
 // parseTrainArgs parses the arguments of spill train into a resolved and
@@ -231,6 +232,7 @@ func parseTrainArgs(args []string, stderr io.Writer) (engine.Config, trainOption
 	fs.IntVar(&opts.progressEvery, "progress-every", 10, "when stderr is not a terminal, print a progress line every N steps")
 	fs.BoolVar(&opts.memoryReport, "memory-report", false, "print the device memory summary and the plan-versus-measured table at the end")
 	fs.StringVar(&opts.planJSON, "plan-json", "", "write the plan the run trains with to this file, as spill plan --json prints it")
+	fs.StringVar(&opts.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the whole run to this file (go tool pprof)")
 	cf := newConfigFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return engine.Config{}, opts, err
@@ -286,6 +288,13 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	if opts.printConfig {
 		return cfg.WriteTOML(stdout)
+	}
+	if opts.cpuProfile != "" {
+		stop, err := startCPUProfile(opts.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, stop()) }()
 	}
 
 	var reporters []engine.Reporter

@@ -11,7 +11,9 @@
 #
 # Every run writes its metrics, plan and summary under $OUT; the last step
 # (tools/bench/ooc_report.py) writes $OUT/ooc_h200.json with the ratios,
-# the date, commit and commands. SPILL_DEADLINE (default 560 s) bounds the
+# the date, commit and commands; spill doctor's measured profile is in
+# $OUT/doctor.json. SPILL_PROFILE=1 adds a Go CPU profile of each run
+# (runs/NAME.pprof). SPILL_DEADLINE (default 560 s) bounds the
 # whole script; SPILL_OOC_RUNS (default all) picks runs by name.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -29,6 +31,9 @@ echo "== build $(date -u +%FT%TZ)"
 go build -tags "${SPILL_BUILD_TAGS-cuda}" -o /tmp/spill ./cmd/spill 2>&1 | tail -20 || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/nvidia-smi.txt"
 free -g | tee "$out/free.txt"
+if want doctor; then
+  timeout 120 /tmp/spill doctor --json "$out/doctor.json" 2>&1 | tee "$out/doctor.txt"
+fi
 
 # Synthetic tokens: 2400 sequences of 1025 GPT-2 token ids.
 python3 - "$out/train.bin" <<'PY'
@@ -47,6 +52,7 @@ run() {
   if [ "$l" -lt 30 ]; then echo "== $name: skipped, ${l}s left"; return 1; fi
   [ "$limit" -le "$l" ] || limit=$l
   local args=(train --data /tmp/ooc-data --eval-every 0 --quiet --metrics "$out/runs/$name.jsonl" --plan-json "$out/runs/$name.plan.json" "$@")
+  [ -z "${SPILL_PROFILE:-}" ] || args+=(--cpu-profile "$out/runs/$name.pprof")
   echo "spill ${args[*]}" >"$out/runs/$name.cmd"
   echo "== $name (limit ${limit}s): spill ${args[*]}"
   local t0=$SECONDS
