@@ -38,8 +38,8 @@ func HostFinite(b []byte, dt kernels.DType) bool {
 		if n > 0 {
 			w := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(p))), n)
 			for i := 0; i+4 <= n; i += 4 {
-				bad |= ((w[i]&mask)^mask - one) | ((w[i+1]&mask)^mask - one) |
-					((w[i+2]&mask)^mask - one) | ((w[i+3]&mask)^mask - one)
+				bad |= ((w[i] & mask) ^ mask - one) | ((w[i+1] & mask) ^ mask - one) |
+					((w[i+2] & mask) ^ mask - one) | ((w[i+3] & mask) ^ mask - one)
 				bad &= top
 				if bad != 0 {
 					return false
