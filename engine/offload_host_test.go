@@ -106,6 +106,13 @@ func TestOutOfCoreHostPool(t *testing.T) {
 			o.HostLimits = func() (offload.Limits, error) { return offload.Limits{Memlock: 1 << 20, MemAvailable: -1}, nil }
 		}, false, "RLIMIT_MEMLOCK"},
 		{"budget-short", func(o *OffloadOptions) { o.HostBudget = 64 << 10 }, false, "in unpinned Go memory"},
+		// A run's host budget far above what the system may pin (the
+		// planner's default is most of MemAvailable) pins the state when
+		// the state itself fits.
+		{"budget-above-available", func(o *OffloadOptions) {
+			o.HostBudget = 1 << 40
+			o.HostLimits = func() (offload.Limits, error) { return offload.Limits{Memlock: -1, MemAvailable: 1 << 30}, nil }
+		}, true, "pinned in"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := streamed()

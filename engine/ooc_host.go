@@ -241,9 +241,13 @@ func (hs *hostState) openMemory(be kernels.Backend, req, slabs []int64) func(i i
 		need += n
 	}
 	goMem := func(_ int, _ [2]int64, n int64) []byte { return offload.NewF32Bytes(n) }
-	budget := o.HostBudget
-	if budget <= 0 {
-		budget = hostPoolBudget(slabs)
+	// The pool asks for what the state needs, never for the run's whole
+	// host budget: a budget above what the system may pin (the default is
+	// most of MemAvailable) would degrade a pool that fits with room to
+	// spare, and leave the state unpinned.
+	budget := hostPoolBudget(slabs)
+	if o.HostBudget > 0 && o.HostBudget < budget {
+		budget = o.HostBudget
 	}
 	// The planner's host budget already leaves the margin for the system
 	// (HostMargin and the profile's reserve): the pool may pin up to 95%

@@ -44,6 +44,9 @@ type Summary struct {
 	// HostPinning says where the out-of-core trainer holds its host
 	// state (pinned pool or unpinned memory) and why ("" when resident).
 	HostPinning string
+	// HostPinned is whether that state is in pinned memory (false when
+	// resident, or when it fell back to unpinned memory: slower copies).
+	HostPinned bool
 	// MemorySummary is the device memory summary at the end (the offload
 	// cache's table, or the backend's allocations by class).
 	MemorySummary string
@@ -207,7 +210,7 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 			_ = plan.Placement.WriteTable(opts.Log)
 		}
 	}
-	_, hostNote := tr.HostPinning()
+	hostPinned, hostNote := tr.HostPinning()
 	if hostNote != "" {
 		logf("%s", hostNote)
 	}
@@ -258,7 +261,7 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		src = &tracedSource{src: feed, rec: rec}
 	}
 
-	sum = &Summary{Plan: plan, PredictedDevicePeak: plan.DevicePeak, HostPinning: hostNote}
+	sum = &Summary{Plan: plan, PredictedDevicePeak: plan.DevicePeak, HostPinning: hostNote, HostPinned: hostPinned}
 	if plan.Placement != nil {
 		sum.PredictedStepTime = plan.Placement.StepTime
 		if !plan.Resident {

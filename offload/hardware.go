@@ -34,20 +34,20 @@ type Hardware struct {
 	HostReserve   int64 `json:"host_reserve_bytes"`
 }
 
-// H200 is the profile of the lent H200 box (see /work/shared/gpu/README.md
-// and OUT-OF-CORE.md): PCIe Gen5 x16 pinned copies measured at 48-53 GB/s
-// host-to-device, 48-55 GB/s back and 78-94 GB/s both at once; bf16 GEMM
-// at 782-848 TFLOP/s, of which a GPT training step in VRAM achieves about
-// 0.65 (gpt2-1.3b: 61k tokens/s); the vectorised host AdamW on 16 cores
-// is memory bound near 3e9 parameters/s (30 bytes each at ~90 GB/s).
-// Disk rates are assumptions until `spill doctor` measures them.
+// H200 is the profile of the lent H200 box, as `spill doctor` measured it
+// there (2026-12-03, tools/bench/results/doctor_h200.json): pinned copies
+// at 54.7 GB/s each way and 101 GB/s both at once (PCIe Gen5 x16); bf16
+// GEMM at 787 TFLOP/s, of which a GPT training step in VRAM achieves about
+// 0.68 (gpt2-1.3b: 63k tokens/s); the host AdamW at 3.85e9 parameters/s on
+// 16 threads over pinned memory, taken as 3.5e9 for the copies it shares
+// the memory bus with. Disk rates are assumptions.
 func H200() Hardware {
 	return Hardware{
 		Name: "nvidia-h200 (defaults)",
-		H2D:  50e9, D2H: 50e9, Duplex: 80e9,
-		FLOPS16: 782e12, FLOPS32: 60e12, Efficiency: 0.68, HalfEfficiencyTokens: 256,
+		H2D:  54e9, D2H: 54e9, Duplex: 100e9,
+		FLOPS16: 787e12, FLOPS32: 60e12, Efficiency: 0.68, HalfEfficiencyTokens: 256,
 		DeviceBandwidth: 4.8e12,
-		HostAdam:        2.5e9,
+		HostAdam:        3.5e9,
 		DiskRead:        1.4e9, DiskWrite: 1e9,
 		DeviceReserve: 1 << 30, HostReserve: 4 << 30,
 	}

@@ -439,6 +439,10 @@ func printTrainSummary(w io.Writer, s *engine.Summary, state string) {
 			fmt.Fprintf(w, " (%s of state planned)", formatBytes(s.PredictedHostBytes))
 		}
 		fmt.Fprintln(w)
+		if s.HostPinning != "" && !s.HostPinned {
+			// Unpinned state halves the copies' speed: say so even in --quiet runs.
+			fmt.Fprintf(w, "  warning       %s\n", s.HostPinning)
+		}
 	}
 	if s.FirstStepAt > 0 {
 		fmt.Fprintf(w, "  first step    %s after start\n", engine.FormatDuration(s.FirstStepAt))

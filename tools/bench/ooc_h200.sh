@@ -3,7 +3,8 @@
 # GPU machine (carry [".gpu"]; command "bash tools/bench/ooc_h200.sh"):
 #
 #   1. gpt2-1.3b, T 1024, 64 sequences per step (8 x 8), in VRAM and under
-#      --device-memory 8GiB, side by side (and with --delayed-update);
+#      --device-memory 8GiB, side by side for 50 steps (losses compared),
+#      and with --delayed-update;
 #   2. gpt2-1.3b, 8 sequences per step, 8 GiB, beside PyTorch FSDP2 with
 #      CPUOffloadPolicy(pin_memory=True) (tools/bench/fsdp_ref.py);
 #   3. gpt2-6.7b, --device-memory 16GiB, 64 sequences per step, default
@@ -64,19 +65,19 @@ run() {
   [ $rc -eq 0 ] || tail -n 20 "$out/runs/$name.err"
 }
 m13=(--model gpt2-1.3b --seq-len 1024 --lr 1e-4 --warmup 2)
-run vram-1.3b-64 120 "${m13[@]}" --batch 8 --accum 8 --steps 6 --offload none
-run ooc-1.3b-64-8g 150 "${m13[@]}" --batch 8 --accum 8 --steps 6 --device-memory 8GiB
-run ooc-6.7b-64-16g 240 --model gpt2-6.7b --seq-len 1024 --lr 1e-4 --warmup 2 --batch 8 --accum 8 --steps 3 --device-memory 16GiB
+run vram-1.3b-64 110 "${m13[@]}" --batch 8 --accum 8 --steps 50 --offload none
+run ooc-1.3b-64-8g 170 "${m13[@]}" --batch 8 --accum 8 --steps 50 --device-memory 8GiB
+run ooc-6.7b-64-16g 200 --model gpt2-6.7b --seq-len 1024 --lr 1e-4 --warmup 2 --batch 8 --accum 8 --steps 3 --device-memory 16GiB
 run ooc-1.3b-8-8g 90 "${m13[@]}" --batch 8 --accum 1 --steps 10 --device-memory 8GiB
 if want fsdp-1.3b-8 && [ "$(left)" -gt 60 ]; then
   echo "== fsdp-1.3b-8"
   echo "python3 tools/bench/fsdp_ref.py 1.3b 8 5 2" >"$out/runs/fsdp-1.3b-8.cmd"
-  PYTHONUNBUFFERED=1 timeout $(( $(left) < 150 ? $(left) : 150 )) python3 tools/bench/fsdp_ref.py 1.3b 8 5 2 \
+  PYTHONUNBUFFERED=1 timeout $(( $(left) < 120 ? $(left) : 120 )) python3 tools/bench/fsdp_ref.py 1.3b 8 5 2 \
     >"$out/runs/fsdp-1.3b-8.json" 2>"$out/runs/fsdp-1.3b-8.err"
   echo "== fsdp-1.3b-8: exit $?"; tail -c 600 "$out/runs/fsdp-1.3b-8.json"; tail -n 5 "$out/runs/fsdp-1.3b-8.err"
 fi
-run ooc-1.3b-64-8g-delayed 100 "${m13[@]}" --batch 8 --accum 8 --steps 5 --device-memory 8GiB --delayed-update
-run ooc-1.3b-64-8g-trace 100 "${m13[@]}" --batch 8 --accum 8 --steps 4 --device-memory 8GiB --trace "$out/runs/trace.json"
+run ooc-1.3b-64-8g-delayed 100 "${m13[@]}" --batch 8 --accum 8 --steps 4 --device-memory 8GiB --delayed-update
+run ooc-1.3b-64-8g-trace 100 "${m13[@]}" --batch 8 --accum 8 --steps 3 --device-memory 8GiB --trace "$out/runs/trace.json"
 rm -f "$out/runs/trace.json"
 
 python3 tools/bench/ooc_report.py "$out/runs" "$out/ooc_h200.json" "${SPILL_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" \
