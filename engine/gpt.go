@@ -150,7 +150,15 @@ type block struct {
 	n     int
 
 	ln1w, ln1b, attnW, attnB, projW, projB, ln2w, ln2b, fcW, fcB, fcProjW, fcProjB ParamSpec
+	// lean: the block saves neither its layer norms' outputs nor the
+	// GELU's; the backward recomputes them (three elementwise passes)
+	// from what it keeps. 6C of 16C activation elements per token less,
+	// bitwise the same results (see SetLeanActivations).
+	lean bool
 }
+
+// SetLean implements leanLayer.
+func (k *block) SetLean(on bool) { k.lean = on }
 
 func newBlock(s GPTShape, dt kernels.DType, idx int) *block {
 	C := s.Embd
@@ -198,20 +206,37 @@ func (k *block) acts(buf kernels.Buffer, B, T int) blockActs {
 	a := scratchAlloc{buf: buf}
 	var r blockActs
 	r.out = a.take(k.dt, BT*C)
-	r.ln1 = a.take(k.dt, BT*C)
+	if !k.lean {
+		r.ln1 = a.take(k.dt, BT*C)
+	}
 	r.ln1Mean = a.take(kernels.F32, BT)
 	r.ln1Rstd = a.take(kernels.F32, BT)
 	r.qkv = a.take(k.dt, BT*3*C)
 	r.atty = a.take(k.dt, BT*C)
 	r.lse = a.take(kernels.F32, B*k.s.Heads*T)
 	r.res2 = a.take(k.dt, BT*C)
-	r.ln2 = a.take(k.dt, BT*C)
+	if !k.lean {
+		r.ln2 = a.take(k.dt, BT*C)
+	}
 	r.ln2Mean = a.take(kernels.F32, BT)
 	r.ln2Rstd = a.take(kernels.F32, BT)
 	r.fch = a.take(k.dt, BT*4*C)
-	r.fchGelu = a.take(k.dt, BT*4*C)
+	if !k.lean {
+		r.fchGelu = a.take(k.dt, BT*4*C)
+	}
 	r.size = a.off
 	return r
+}
+
+// leanActs fills in the activations a lean block does not save with areas
+// of its scratch (the forward's a4 and c1, which its backward reuses only
+// after it has recomputed into them).
+func (k *block) leanActs(a *blockActs, buf kernels.Buffer, B, T int) {
+	if !k.lean {
+		return
+	}
+	a4, _, c1, _, _ := k.scratch(buf, B, T)
+	a.ln1, a.ln2, a.fchGelu = c1, c1, a4
 }
 
 // blockScratch: two (BT,4C) and two (BT,C) areas.
@@ -246,6 +271,7 @@ func (k *block) Forward(q kernels.Queue, p *Pass, i int) {
 	B, T, C, NH := p.B, p.T, k.s.Embd, k.s.Heads
 	BT := B * T
 	a := k.acts(p.Table.Layers[i].Acts, B, T)
+	k.leanActs(&a, p.Scratch, B, T)
 	x := p.In(i)
 
 	o.LayerNormForward(q, a.ln1, a.ln1Mean, a.ln1Rstd, x, param(w, k.ln1w), param(w, k.ln1b), BT, C)
@@ -283,13 +309,25 @@ func (k *block) Backward(q kernels.Queue, p *Pass, i int) {
 		o.CopyDevice(q, dx, p.DOut)
 	}
 	// The scratch gradients are written, not accumulated (the *Set forms:
-	// Zero and the op where the backend has no overwriting form).
+	// Zero and the op where the backend has no overwriting form). A lean
+	// block first recomputes what it did not save, with the forward's
+	// kernels on the same inputs: the same bits.
 	dGelu := s4a.Slice(0, BT*4*C)
-	kernels.MatmulBackwardSet(o, q, dGelu, param(g, k.fcProjW), param(g, k.fcProjB), p.DOut, a.fchGelu, param(w, k.fcProjW), BT, 4*C, C)
+	fchGelu := a.fchGelu
+	if k.lean {
+		fchGelu = s4b.Slice(0, BT*4*C)
+		o.GeluForward(q, fchGelu, a.fch, BT*4*C)
+	}
+	kernels.MatmulBackwardSet(o, q, dGelu, param(g, k.fcProjW), param(g, k.fcProjB), p.DOut, fchGelu, param(w, k.fcProjW), BT, 4*C, C)
 	dfch := s4b.Slice(0, BT*4*C)
 	kernels.GeluBackwardSet(o, q, dfch, a.fch, dGelu, BT*4*C)
+	ln2 := a.ln2
+	if k.lean {
+		ln2 = s1b // free until datty
+		o.LayerNormForward(q, ln2, a.ln2Mean, a.ln2Rstd, a.res2, param(w, k.ln2w), param(w, k.ln2b), BT, C)
+	}
 	dln2 := s1a
-	kernels.MatmulBackwardSet(o, q, dln2, param(g, k.fcW), param(g, k.fcB), dfch, a.ln2, param(w, k.fcW), BT, C, 4*C)
+	kernels.MatmulBackwardSet(o, q, dln2, param(g, k.fcW), param(g, k.fcB), dfch, ln2, param(w, k.fcW), BT, C, 4*C)
 	o.LayerNormBackward(q, dx, param(g, k.ln2w), param(g, k.ln2b), dln2, a.res2, param(w, k.ln2w), a.ln2Mean, a.ln2Rstd, BT, C)
 
 	// Attention branch: res2 = x + c_proj(attn(c_attn(ln_1(x)))); dx now
@@ -298,8 +336,13 @@ func (k *block) Backward(q kernels.Queue, p *Pass, i int) {
 	kernels.MatmulBackwardSet(o, q, datty, param(g, k.projW), param(g, k.projB), dx, a.atty, param(w, k.projW), BT, C, C)
 	dqkv := s4a.Slice(0, BT*3*C)
 	kernels.AttentionBackwardSet(o, q, dqkv, datty, a.qkv, a.atty, a.lse, B, T, C, NH)
+	ln1 := a.ln1
+	if k.lean {
+		ln1 = s4b.Slice(0, BT*C) // dfch is spent
+		o.LayerNormForward(q, ln1, a.ln1Mean, a.ln1Rstd, x, param(w, k.ln1w), param(w, k.ln1b), BT, C)
+	}
 	dln1 := s1a
-	kernels.MatmulBackwardSet(o, q, dln1, param(g, k.attnW), param(g, k.attnB), dqkv, a.ln1, param(w, k.attnW), BT, C, 3*C)
+	kernels.MatmulBackwardSet(o, q, dln1, param(g, k.attnW), param(g, k.attnB), dqkv, ln1, param(w, k.attnW), BT, C, 3*C)
 	o.LayerNormBackward(q, dx, param(g, k.ln1w), param(g, k.ln1b), dln1, x, param(w, k.ln1w), a.ln1Mean, a.ln1Rstd, BT, C)
 }
 

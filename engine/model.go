@@ -107,6 +107,30 @@ type Model struct {
 	GPT   GPTShape
 	Llama LlamaShape
 	MLP   MLPShape
+	// Lean is whether the layers save lean activations
+	// (SetLeanActivations).
+	Lean bool
+}
+
+// leanLayer is a layer that can save fewer activations and recompute the
+// rest in its backward, with the same results bit for bit.
+type leanLayer interface{ SetLean(on bool) }
+
+// SetLeanActivations makes every layer that can (GPT blocks: layer norms
+// and GELU, as Megatron's selective recomputation and llm.c's -r 2) save
+// only what its backward cannot cheaply recompute, or, with on false, all
+// of it. It changes ActivationBytes, not the results. It reports whether
+// any layer can; the planner turns it on when the model does not fit.
+func (m *Model) SetLeanActivations(on bool) bool {
+	any := false
+	for _, l := range m.Layers {
+		if ll, ok := l.(leanLayer); ok {
+			ll.SetLean(on)
+			any = true
+		}
+	}
+	m.Lean = on && any
+	return any
 }
 
 // NumParams is the number of parameters of the model.

@@ -262,6 +262,10 @@ type TrainerPlan struct {
 	Options  OffloadOptions
 	// DevicePeak is the exact predicted device peak in bytes.
 	DevicePeak int64
+	// Lean is whether the model saves lean activations
+	// (Model.SetLeanActivations): on for every plan that does not fit
+	// the device as it is.
+	Lean bool
 }
 
 // PlanTrainer chooses how to train m within req's budgets with the one
@@ -585,9 +589,18 @@ func choosePlan(cfg *Config, device string, m *Model, B, T int, budget int64, hw
 		// unbounded and leave the cache without a limit.
 		r.Budgets.Device = 1 << 60
 	}
+	// A model that does not fit as it is saves lean activations: a few
+	// elementwise passes of recomputation cost less than the layers the
+	// memory would otherwise recompute whole or send over PCIe.
+	lean := m.SetLeanActivations(budget > 0)
 	tp, err := PlanTrainer(m, r)
 	if err != nil {
+		m.SetLeanActivations(false)
 		return nil, req, fmt.Errorf("engine: planning for a device budget of %s: %w", kernels.FormatBytes(budget), err)
+	}
+	tp.Lean = lean && budget > 0
+	if tp.Lean && tp.Placement != nil {
+		tp.Placement.Notes = append(tp.Placement.Notes, "lean: blocks save no layer-norm or GELU outputs; the backward recomputes them")
 	}
 	if budget <= 0 {
 		tp.Options.DeviceBudget = 0

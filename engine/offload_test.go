@@ -94,6 +94,13 @@ func newOOC(t *testing.T, dt kernels.DType, to TrainerOptions, o OffloadOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newOOCModel(t, m, to, o)
+}
+
+// newOOCModel is newOOC for a model of the caller's.
+func newOOCModel(t *testing.T, m *Model, to TrainerOptions, o OffloadOptions) (*Trainer, func()) {
+	t.Helper()
+	dt := m.DType
 	budget := stateBytes(m) / 8
 	if o.DeviceBudget > 0 {
 		budget = o.DeviceBudget

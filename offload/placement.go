@@ -94,8 +94,11 @@ type Placement struct {
 	Recompute int `json:"act_recompute"`
 	// CheckpointsOnHost says the recomputed layers keep their checkpoints
 	// on the host (RecomputeHost).
-	CheckpointsOnHost bool        `json:"checkpoints_on_host,omitempty"`
-	Layers            []LayerPlan `json:"layers"`
+	CheckpointsOnHost bool `json:"checkpoints_on_host,omitempty"`
+	// Notes are the trainer's remarks on how it carries the plan out
+	// (such as the model's lean activations), printed under the placement.
+	Notes  []string    `json:"notes,omitempty"`
+	Layers []LayerPlan `json:"layers"`
 	// Memory is the predicted peak of device, host and disk, in that order.
 	Memory []TierUse `json:"memory"`
 	// StepTime is the predicted seconds per optimizer step.

@@ -46,7 +46,11 @@ func (p *Placement) WriteTable(w io.Writer) error {
 	if p.CheckpointsOnHost && p.Recompute > 0 {
 		ckpt = " (checkpoints on the host)"
 	}
-	fmt.Fprintf(&b, "  %-14s keep %d, offload %d, recompute %d%s\n\n", "activations", p.Keep, p.Offload, p.Recompute, ckpt)
+	fmt.Fprintf(&b, "  %-14s keep %d, offload %d, recompute %d%s\n", "activations", p.Keep, p.Offload, p.Recompute, ckpt)
+	for _, n := range p.Notes {
+		fmt.Fprintf(&b, "  %-14s %s\n", "", n)
+	}
+	b.WriteString("\n")
 
 	fmt.Fprintf(&b, "memory (predicted peak) %12s %12s %12s\n", "device", "host", "disk")
 	row := func(name string, f func(u TierUse) int64) {
