@@ -57,6 +57,26 @@ type Config struct {
 	Embd   int `toml:"embd" json:"embd"`
 	Vocab  int `toml:"vocab" json:"vocab"`
 	MaxSeq int `toml:"max_seq" json:"max_seq"`
+	// KVHeads, FFN, RoPETheta, RoPEScaling, NormEps and TieEmbeddings
+	// override a Llama preset's num_key_value_heads, intermediate_size,
+	// rope_theta, rope_scaling, rms_norm_eps and tie_word_embeddings; zero
+	// (or absent) takes the preset's. InitFrom's config.json sets them.
+	// Only Llama models have them, except tie_embeddings, which a GPT
+	// (always tied) may state as true.
+	KVHeads       int                `toml:"kv_heads,omitempty" json:"kv_heads,omitempty"`
+	FFN           int                `toml:"ffn,omitempty" json:"ffn,omitempty"`
+	RoPETheta     float64            `toml:"rope_theta,omitempty" json:"rope_theta,omitempty"`
+	RoPEScaling   *RoPEScalingConfig `toml:"rope_scaling,omitempty" json:"rope_scaling,omitempty"`
+	NormEps       float64            `toml:"norm_eps,omitempty" json:"norm_eps,omitempty"`
+	TieEmbeddings *bool              `toml:"tie_embeddings,omitempty" json:"tie_embeddings,omitempty"`
+	// InitFrom starts training from pretrained weights instead of a
+	// random initialisation: a safetensors file or a Hugging Face model
+	// directory (config.json, and model.safetensors or sharded
+	// model-0000N-of-0000M.safetensors with model.safetensors.index.json).
+	// The directory's config.json sets the model family and shape (see
+	// ResolveInitFrom); "" = random initialisation. It conflicts with
+	// Resume (a resumed run continues from its checkpoint's weights).
+	InitFrom string `toml:"init_from,omitempty" json:"init_from,omitempty"`
 	// Hidden lists the MLP's hidden layer sizes. Default [256, 256].
 	Hidden []int `toml:"hidden" json:"hidden"`
 	// Task is the MLP's task: "classification" (int32 label) or
@@ -474,6 +494,9 @@ func (c *Config) Validate() error {
 	if c.Resume && c.CheckpointDir == "" {
 		bad("resume", "needs checkpoint_dir")
 	}
+	if c.InitFrom != "" && c.Resume {
+		bad("init_from", "conflicts with resume: a resumed run continues from its checkpoint's weights (resume with the run's settings and without --init-from)")
+	}
 	if c.EvalData != "" && c.EvalData == c.Data {
 		bad("eval_data", "is the same dataset as data (%s); leave it empty to hold out eval_fraction", c.Data)
 	}
@@ -492,7 +515,12 @@ var mathFields = []string{
 	"eval_fraction", "model", "layers", "heads", "embd", "vocab", "max_seq", "hidden", "task", "classes",
 	"batch", "seq_len", "accum", "lr", "min_lr", "warmup", "weight_decay", "beta1", "beta2", "eps",
 	"grad_clip", "precision", "loss_scale", "scale_window", "seed", "delayed_update",
+	"kv_heads", "ffn", "rope_theta", "rope_scaling", "norm_eps", "tie_embeddings",
 }
+
+// optionalMath are the math fields hashed only when set, so that the
+// hashes of configs written before they existed stay valid.
+var optionalMath = []string{"delayed_update", "kv_heads", "ffn", "rope_theta", "rope_scaling", "norm_eps", "tie_embeddings"}
 
 // mathMap returns the math-defining fields by TOML key, as JSON values.
 func (c *Config) mathMap() map[string]json.RawMessage {
@@ -512,8 +540,12 @@ func (c *Config) mathMap() map[string]json.RawMessage {
 	for _, k := range mathFields {
 		m[k] = all[k]
 	}
-	if !c.DelayedUpdate {
-		delete(m, "delayed_update") // hashes from before the option stay valid
+	for _, k := range optionalMath {
+		// Unset (absent: omitempty) or off: hashes from before the option
+		// stay valid. (tie_embeddings false is set: absent is the preset's.)
+		if v := string(m[k]); v == "" || v == "null" || (k == "delayed_update" && v == "false") {
+			delete(m, k)
+		}
 	}
 	return m
 }

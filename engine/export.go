@@ -35,40 +35,32 @@ const (
 	// format.
 	FormatNanoGPT = "nanogpt"
 
-	// FormatHF writes Hugging Face transformers' GPT2LMHeadModel names:
-	// the same names as FormatNanoGPT (transformer.wte.weight, ...,
-	// transformer.h.{i}.attn.c_attn.weight, ..., lm_head.weight), but GPT-2
-	// there uses Conv1D layers, which store weights as (in, out): the four
-	// linear weights of every block are transposed,
-	//
-	//	attn.c_attn.weight (C, 3C)   attn.c_proj.weight (C, C)
-	//	mlp.c_fc.weight    (C, 4C)   mlp.c_proj.weight  (4C, C)
-	//
-	// Biases, norms and embeddings are unchanged. The header metadata has
-	// "format": "pt" and the GPT2Config values (n_layer, n_head, n_embd,
-	// vocab_size, n_positions). Load with
-	//
-	//	model = GPT2LMHeadModel(GPT2Config(n_layer=..., n_head=..., n_embd=...,
-	//	        vocab_size=..., n_positions=...))
-	//	model.load_state_dict(safetensors.torch.load_file(path))
-	//
-	// Note HF's GPT-2 uses the tanh approximation of GELU ("gelu_new"),
-	// as spill does.
+	// FormatHF writes a Hugging Face model directory (ExportHF) that
+	// transformers' AutoModelForCausalLM.from_pretrained loads: GPT models
+	// as GPT2LMHeadModel, whose Conv1D layers store the four matrices of
+	// every block as (in, out), the transpose of nanoGPT's (see
+	// gpt_hf.go), Llama models as LlamaForCausalLM (llama_hf.go).
+	// HF's GPT-2 uses the tanh approximation of GELU ("gelu_new"), as
+	// spill does.
 	FormatHF = "hf"
 )
 
 var blockParam = regexp.MustCompile(`^transformer\.h\.(\d+)\.(ln_1\.weight|ln_1\.bias|attn\.c_attn\.weight|attn\.c_attn\.bias|attn\.c_proj\.weight|attn\.c_proj\.bias|ln_2\.weight|ln_2\.bias|mlp\.c_fc\.weight|mlp\.c_fc\.bias|mlp\.c_proj\.weight|mlp\.c_proj\.bias)$`)
 
 // ExportTensors converts fp32 master weights (spill's names, see the
-// package's parameter naming) to format and returns the tensors to write
-// and the header metadata. cfg gives the model kind and the head count;
-// the other dimensions are read from the weights and checked against cfg
-// where it states them.
+// package's parameter naming) to nanoGPT's single-file format and returns
+// the tensors to write and the header metadata. cfg gives the model kind
+// and the head count; the other dimensions are read from the weights and
+// checked against cfg where it states them. FormatHF is a directory:
+// ExportHF.
 func ExportTensors(weights []NamedTensor, cfg Config, format string) ([]NamedTensor, map[string]string, error) {
 	if format == "" {
 		format = FormatNanoGPT
 	}
-	if format != FormatNanoGPT && format != FormatHF {
+	if format == FormatHF {
+		return nil, nil, fmt.Errorf("export: format %q is a directory (config.json and safetensors): use ExportHF", format)
+	}
+	if format != FormatNanoGPT {
 		return nil, nil, fmt.Errorf("export: unknown format %q (want %q or %q)", format, FormatNanoGPT, FormatHF)
 	}
 	for _, w := range weights {
@@ -78,12 +70,9 @@ func ExportTensors(weights []NamedTensor, cfg Config, format string) ([]NamedTen
 	}
 	meta := map[string]string{"format": "pt", "spill_format": format, "spill_model": cfg.Model}
 	if f := cfg.Family(); f.Name() == "llama" {
-		return nil, nil, fmt.Errorf("export: model %s: exporting %s models is not supported yet", cfg.Model, f.Name())
+		return nil, nil, fmt.Errorf("export: model %s: nanoGPT has no %s models; export with --format %s", cfg.Model, f.Name(), FormatHF)
 	}
 	if cfg.Model == ModelMLP {
-		if format != FormatNanoGPT {
-			return nil, nil, fmt.Errorf("export: format %q is for GPT models; export an MLP with --format %s", format, FormatNanoGPT)
-		}
 		return weights, meta, nil
 	}
 
@@ -153,12 +142,7 @@ func ExportTensors(weights []NamedTensor, cfg Config, format string) ([]NamedTen
 		if elems(t) != want || len(t.Data)%4 != 0 {
 			return nil, nil, fmt.Errorf("export: tensor %q has %d elements, want %v = %d", name, elems(t), shape, want)
 		}
-		e := NamedTensor{Name: name, DType: "F32", Shape: append([]int(nil), shape...), Data: t.Data}
-		if m := blockParam.FindStringSubmatch(name); format == FormatHF && m != nil && len(shape) == 2 {
-			e.Shape = []int{shape[1], shape[0]}
-			e.Data = transposeF32(t.Data, shape[0], shape[1])
-		}
-		out = append(out, e)
+		out = append(out, NamedTensor{Name: name, DType: "F32", Shape: append([]int(nil), shape...), Data: t.Data})
 	}
 	for name := range byName {
 		if _, ok := shapes[name]; !ok && name != "lm_head.weight" {
@@ -177,10 +161,15 @@ func ExportTensors(weights []NamedTensor, cfg Config, format string) ([]NamedTen
 	return out, meta, nil
 }
 
-// Export writes fp32 master weights to path (atomically) as a safetensors
-// file in format: FormatNanoGPT ("nanogpt", the default when format is "")
-// or FormatHF ("hf"). See those constants for the names and layouts.
+// Export writes fp32 master weights to path (atomically) in format:
+// FormatNanoGPT ("nanogpt", the default when format is ""), one
+// safetensors file, or FormatHF ("hf"), a Hugging Face model directory
+// (ExportHF with the default options). See those constants for the names
+// and layouts.
 func Export(weights []NamedTensor, cfg Config, path, format string) error {
+	if format == FormatHF {
+		return ExportHF(weights, cfg, path, HFExportOptions{})
+	}
 	ts, meta, err := ExportTensors(weights, cfg, format)
 	if err != nil {
 		return err

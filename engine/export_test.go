@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -60,14 +61,19 @@ func TestExportFormats(t *testing.T) {
 		if err := Export(ws, cfg, path, format); err != nil {
 			t.Fatal(err)
 		}
-		got, meta, err := ReadSafetensors(path)
+		file, want := path, len(ws)+1
+		if format == FormatHF {
+			// A directory; the tied lm_head is left out.
+			file, want = filepath.Join(path, HFWeightsFile), len(ws)
+		}
+		got, meta, err := ReadSafetensors(file)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(got) != len(ws)+1 {
-			t.Errorf("%s: %d tensors, want %d", format, len(got), len(ws)+1)
+		if len(got) != want {
+			t.Errorf("%s: %d tensors, want %d", format, len(got), want)
 		}
-		if meta["format"] != "pt" || meta["n_layer"] != "2" || meta["n_embd"] != "4" || meta["vocab_size"] != "11" || meta["n_positions"] != "8" || meta["n_head"] != "2" {
+		if meta["format"] != "pt" || (format == FormatNanoGPT && (meta["n_layer"] != "2" || meta["n_embd"] != "4" || meta["vocab_size"] != "11" || meta["n_positions"] != "8" || meta["n_head"] != "2")) {
 			t.Errorf("%s: meta %v", format, meta)
 		}
 		for _, g := range got {
@@ -108,7 +114,7 @@ func TestExportFormats(t *testing.T) {
 		}
 	}
 	// Documented HF shapes for C=4.
-	got, _, _ := ReadSafetensors(filepath.Join(dir, "hf.safetensors"))
+	got, _, _ := ReadSafetensors(filepath.Join(dir, "hf.safetensors", HFWeightsFile))
 	shapes := map[string][]int{}
 	for _, g := range got {
 		shapes[g.Name] = g.Shape
@@ -116,7 +122,7 @@ func TestExportFormats(t *testing.T) {
 	for name, want := range map[string][]int{
 		"transformer.h.1.attn.c_attn.weight": {4, 12}, "transformer.h.1.attn.c_proj.weight": {4, 4},
 		"transformer.h.0.mlp.c_fc.weight": {4, 16}, "transformer.h.0.mlp.c_proj.weight": {16, 4},
-		"transformer.h.0.attn.c_attn.bias": {12}, "lm_head.weight": {11, 4}, "transformer.wpe.weight": {8, 4},
+		"transformer.h.0.attn.c_attn.bias": {12}, "transformer.wpe.weight": {8, 4},
 	} {
 		if !reflect.DeepEqual(shapes[name], want) {
 			t.Errorf("hf %s: shape %v, want %v", name, shapes[name], want)
@@ -134,12 +140,24 @@ func TestExportRejects(t *testing.T) {
 	}
 	ws := fakeGPTWeights(L, C, V, T)
 	ws = append(ws[:3], ws[4:]...) // drop ln_1.bias of block 0
-	if err := Export(ws, cfg, path, FormatHF); err == nil || !strings.Contains(err.Error(), "missing") {
+	if err := Export(ws, cfg, path, FormatNanoGPT); err == nil || !strings.Contains(err.Error(), "missing") {
 		t.Errorf("missing tensor: %v", err)
 	}
+	full := cfg
+	full.Layers, full.Vocab, full.MaxSeq = L, V, T
+	if err := Export(ws, full, path, FormatHF); err == nil || !strings.Contains(err.Error(), `"transformer.h.0.ln_1.bias"`) {
+		t.Errorf("hf, missing tensor: %v", err)
+	}
 	cfg.Layers = 3
-	if err := Export(fakeGPTWeights(L, C, V, T), cfg, path, FormatHF); err == nil || !strings.Contains(err.Error(), "layers") {
+	if err := Export(fakeGPTWeights(L, C, V, T), cfg, path, FormatNanoGPT); err == nil || !strings.Contains(err.Error(), "layers") {
 		t.Errorf("layer mismatch: %v", err)
+	}
+	full.Layers = 3
+	if err := Export(fakeGPTWeights(L, C, V, T), full, path, FormatHF); err == nil || !strings.Contains(err.Error(), `"transformer.h.2.ln_1.weight"`) {
+		t.Errorf("hf, layer mismatch: %v", err)
+	}
+	if _, err := os.Stat(path); err == nil {
+		t.Errorf("a failed export left %s", path)
 	}
 	mlp := DefaultConfig()
 	mlp.Model = ModelMLP

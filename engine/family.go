@@ -56,6 +56,22 @@ type Family interface {
 	checkBackend(be kernels.Backend) error
 	// describe is m's shape for the log ("4 blocks of width 128, ...").
 	describe(m *Model) string
+
+	// hfArchitecture is the transformers class and model_type of the
+	// family's models ("GPT2LMHeadModel", "gpt2"); "" for a family that
+	// has none (it cannot load a config.json or export to --format hf).
+	hfArchitecture() (arch, modelType string)
+	// hfSettings maps a config.json of the family to spill's shape
+	// settings, recording in j every field it cannot take (a value
+	// spill does not implement, a missing field).
+	hfSettings(j *hfConfigJSON) []hfSetting
+	// hfConfig is the config.json of m, for transformers'
+	// from_pretrained (nil for a family without an architecture).
+	hfConfig(m *Model) map[string]any
+	// layouts lists the checkpoint layouts of m's parameters that the
+	// family reads, Hugging Face's first (the one --format hf writes,
+	// when the family has an architecture).
+	layouts(m *Model) []extLayout
 }
 
 // plural is "1 block", "4 blocks".

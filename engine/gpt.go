@@ -45,6 +45,24 @@ func (gptFamily) describe(m *Model) string {
 
 func (gptFamily) validate(c *Config, bad func(key, format string, args ...any)) {
 	validateTokens(c, bad)
+	llamaOnly(c, bad, "a GPT")
+	if c.TieEmbeddings != nil && !*c.TieEmbeddings {
+		bad("tie_embeddings", "a GPT's LM head is always tied to wte")
+	}
+}
+
+// llamaOnly reports the Llama shape settings c sets for a model of
+// another family (what).
+func llamaOnly(c *Config, bad func(key, format string, args ...any), what string) {
+	for _, f := range []struct {
+		key string
+		set bool
+	}{{"kv_heads", c.KVHeads != 0}, {"ffn", c.FFN != 0}, {"rope_theta", c.RoPETheta != 0},
+		{"rope_scaling", c.RoPEScaling != nil}, {"norm_eps", c.NormEps != 0}} {
+		if f.set {
+			bad(f.key, "only applies to Llama models, not to %s (model %q)", what, c.Model)
+		}
+	}
 }
 
 func (gptFamily) build(c *Config, s dataset.Schema, dt kernels.DType) (*Model, error) {

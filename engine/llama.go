@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 
 	"github.com/spill-ml/spill/dataset"
@@ -49,25 +50,96 @@ func (llamaFamily) defaults(c *Config)    {}
 
 func (llamaFamily) validate(c *Config, bad func(key, format string, args ...any)) {
 	validateTokens(c, bad)
-	p, ok := LookupPreset(c.Model)
+	if c.KVHeads < 0 {
+		bad("kv_heads", "must be >= 0 (0 = the preset's), got %d", c.KVHeads)
+	}
+	if c.FFN < 0 {
+		bad("ffn", "must be >= 0 (0 = the preset's), got %d", c.FFN)
+	}
+	if c.NormEps < 0 || math.IsNaN(c.NormEps) || math.IsInf(c.NormEps, 0) {
+		bad("norm_eps", "must be a positive number (0 = the preset's), got %v", c.NormEps)
+	}
+	if c.RoPETheta < 0 || math.IsNaN(c.RoPETheta) || math.IsInf(c.RoPETheta, 0) {
+		bad("rope_theta", "must be a positive number (0 = the preset's), got %v", c.RoPETheta)
+	}
+	if r := c.RoPEScaling; r != nil && r.Type != RoPEScalingNone && r.Type != RoPEScalingLlama3 {
+		bad("rope_scaling", "rope_type %q is not supported (want %q or %q)", r.Type, RoPEScalingLlama3, RoPEScalingNone)
+	}
+	s, ok := llamaShapeOf(c)
 	if !ok || c.Heads <= 0 || c.Embd <= 0 || c.Embd%c.Heads != 0 {
 		return
 	}
-	if c.Heads%p.KVHeads != 0 {
-		bad("heads", "%d is not a multiple of the %s key/value heads (%d)", c.Heads, c.Model, p.KVHeads)
+	if s.KVHeads > 0 && c.Heads%s.KVHeads != 0 {
+		bad("heads", "%d is not a multiple of the key/value heads (%d)", c.Heads, s.KVHeads)
 	}
 	if hs := c.Embd / c.Heads; hs%2 != 0 {
 		bad("heads", "head size embd/heads = %d must be even (rotary embeddings)", hs)
+	} else if err := s.RoPE.Validate(hs); err != nil && c.RoPEScaling != nil {
+		bad("rope_scaling", "%v", err)
 	}
 }
 
-func (llamaFamily) build(c *Config, s dataset.Schema, dt kernels.DType) (*Model, error) {
-	p, ok := LookupPreset(c.Model)
+func (llamaFamily) build(c *Config, _ dataset.Schema, dt kernels.DType) (*Model, error) {
+	s, ok := llamaShapeOf(c)
 	if !ok {
 		return nil, fmt.Errorf("engine: %q is no Llama preset", c.Model)
 	}
-	return NewLlama(LlamaShape{Layers: c.Layers, Heads: c.Heads, KVHeads: p.KVHeads, Embd: c.Embd, FFN: p.FFN,
-		Vocab: c.Vocab, MaxSeq: c.MaxSeq, RoPE: p.RoPE, NormEps: p.NormEps, Tied: p.Tied}, dt)
+	return NewLlama(s, dt)
+}
+
+// Values of RoPEScalingConfig.Type.
+const (
+	RoPEScalingLlama3 = "llama3" // Llama 3.1's frequency scaling
+	RoPEScalingNone   = "none"   // none, overriding a preset's
+)
+
+// RoPEScalingConfig is Config.RoPEScaling, config.json's rope_scaling:
+// Type "llama3" with its four parameters, or "none".
+type RoPEScalingConfig struct {
+	Type                 string  `toml:"rope_type" json:"rope_type"`
+	Factor               float64 `toml:"factor,omitempty" json:"factor,omitempty"`
+	LowFreqFactor        float64 `toml:"low_freq_factor,omitempty" json:"low_freq_factor,omitempty"`
+	HighFreqFactor       float64 `toml:"high_freq_factor,omitempty" json:"high_freq_factor,omitempty"`
+	OriginalMaxPositions int     `toml:"original_max_position_embeddings,omitempty" json:"original_max_position_embeddings,omitempty"`
+}
+
+// scaling is the kernels' form (the zero value for "none").
+func (r RoPEScalingConfig) scaling() kernels.RoPEScaling {
+	if r.Type != RoPEScalingLlama3 {
+		return kernels.RoPEScaling{}
+	}
+	return kernels.RoPEScaling{Factor: r.Factor, LowFreqFactor: r.LowFreqFactor, HighFreqFactor: r.HighFreqFactor,
+		OriginalMaxPositions: r.OriginalMaxPositions}
+}
+
+// llamaShapeOf is the shape c describes: its preset's, overridden by
+// every field c sets. ok is false when c.Model is no Llama preset.
+func llamaShapeOf(c *Config) (s LlamaShape, ok bool) {
+	p, ok := LookupPreset(c.Model)
+	if !ok || FamilyOf(c.Model).Name() != "llama" {
+		return s, false
+	}
+	s = LlamaShape{Layers: c.Layers, Heads: c.Heads, KVHeads: p.KVHeads, Embd: c.Embd, FFN: p.FFN,
+		Vocab: c.Vocab, MaxSeq: c.MaxSeq, RoPE: p.RoPE, NormEps: p.NormEps, Tied: p.Tied}
+	if c.KVHeads > 0 {
+		s.KVHeads = c.KVHeads
+	}
+	if c.FFN > 0 {
+		s.FFN = c.FFN
+	}
+	if c.RoPETheta > 0 {
+		s.RoPE.Theta = c.RoPETheta
+	}
+	if c.RoPEScaling != nil {
+		s.RoPE.Scaling = c.RoPEScaling.scaling()
+	}
+	if c.NormEps > 0 {
+		s.NormEps = c.NormEps
+	}
+	if c.TieEmbeddings != nil {
+		s.Tied = *c.TieEmbeddings
+	}
+	return s, true
 }
 
 // LlamaShape is the shape of a Llama (the fields of transformers'

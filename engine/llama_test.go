@@ -302,8 +302,8 @@ func TestFamilyRegistry(t *testing.T) {
 	if err := cfg.Validate(); err != nil || cfg.Layers != 4 || cfg.Steps != 200 {
 		t.Errorf("llama-tiny defaults: %d layers, %d steps, %v", cfg.Layers, cfg.Steps, err)
 	}
-	if _, _, err := ExportTensors(nil, cfg, FormatHF); err == nil || !strings.Contains(err.Error(), "not supported") {
-		t.Errorf("exporting a Llama: %v", err)
+	if _, _, err := ExportTensors(nil, cfg, FormatNanoGPT); err == nil || !strings.Contains(err.Error(), "--format hf") {
+		t.Errorf("exporting a Llama as nanoGPT: %v", err)
 	}
 }
 

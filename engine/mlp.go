@@ -37,6 +37,10 @@ func (mlpFamily) defaults(c *Config) {
 }
 
 func (mlpFamily) validate(c *Config, bad func(key, format string, args ...any)) {
+	llamaOnly(c, bad, "an MLP")
+	if c.TieEmbeddings != nil {
+		bad("tie_embeddings", "only applies to transformers, not to an MLP")
+	}
 	for i, h := range c.Hidden {
 		if h <= 0 {
 			bad("hidden", "size %d (index %d) must be > 0", h, i)
@@ -192,4 +196,13 @@ func (d *dense) Backward(q kernels.Queue, p *Pass, i int) {
 		o.Zero(q, p.DIn)
 	}
 	o.MatmulBackward(q, p.DIn, param(st.Grads, d.w), param(st.Grads, d.b), dpre, p.In(i), param(st.Weights, d.w), B, d.in, d.out)
+}
+
+// The MLP has no Hugging Face architecture; its checkpoints use spill's
+// names (layers.{i}.weight (out, in), layers.{i}.bias).
+func (mlpFamily) hfArchitecture() (string, string)     { return "", "" }
+func (mlpFamily) hfSettings(*hfConfigJSON) []hfSetting { return nil }
+func (mlpFamily) hfConfig(*Model) map[string]any       { return nil }
+func (mlpFamily) layouts(m *Model) []extLayout {
+	return []extLayout{paramLayout(m, FormatNanoGPT, nil, nil)}
 }

@@ -647,6 +647,9 @@ func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *str
 // prints it). Without data, a full-size GPT preset is planned for token
 // sequences of seq_len (default: the model's context).
 func PlanConfig(ctx context.Context, cfg Config, device string, deviceLimit int64, hw *offload.Hardware) (*TrainerPlan, *Model, error) {
+	if err := ResolveInitFrom(&cfg); err != nil {
+		return nil, nil, err
+	}
 	cfg.EnsureDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, err

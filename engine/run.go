@@ -107,6 +107,9 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 	if err := ResolveResume(&cfg, func(err error) { logf("warning: %v", err) }); err != nil {
 		return nil, err
 	}
+	if err := ResolveInitFrom(&cfg); err != nil {
+		return nil, err
+	}
 	cfg.EnsureDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -147,6 +150,15 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 	model, err := BuildModel(&cfg, ds.Schema())
 	if err != nil {
 		return nil, err
+	}
+	// Pretrained weights are checked against the model before anything
+	// is allocated for training.
+	pre, err := openInitFrom(&cfg, model)
+	if err != nil {
+		return nil, err
+	}
+	if pre != nil {
+		defer pre.Close()
 	}
 	be, note, err := OpenDevice(cfg.Device, kernels.Config{MemoryLimit: cfg.DeviceMemory, Threads: cfg.Threads})
 	if err != nil {
@@ -240,7 +252,13 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 			logf("no checkpoint in %s: starting from scratch", cfg.CheckpointDir)
 		}
 	}
-	if !resumed {
+	if !resumed && pre != nil {
+		t0 := time.Now()
+		if err := tr.LoadPretrained(ctx, pre); err != nil {
+			return nil, err
+		}
+		logf("weights from %s (%s layout) in %s", pre.Where, pre.Layout(), FormatDuration(time.Since(t0)))
+	} else if !resumed {
 		if err := tr.InitWeights(ctx, cfg.Seed); err != nil {
 			return nil, err
 		}
@@ -397,6 +415,22 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		return finish(), err
 	}
 	return finish(), nil
+}
+
+// openInitFrom opens cfg.InitFrom and binds it to m; nil without one.
+func openInitFrom(cfg *Config, m *Model) (*Pretrained, error) {
+	if cfg.InitFrom == "" {
+		return nil, nil
+	}
+	p, err := OpenPretrained(cfg.InitFrom)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Bind(m); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
 }
 
 // resolveData fills the dataset-derived fields of cfg (Vocab, SeqLen for a

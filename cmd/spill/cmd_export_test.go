@@ -64,15 +64,15 @@ func TestExportCommand(t *testing.T) {
 	if code := runMain(context.Background(), []string{"export", "--from", older, "--out", stepOut}, &so, os.Stderr); code != exitOK || !strings.Contains(so.String(), older) {
 		t.Fatalf("--from a step directory: exit %d: %s", code, so.String())
 	}
-	out := filepath.Join(t.TempDir(), "model.safetensors")
+	hfDir := filepath.Join(t.TempDir(), "gpt2-hf")
 	var stdout bytes.Buffer
-	if code := runMain(context.Background(), []string{"export", "--from", root, "--out", out, "--format", "hf"}, &stdout, os.Stderr); code != exitOK {
+	if code := runMain(context.Background(), []string{"export", "--from", root, "--out", hfDir, "--format", "hf"}, &stdout, os.Stderr); code != exitOK {
 		t.Fatalf("exit %d", code)
 	}
 	if !strings.Contains(stdout.String(), newest) {
 		t.Errorf("did not export the newest checkpoint: %s", stdout.String())
 	}
-	ts, meta, err := engine.ReadSafetensors(out)
+	ts, meta, err := engine.ReadSafetensors(filepath.Join(hfDir, "model.safetensors"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,10 +80,27 @@ func TestExportCommand(t *testing.T) {
 	for _, x := range ts {
 		shapes[x.Name] = fmt.Sprint(x.Shape)
 	}
-	if len(ts) != 17 || shapes["transformer.h.0.attn.c_attn.weight"] != "[4 12]" || shapes["transformer.h.0.mlp.c_proj.weight"] != "[16 4]" ||
-		shapes["lm_head.weight"] != "[7 4]" || meta["n_layer"] != "1" {
+	// 16 tensors: the tied lm_head is left out, as save_pretrained does.
+	if len(ts) != 16 || shapes["transformer.h.0.attn.c_attn.weight"] != "[4 12]" || shapes["transformer.h.0.mlp.c_proj.weight"] != "[16 4]" ||
+		shapes["lm_head.weight"] != "" || meta["format"] != "pt" {
 		t.Errorf("hf export: %v %v", shapes, meta)
 	}
+	if cj, err := os.ReadFile(filepath.Join(hfDir, "config.json")); err != nil || !strings.Contains(string(cj), `"GPT2LMHeadModel"`) || !strings.Contains(string(cj), `"n_layer": 1`) {
+		t.Errorf("config.json: %v\n%s", err, cj)
+	}
+	// The directory exists now: a second export refuses to mix into it.
+	if code := runMain(context.Background(), []string{"export", "--from", root, "--out", hfDir, "--format", "hf"}, io.Discard, io.Discard); code != exitFailure {
+		t.Errorf("export over a non-empty directory: exit %d", code)
+	}
+	// Sharded: 1 KB per file splits the 1.6 KB model.
+	sharded := filepath.Join(t.TempDir(), "sharded")
+	if code := runMain(context.Background(), []string{"export", "--from", root, "--out", sharded, "--format", "hf", "--shard-size", "1KB"}, io.Discard, os.Stderr); code != exitOK {
+		t.Fatalf("sharded: exit %d", code)
+	}
+	if _, err := os.Stat(filepath.Join(sharded, "model.safetensors.index.json")); err != nil {
+		t.Errorf("sharded export has no index: %v", err)
+	}
+	out := filepath.Join(t.TempDir(), "model.safetensors")
 	// nanogpt from an explicit checkpoint keeps (out, in).
 	if code := runMain(context.Background(), []string{"export", "--checkpoint", newest, "--out", out}, io.Discard, os.Stderr); code != exitOK {
 		t.Fatalf("exit %d", code)

@@ -70,6 +70,9 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 	}
 	cf.apply(&cfg)
+	if err := engine.ResolveInitFrom(&cfg); err != nil {
+		return err
+	}
 	cfg.EnsureDefaults()
 	if err := cfg.Validate(); err != nil {
 		return usagef("invalid settings:\n  %s", strings.ReplaceAll(err.Error(), "\n", "\n  "))

@@ -97,6 +97,8 @@ func newConfigFlags(fs *flag.FlagSet) *configFlags {
 	num("embd", func(c *engine.Config) *int { return &c.Embd }, 0, "embedding width; must divide by --heads (default: from the preset)")
 	num("vocab", func(c *engine.Config) *int { return &c.Vocab }, 0, "vocabulary size (default: the dataset's, else the preset's)")
 	num("max-seq", func(c *engine.Config) *int { return &c.MaxSeq }, 0, "longest sequence the model supports (default: from the preset)")
+	str("init-from", func(c *engine.Config) *string { return &c.InitFrom }, "",
+		"start from pretrained weights: a safetensors `file` or a Hugging Face model directory (config.json, model.safetensors or shards); config.json sets the model and shape")
 	hidden := &intListFlag{}
 	bindValue(f, "hidden", hidden, func(c *engine.Config) { c.Hidden = append([]int(nil), hidden.v...) },
 		"MLP hidden layer sizes, comma-separated (default 256,256)")
@@ -252,6 +254,9 @@ func parseTrainArgs(args []string, stderr io.Writer) (engine.Config, trainOption
 		return engine.Config{}, opts, err
 	}
 	if err := engine.ResolveResume(&cfg, func(err error) { fmt.Fprintf(stderr, "spill: warning: %v\n", err) }); err != nil {
+		return engine.Config{}, opts, err
+	}
+	if err := engine.ResolveInitFrom(&cfg); err != nil {
 		return engine.Config{}, opts, err
 	}
 	cfg.EnsureDefaults()

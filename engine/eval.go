@@ -1,0 +1,115 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/spill-ml/spill/dataset"
+	"github.com/spill-ml/spill/kernels"
+)
+
+// EvalResult is what Eval measured.
+type EvalResult struct {
+	Loss    float64 `json:"loss"`    // mean loss per target over the batches
+	Batches int     `json:"batches"` // micro-batches evaluated
+	Rows    int     `json:"rows"`    // sequences (records) per micro-batch
+	T       int     `json:"seq_len"` // positions per sequence (1 for records)
+	Data    string  `json:"data"`    // the dataset evaluated
+	Model   string  `json:"model"`   // the model's shape, as the log describes it
+	Weights string  `json:"weights"` // where the weights came from (InitFrom, or "random (seed N)")
+}
+
+// Eval computes the loss of a model on fixed batches, the evaluation a
+// training run reports, without training: cfg.EvalBatches micro-batches
+// of cfg.Batch rows taken in order from the start of cfg.EvalData, else of
+// cfg.Data (the whole dataset: no held-out split), wrapping around if the
+// data is shorter. The weights are cfg.InitFrom's (else the random
+// initialisation of cfg.Seed). Row k of batch b is sample b·Batch + k,
+// so a Python check can rebuild exactly these batches from the tokens.
+func Eval(ctx context.Context, cfg Config, log io.Writer) (*EvalResult, error) {
+	logf := func(format string, args ...any) {
+		if log != nil {
+			fmt.Fprintf(log, format+"\n", args...)
+		}
+	}
+	cfg.Resume, cfg.ResumeFrom = false, ""
+	if err := ResolveInitFrom(&cfg); err != nil {
+		return nil, err
+	}
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	dir := cfg.EvalData
+	if dir == "" {
+		dir = cfg.Data
+	}
+	if dir == "" {
+		var err error
+		if dir, err = DefaultDataset(ctx, ""); err != nil {
+			return nil, fmt.Errorf("engine: default dataset: %w", err)
+		}
+	}
+	ds, err := dataset.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer ds.Close()
+	if err := resolveData(&cfg, ds, dir); err != nil {
+		return nil, err
+	}
+	model, err := BuildModel(&cfg, ds.Schema())
+	if err != nil {
+		return nil, err
+	}
+	pre, err := openInitFrom(&cfg, model)
+	if err != nil {
+		return nil, err
+	}
+	if pre != nil {
+		defer pre.Close()
+	}
+	be, note, err := OpenDevice(cfg.Device, kernels.Config{MemoryLimit: cfg.DeviceMemory, Threads: cfg.Threads})
+	if err != nil {
+		return nil, err
+	}
+	defer be.Close()
+	if note != "" {
+		logf("%s", note)
+	}
+	if err := CheckBackend(be, model); err != nil {
+		return nil, err
+	}
+	B, T := cfg.Batch, cfg.SeqLen
+	if !cfg.tokens() {
+		T = 1
+	}
+	// The trainer (resident or out of core, as a run would plan it)
+	// evaluates one micro-batch of B rows at a time.
+	cfg.Accum = 1
+	tr, plan, err := newRunTrainer(&cfg, be, model, B, T, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tr.Close()
+	if plan.B != B {
+		return nil, fmt.Errorf("engine: eval: the device fits micro-batches of %d rows, not --batch %d: lower --batch", plan.B, B)
+	}
+	res := &EvalResult{Batches: cfg.EvalBatches, Rows: B, T: T, Data: dir, Model: describeShape(model),
+		Weights: fmt.Sprintf("random (seed %d)", cfg.Seed)}
+	if pre != nil {
+		if err := tr.LoadPretrained(ctx, pre); err != nil {
+			return nil, err
+		}
+		res.Weights = fmt.Sprintf("%s (%s layout)", pre.Where, pre.Layout())
+	} else if err := tr.InitWeights(ctx, cfg.Seed); err != nil {
+		return nil, err
+	}
+	logf("model %s: %s, %s on %s; weights %s", cfg.Model, res.Model, cfg.Precision, be.DeviceName(), res.Weights)
+	feed := &seqFeed{src: ds, dec: newDecoder(model, ds.Schema(), B, T, dir), buf: make([]byte, ds.SampleSize())}
+	if res.Loss, err = tr.Evaluate(ctx, feed, cfg.EvalBatches); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
