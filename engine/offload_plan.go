@@ -222,7 +222,11 @@ func OffloadHostBytes(m *Model, B, T, accum int, o OffloadOptions) (map[offload.
 	for i, l := range m.Layers {
 		params[i] = int64(l.NumParams())
 	}
-	return plan.HostState(params, int64(m.DType.Size()), m.DType != kernels.F32, o.DelayedUpdate, o.Optimizer, plan.SlotBytes(p)), nil
+	tiers := make([]offload.Tier, len(m.Layers))
+	for i := range tiers {
+		tiers[i] = o.optTier(i)
+	}
+	return plan.HostState(params, int64(m.DType.Size()), m.DType != kernels.F32, o.DelayedUpdate, tiers, plan.SlotBytes(p)), nil
 }
 
 // PlanRequest is what PlanTrainer plans for. Zero override fields leave the

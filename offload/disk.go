@@ -239,6 +239,10 @@ func (o *Op) Done() bool {
 	}
 }
 
+// FailedOp is an Op that has finished with err: for a caller that fails
+// a request before it reaches the tier.
+func FailedOp(err error) *Op { return failed(err) }
+
 func failed(err error) *Op {
 	o := &Op{done: make(chan struct{}), err: err}
 	close(o.done)

@@ -320,15 +320,24 @@ func (pl *planner) devicePeak(c *cand) (int64, map[offload.Class]int64, error) {
 }
 
 // HostState is the host memory an out-of-core trainer holds for the
-// layers' state, by class: per layer the fp32 master, the compute-dtype
-// weights fetches read (the master itself in fp32 without a delayed
-// update), the gradients' landing buffer, the Adam moments unless they
-// are on disk, and with a delayed update a second copy of the weights
-// and of the gradients. slots are the host slots of the program
-// (offloaded activations, tied gradients), by class.
-func HostState(params []int64, elem int64, mixed, delayed bool, optimizer offload.Tier, slots map[offload.Class]int64) map[offload.Class]int64 {
+// layers' state, by class: per layer whose optimizer state is not on the
+// device (optimizer[i], nil: all on the host) the fp32 master, the
+// compute-dtype weights fetches read (the master itself in fp32 without a
+// delayed update), the gradients' landing buffer, the Adam moments unless
+// they are on disk, and with a delayed update a second copy of the
+// weights and of the gradients; nothing for a layer updated on the
+// device. slots are the host slots of the program (offloaded activations,
+// tied gradients), by class.
+func HostState(params []int64, elem int64, mixed, delayed bool, optimizer []offload.Tier, slots map[offload.Class]int64) map[offload.Class]int64 {
 	by := map[offload.Class]int64{}
-	for _, np := range params {
+	for i, np := range params {
+		tier := offload.TierHost
+		if optimizer != nil {
+			tier = optimizer[i]
+		}
+		if tier == offload.TierDevice {
+			continue
+		}
 		cb := np * elem
 		by[offload.Master] += 4 * np
 		if mixed || delayed {
@@ -339,7 +348,7 @@ func HostState(params []int64, elem int64, mixed, delayed bool, optimizer offloa
 			by[offload.Weights] += cb
 			by[offload.Grads] += cb
 		}
-		if optimizer != offload.TierDisk {
+		if tier != offload.TierDisk {
 			by[offload.AdamM] += 4 * np
 			by[offload.AdamV] += 4 * np
 		}
@@ -398,7 +407,11 @@ func (pl *planner) hostDisk(c *cand) {
 			}
 		}
 	}
-	by := HostState(params, pl.s, pl.m.Precision.Mixed(), pl.req.DelayedUpdate, c.o, slots)
+	tiers := make([]offload.Tier, len(params))
+	for i := range tiers {
+		tiers[i] = c.o
+	}
+	by := HostState(params, pl.s, pl.m.Precision.Mixed(), pl.req.DelayedUpdate, tiers, slots)
 	for cl, n := range by {
 		c.host[cl] = n
 	}
