@@ -342,6 +342,7 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 	pl, err := plan.Plan(plan.Request{
 		Model: PlanModel(req.Name, m, req.T), Batch: req.B * req.Accum, Budgets: budgets, Hardware: req.Hardware,
 		Allow: allow, DelayedUpdate: req.DelayedUpdate, MaxPrefetch: maxPrefetch, GlobalNorm: req.GlobalNorm,
+		Optimizer: req.Optimizer,
 	})
 	if err != nil {
 		return nil, err
@@ -363,6 +364,13 @@ func optionsFor(p *offload.Placement, req PlanRequest, b offload.Budgets) Offloa
 	}
 	if p.Optimizer == offload.TierDisk {
 		o.DiskDir, o.DiskBudget = req.DiskDir, b.Disk
+	}
+	if p.OptimizerSplit() != p.Optimizer.String() {
+		// Placed per layer (device, host, disk).
+		o.OptimizerTiers = make([]offload.Tier, len(p.Layers))
+		for i, l := range p.Layers {
+			o.OptimizerTiers[i] = l.Optimizer
+		}
 	}
 	o.Activations = make([]offload.ActPolicy, len(p.Layers))
 	for i, l := range p.Layers {

@@ -2,7 +2,9 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/spill-ml/spill/kernels"
@@ -171,5 +173,63 @@ func TestOptimizerSplitCheckpoint(t *testing.T) {
 	w, _ := fresh.MasterWeights(ctx)
 	if math.Float32bits(w[0][0]) != math.Float32bits(bytesF32(wantW[0].Data)[0]) {
 		t.Error("MasterWeights of a device layer differ from what was loaded")
+	}
+}
+
+// TestPlanTrainerSplitsOptimizer: when the host cannot hold the test
+// GPT's optimizer state, the planner splits it across device, host and
+// disk; the trainer built from the plan stays within the device budget
+// with the predicted peak to the byte and trains bit for bit as the
+// resident run; with the disk budget too small as well, the planner
+// refuses and names what is short.
+func TestPlanTrainerSplitsOptimizer(t *testing.T) {
+	m := mustGPT(t)
+	to := oocOptions()
+	all, err := OffloadHostBytes(m, to.B, to.T, to.Accum, streamed())
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := PlanRequest{Name: "split", B: to.B, T: to.T, Accum: to.Accum, Hardware: CPUHardware(2), DiskDir: t.TempDir(),
+		GlobalNorm: true, Budgets: offload.Budgets{Device: stateBytes(m) / 2, Host: byteClasses(all).total() * 6 / 10, Disk: 64 << 20}}
+	tp, err := PlanTrainer(m, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := tp.Placement.OptimizerLayers
+	if tp.Resident || n[0] == 0 || n[1] == 0 || n[2] == 0 || len(tp.Options.OptimizerTiers) != len(m.Layers) {
+		t.Fatalf("plan %s: want the optimizer split across device, host and disk", tp.Placement.Summary())
+	}
+	t.Logf("plan: %s; %s", tp.Placement.Summary(), tp.Placement.OptimizerWhy)
+	be, err := kernels.Open("cpu", kernels.Config{Threads: 2, MemoryLimit: req.Budgets.Device})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	to.B, to.Accum = tp.B, tp.Accum
+	tr, err := NewOffloadTrainer(be, m, to, tp.Options)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if got := tr.HostBytes(); got > req.Budgets.Host {
+		t.Errorf("host bytes %d over the budget %d", got, req.Budgets.Host)
+	}
+	gotL, gotW := trainSteps(t, tr, 2)
+	wantL, wantW := runResidentWith(t, kernels.F32, to, 2)
+	sameRun(t, "resident", wantL, gotL, wantW, gotW)
+	if peak := tr.Cache().Stats().PeakAllocated; peak != tp.DevicePeak || peak > req.Budgets.Device {
+		t.Errorf("device peak %d, planned %d, budget %d", peak, tp.DevicePeak, req.Budgets.Device)
+	}
+
+	req.Budgets.Disk = 4 << 10
+	_, err = PlanTrainer(m, req)
+	var ie *offload.InfeasibleError
+	if !errors.As(err, &ie) || len(ie.Shortfalls) == 0 {
+		t.Fatalf("disk too small as well: %v", err)
+	}
+	for _, s := range ie.Shortfalls {
+		if s.Need <= s.Budget || !strings.Contains(err.Error(), s.Tier.String()+" short by "+kernels.FormatBytes(s.Need-s.Budget)) {
+			t.Errorf("shortfall %+v not named: %v", s, err)
+		}
 	}
 }
