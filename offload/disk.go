@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sync/semaphore"
@@ -396,4 +397,58 @@ func (d *Disk) Close() error {
 	}
 	d.mu.used = 0
 	return first
+}
+
+// DiskRates are the disk tier's measured throughputs.
+type DiskRates struct {
+	Read, Write float64 // bytes per second
+	// Direct says the requests went around the page cache (O_DIRECT);
+	// otherwise the rates are the page cache's and overstate the drive.
+	Direct bool
+}
+
+// MeasureDisk writes and reads back n bytes in a file under dir with the
+// disk tier's own requests (the default chunk and workers) and returns
+// the rates; the write is timed until the data is on the drive (fsync).
+// It removes what it wrote.
+func MeasureDisk(ctx context.Context, dir string, n int64) (DiskRates, error) {
+	sub, err := os.MkdirTemp(dir, "spill-disk-test-")
+	if err != nil && os.MkdirAll(dir, 0o755) == nil {
+		sub, err = os.MkdirTemp(dir, "spill-disk-test-")
+	}
+	if err != nil {
+		return DiskRates{}, fmt.Errorf("offload: disk test: %w%s", err, diskHint(err))
+	}
+	defer os.RemoveAll(sub)
+	d, err := OpenDisk(DiskConfig{Dir: sub, Budget: n})
+	if err != nil {
+		return DiskRates{}, err
+	}
+	defer d.Close()
+	k := Key{Layer: 0, Class: AdamM}
+	if err := d.Create(k, n); err != nil {
+		return DiskRates{}, err
+	}
+	b := AlignedBytes(n)
+	for i := range b {
+		b[i] = byte(i * 131)
+	}
+	df, err := d.file(k)
+	if err != nil {
+		return DiskRates{}, err
+	}
+	start := time.Now()
+	if err := d.Store(ctx, k, b).Wait(ctx); err != nil {
+		return DiskRates{}, err
+	}
+	if err := df.f.Sync(); err != nil {
+		return DiskRates{}, fmt.Errorf("offload: disk test: sync: %w", err)
+	}
+	w := time.Since(start).Seconds()
+	start = time.Now()
+	if err := d.Load(ctx, k, b).Wait(ctx); err != nil {
+		return DiskRates{}, err
+	}
+	r := time.Since(start).Seconds()
+	return DiskRates{Read: float64(n) / max(r, 1e-9), Write: float64(n) / max(w, 1e-9), Direct: df.direct.Load() != nil}, nil
 }

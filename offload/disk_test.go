@@ -180,3 +180,20 @@ func TestDiskChunkedRequests(t *testing.T) {
 		t.Fatal("AlignedBytes is not aligned")
 	}
 }
+
+// TestMeasureDisk: the disk test writes and reads through the tier and
+// leaves nothing behind.
+func TestMeasureDisk(t *testing.T) {
+	dir := t.TempDir()
+	r, err := MeasureDisk(context.Background(), dir, 4*MiB+100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(r.Read > 0 && r.Write > 0) {
+		t.Fatalf("rates %+v", r)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("the disk test left %d entries", len(ents))
+	}
+	t.Logf("%+v", r)
+}
