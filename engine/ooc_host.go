@@ -510,8 +510,14 @@ func (hs *hostState) launchUpdate(ctx context.Context, i int, hp kernels.AdamWPa
 	h.done, h.err, h.nonFinite = done, nil, false
 	// The update writes the master, the moments and (in place, or with
 	// DelayedUpdate once waitLayer swaps the buffers) the weights on the
-	// host: any device copy of the weights is stale.
-	for _, cl := range []offload.Class{offload.Weights, offload.Master, offload.AdamM, offload.AdamV} {
+	// host: any device copy of the weights is stale. Moments on disk are
+	// the disk pipeline's to record (their last write-back may still be
+	// in flight).
+	classes := []offload.Class{offload.Weights, offload.Master, offload.AdamM, offload.AdamV}
+	if hs.tier[i] == offload.TierDisk {
+		classes = classes[:2]
+	}
+	for _, cl := range classes {
 		k := offload.Key{Layer: i, Class: cl}
 		if r, _ := hs.table.Get(k); r.Valid.Has(offload.TierHost) {
 			hs.recErr(hs.table.Modified(k, offload.TierHost))
