@@ -222,7 +222,11 @@ func OffloadHostBytes(m *Model, B, T, accum int, o OffloadOptions) (map[offload.
 	for i, l := range m.Layers {
 		params[i] = int64(l.NumParams())
 	}
-	return plan.HostState(params, int64(m.DType.Size()), m.DType != kernels.F32, o.DelayedUpdate, o.Optimizer, plan.SlotBytes(p)), nil
+	tiers := make([]offload.Tier, len(m.Layers))
+	for i := range tiers {
+		tiers[i] = o.optTier(i)
+	}
+	return plan.HostState(params, int64(m.DType.Size()), m.DType != kernels.F32, o.DelayedUpdate, tiers, plan.SlotBytes(p)), nil
 }
 
 // PlanRequest is what PlanTrainer plans for. Zero override fields leave the
@@ -342,6 +346,7 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 	pl, err := plan.Plan(plan.Request{
 		Model: PlanModel(req.Name, m, req.T), Batch: req.B * req.Accum, Budgets: budgets, Hardware: req.Hardware,
 		Allow: allow, DelayedUpdate: req.DelayedUpdate, MaxPrefetch: maxPrefetch, GlobalNorm: req.GlobalNorm,
+		Optimizer: req.Optimizer,
 	})
 	if err != nil {
 		return nil, err
@@ -363,6 +368,13 @@ func optionsFor(p *offload.Placement, req PlanRequest, b offload.Budgets) Offloa
 	}
 	if p.Optimizer == offload.TierDisk {
 		o.DiskDir, o.DiskBudget = req.DiskDir, b.Disk
+	}
+	if p.OptimizerSplit() != p.Optimizer.String() {
+		// Placed per layer (device, host, disk).
+		o.OptimizerTiers = make([]offload.Tier, len(p.Layers))
+		for i, l := range p.Layers {
+			o.OptimizerTiers[i] = l.Optimizer
+		}
 	}
 	o.Activations = make([]offload.ActPolicy, len(p.Layers))
 	for i, l := range p.Layers {

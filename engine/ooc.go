@@ -33,6 +33,12 @@ type OffloadOptions struct {
 	// files under DiskDir, the master in RAM). The host optimizer is
 	// offload.HostAdamW, bitwise identical to the CPU backend's kernel.
 	Optimizer offload.Tier
+	// OptimizerTiers, if not nil, is each layer's optimizer tier and
+	// overrides Optimizer: TierDevice keeps the layer's master and moments
+	// on the device, with its weights and gradients, and updates them
+	// there with the backend's AdamW once the step's gradients are final;
+	// TierHost and TierDisk as Optimizer says. Not with DelayedUpdate.
+	OptimizerTiers []offload.Tier
 	// Prefetch is how many layer accesses ahead streamed tensors are
 	// fetched (>= 1 when Weights or Grads stream). Default 1.
 	Prefetch int
@@ -91,11 +97,29 @@ func (o *OffloadOptions) validate(m *Model) error {
 	if o.Grads != offload.TierDevice && o.Grads != offload.TierHost {
 		errs = append(errs, fmt.Errorf("grads on %s: want device or host", o.Grads))
 	}
-	if o.Optimizer != offload.TierHost && o.Optimizer != offload.TierDisk {
+	if o.OptimizerTiers == nil && o.Optimizer != offload.TierHost && o.Optimizer != offload.TierDisk {
 		errs = append(errs, fmt.Errorf("optimizer on %s: want host or disk", o.Optimizer))
 	}
-	if o.Optimizer == offload.TierDisk && (o.DiskDir == "" || o.DiskBudget <= 0) {
+	if o.OptimizerTiers != nil && len(o.OptimizerTiers) != len(m.Layers) {
+		errs = append(errs, fmt.Errorf("%d optimizer tiers for %d layers", len(o.OptimizerTiers), len(m.Layers)))
+	}
+	var disk, dev bool
+	for i := range m.Layers {
+		switch t := o.optTier(i); t {
+		case offload.TierDisk:
+			disk = true
+		case offload.TierDevice:
+			dev = true
+		case offload.TierHost:
+		default:
+			errs = append(errs, fmt.Errorf("layer %d's optimizer on %s: want device, host or disk", i, t))
+		}
+	}
+	if disk && (o.DiskDir == "" || o.DiskBudget <= 0) {
 		errs = append(errs, fmt.Errorf("optimizer on disk needs a disk directory and budget"))
+	}
+	if dev && o.DelayedUpdate {
+		errs = append(errs, fmt.Errorf("a delayed update needs every layer's optimizer off the device"))
 	}
 	if o.Activations != nil && len(o.Activations) != len(m.Layers) {
 		errs = append(errs, fmt.Errorf("%d activation policies for %d layers", len(o.Activations), len(m.Layers)))
@@ -109,6 +133,14 @@ func (o *OffloadOptions) validate(m *Model) error {
 	return nil
 }
 
+// optTier is the tier of layer l's optimizer state.
+func (o *OffloadOptions) optTier(l int) offload.Tier {
+	if o.OptimizerTiers != nil {
+		return o.OptimizerTiers[l]
+	}
+	return o.Optimizer
+}
+
 // programSpec is the schedule of m's training step (accum micro-batches
 // of B rows of T positions) or, when !train, of one evaluation pass, under
 // placement o.
@@ -118,14 +150,23 @@ func programSpec(m *Model, B, T, accum int, o *OffloadOptions, train bool) sched
 	if !train {
 		s.MicroBatches, s.Group, s.Acts = 1, 1, nil
 	}
+	if slices.Contains(o.OptimizerTiers, offload.TierDevice) {
+		s.Optimizer = o.OptimizerTiers
+	}
 	es := int64(m.DType.Size())
 	for _, l := range m.Layers {
-		s.Layers = append(s.Layers, schedule.Layer{
-			ParamBytes: int64(l.NumParams()) * es,
-			ActBytes:   l.ActivationBytes(B, T),
-			OutBytes:   int64(l.OutputElems(B, T)) * es,
-			Tied:       l.Tied(),
-		})
+		np := int64(l.NumParams())
+		sl := schedule.Layer{
+			ParamBytes:  np * es,
+			ActBytes:    l.ActivationBytes(B, T),
+			OutBytes:    int64(l.OutputElems(B, T)) * es,
+			Tied:        l.Tied(),
+			MomentBytes: 4 * np,
+		}
+		if m.DType != kernels.F32 {
+			sl.MasterBytes = 4 * np
+		}
+		s.Layers = append(s.Layers, sl)
 	}
 	return s
 }
@@ -297,6 +338,9 @@ func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o Offloa
 			}
 		}}, st.train, st.eval)
 	if err != nil {
+		return t, err
+	}
+	if err = st.host.attachDevice(be, t.q, st.exec); err != nil {
 		return t, err
 	}
 	inBytes := st.in[0].N * 4
@@ -483,6 +527,9 @@ func (t *Trainer) offloadStep(ctx context.Context, src BatchSource) (StepResult,
 	if err != nil {
 		return r, err
 	}
+	if eager && hs.launched == 0 {
+		t.Step++ // every layer is updated on the device
+	}
 	if st.opts.DelayedUpdate {
 		// The update of the last step ran during this one.
 		if err := hs.waitUpdates(); err != nil {
@@ -515,18 +562,23 @@ func (t *Trainer) offloadStep(ctx context.Context, src BatchSource) (StepResult,
 	tr := st.exec.Traffic()
 	r.H2DBytes, r.D2HBytes = tr.H2D-tr0.H2D, tr.D2H-tr0.D2H
 	r.DiskBytes = hs.diskBytes() - disk0 // of the updates finished so far
-	if eager {                           // the updates are running
+	coef := 1.0
+	if o.GradClip > 0 && r.GradNorm > o.GradClip {
+		coef = o.GradClip / r.GradNorm
+	}
+	hp.GradScale = float32(coef / r.LossScale)
+	if !r.Skipped {
+		// The layers whose optimizer state is on the device, on the
+		// compute queue before the next step's forward.
+		hs.updateDevice(hp)
+	}
+	if eager { // the host updates are running
 		return r, nil
 	}
 	t.Step++
 	if r.Skipped {
 		return r, nil
 	}
-	coef := 1.0
-	if o.GradClip > 0 && r.GradNorm > o.GradClip {
-		coef = o.GradClip / r.GradNorm
-	}
-	hp.GradScale = float32(coef / r.LossScale)
 	for i := range hs.host {
 		hs.launchUpdate(ctx, i, hp, false)
 	}

@@ -33,12 +33,30 @@ type hostLayer struct {
 	done      chan struct{}
 	err       error // the update's error, valid after done
 	nonFinite bool  // eager update: the grads were not finite, nothing changed
+
+	// The disk tier: the moments read ahead for the queued update (buf,
+	// valid once loaded is closed, with loadErr) and the write-back of the
+	// last update (stored closed when it has finished, with storeErr).
+	loaded, stored    chan struct{}
+	buf               *diskBuf
+	loadErr, storeErr error
 }
 
-// hostState is the host side of an out-of-core trainer: every layer's
-// master weights, compute-dtype weights, gradient landing buffer and Adam
-// moments (in RAM or on the disk tier), the host memory they live in, and
-// the host optimizer that updates them. It implements exec.Host.
+// diskBuf holds one layer's moments read from the disk tier, aligned for
+// direct I/O.
+type diskBuf struct{ m, v []byte }
+
+// diskBuffers is how many layers' moments the disk tier holds in host
+// memory at once: one read ahead, one being updated, two being written
+// back.
+const diskBuffers = 4
+
+// hostState is the host side of an out-of-core trainer: the master
+// weights, compute-dtype weights, gradient landing buffer and Adam moments
+// (in RAM or on the disk tier) of every layer whose optimizer state is not
+// on the device, the host memory they live in, and the host optimizer that
+// updates them; and the device optimizer of the other layers (devState).
+// It implements exec.Host.
 type hostState struct {
 	m     *Model
 	opts  *OffloadOptions
@@ -46,6 +64,16 @@ type hostState struct {
 	disk  *offload.Disk
 	rec   *stream.Recorder
 	host  []hostLayer
+	tier  []offload.Tier // each layer's optimizer tier
+	dev   devState
+	// The disk tier's pipeline: ahead queues the layers whose moments
+	// the reader loads, in the order their updates are queued; bufs are
+	// the free buffers; diskErr is the first failed write-back (after
+	// which the moments on disk are not trusted).
+	ahead   chan int
+	bufs    chan *diskBuf
+	diskMu  sync.Mutex
+	diskErr error
 	// work runs host optimizer updates one at a time, in the order they
 	// are queued (the order the layers' gradients become final); each
 	// update spreads over the cores itself.
@@ -69,11 +97,19 @@ type hostState struct {
 	stage  *exec.Staging // the ring of a degraded pool, else nil
 	slots  [][]byte      // host slots of offloaded activations, not yet handed out
 	diskRW int64         // bytes the disk tier read and wrote (guarded by mu)
-	// diskM, diskV are the host copies of the moments of the layer being
-	// updated when they live on disk (the worker's alone).
-	diskM, diskV []byte
-	mu           sync.Mutex
-	tabErr       error
+	mu     sync.Mutex
+	tabErr error
+}
+
+// devState is the device side of the layers whose optimizer state is on
+// the device: the backend, the compute queue and the executor holding
+// their persistent blocks. mu serialises the enqueues of the checkpoint
+// and initialisation paths, which may come from several goroutines.
+type devState struct {
+	be kernels.Backend
+	q  kernels.Queue
+	ex *exec.Executor
+	mu sync.Mutex
 }
 
 // hostSlab is the largest pinned allocation the host state asks for: few
@@ -88,9 +124,12 @@ const hostAlign = 256
 func hostRequests(m *Model, o *OffloadOptions, slots []int64) []int64 {
 	var r []int64
 	es := int64(m.DType.Size())
-	for _, l := range m.Layers {
+	for i, l := range m.Layers {
 		np := int64(l.NumParams())
 		cb := np * es
+		if o.optTier(i) == offload.TierDevice {
+			continue // all of it on the device
+		}
 		r = append(r, 4*np)
 		if m.DType != kernels.F32 || o.DelayedUpdate {
 			r = append(r, cb)
@@ -99,7 +138,7 @@ func hostRequests(m *Model, o *OffloadOptions, slots []int64) []int64 {
 		if o.DelayedUpdate {
 			r = append(r, cb, cb)
 		}
-		if o.Optimizer != offload.TierDisk {
+		if o.optTier(i) == offload.TierHost {
 			r = append(r, 4*np, 4*np)
 		}
 	}
@@ -150,10 +189,25 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 			hs = nil
 		}
 	}()
-	if o.Optimizer == offload.TierDisk {
+	var ndisk int
+	var maxDisk int64
+	for i, l := range m.Layers {
+		hs.tier = append(hs.tier, o.optTier(i))
+		if hs.tier[i] == offload.TierDisk {
+			ndisk++
+			maxDisk = max(maxDisk, 4*int64(l.NumParams()))
+		}
+	}
+	if ndisk > 0 {
 		if hs.disk, err = offload.OpenDisk(offload.DiskConfig{Dir: o.DiskDir, Budget: o.DiskBudget}); err != nil {
 			return hs, err
 		}
+		hs.bufs = make(chan *diskBuf, diskBuffers)
+		for range min(diskBuffers, ndisk) {
+			hs.bufs <- &diskBuf{m: offload.AlignedBytes(maxDisk), v: offload.AlignedBytes(maxDisk)}
+		}
+		hs.ahead = make(chan int, len(m.Layers))
+		go hs.readAhead(hs.ahead)
 	}
 	req := hostRequests(m, o, slots)
 	slabs, at := packSlabs(req)
@@ -168,6 +222,23 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 	for i, l := range m.Layers {
 		h := &hs.host[i]
 		np := int64(l.NumParams())
+		h.done, h.stored = make(chan struct{}), make(chan struct{})
+		close(h.done)
+		close(h.stored)
+		cb := np * int64(m.DType.Size())
+		if hs.tier[i] == offload.TierDevice {
+			// Everything on the device, in the executor's persistent
+			// blocks: recorded there.
+			for _, e := range []struct {
+				cl offload.Class
+				n  int64
+			}{{offload.Weights, cb}, {offload.Master, 4 * np}, {offload.Grads, cb}, {offload.AdamM, 4 * np}, {offload.AdamV, 4 * np}} {
+				if err = table.Add(offload.Key{Layer: i, Class: e.cl}, e.n, offload.TierDevice); err != nil {
+					return hs, err
+				}
+			}
+			continue
+		}
 		h.master = take()
 		h.weights = h.master
 		if m.DType != kernels.F32 || o.DelayedUpdate {
@@ -177,9 +248,8 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 		if o.DelayedUpdate {
 			h.spareW, h.spareG = take(), take()
 		}
-		optTier := offload.TierHost
-		if hs.disk != nil {
-			optTier = offload.TierDisk
+		optTier := hs.tier[i]
+		if optTier == offload.TierDisk {
 			for _, cl := range []offload.Class{offload.AdamM, offload.AdamV} {
 				if err = hs.disk.Create(offload.Key{Layer: i, Class: cl}, 4*np); err != nil {
 					return hs, err
@@ -188,9 +258,6 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 		} else {
 			h.m, h.v = take(), take()
 		}
-		h.done = make(chan struct{})
-		close(h.done)
-		cb := np * int64(m.DType.Size())
 		// The residency table records every class of the layer; the
 		// executor moves the weights, gradients and activations.
 		for _, e := range []struct {
@@ -315,10 +382,17 @@ func (hs *hostState) close() {
 		if hs.host[i].done != nil {
 			<-hs.host[i].done
 		}
+		if hs.host[i].stored != nil {
+			<-hs.host[i].stored
+		}
 	}
 	if hs.work != nil {
 		close(hs.work)
 		hs.work = nil
+	}
+	if hs.ahead != nil {
+		close(hs.ahead)
+		hs.ahead = nil
 	}
 	if hs.disk != nil {
 		_ = hs.disk.Close()
@@ -354,6 +428,9 @@ func (hs *hostState) recErr(err error) {
 // last update is done (except with DelayedUpdate, whose update runs
 // during this step and writes the other buffer).
 func (hs *hostState) Weights(ctx context.Context, l int) ([]byte, error) {
+	if hs.tier[l] == offload.TierDevice {
+		return nil, fmt.Errorf("engine: layer %s is updated on the device: its weights have no host copy", hs.m.Layers[l].Name())
+	}
 	if !hs.opts.DelayedUpdate {
 		if err := hs.waitLayer(ctx, l); err != nil {
 			return nil, err
@@ -375,12 +452,18 @@ func (hs *hostState) GradsOut(l int, ev kernels.Event) {
 	}
 }
 
-// waitUpdates waits for every layer's update.
+// waitUpdates waits for every layer's update and for the disk tier's
+// write-backs.
 func (hs *hostState) waitUpdates() error {
 	var errs []error
 	for i := range hs.host {
 		if err := hs.waitLayer(context.Background(), i); err != nil {
 			errs = append(errs, err)
+		}
+		h := &hs.host[i]
+		<-h.stored
+		if h.storeErr != nil && !errors.Is(h.err, h.storeErr) {
+			errs = append(errs, h.storeErr)
 		}
 	}
 	return errors.Join(errs...)
@@ -413,6 +496,9 @@ func (hs *hostState) waitLayer(ctx context.Context, i int) error {
 // writes the spare weights buffer and the next evictions land in the
 // spare gradients buffer.
 func (hs *hostState) launchUpdate(ctx context.Context, i int, hp kernels.AdamWParams, eager bool) {
+	if hs.tier[i] == offload.TierDevice {
+		return // updateDevice
+	}
 	h := &hs.host[i]
 	<-h.done
 	grads, out := h.grads, h.weights
@@ -428,22 +514,35 @@ func (hs *hostState) launchUpdate(ctx context.Context, i int, hp kernels.AdamWPa
 	h.done, h.err, h.nonFinite = done, nil, false
 	// The update writes the master, the moments and (in place, or with
 	// DelayedUpdate once waitLayer swaps the buffers) the weights on the
-	// host: any device copy of the weights is stale.
-	for _, cl := range []offload.Class{offload.Weights, offload.Master, offload.AdamM, offload.AdamV} {
+	// host: any device copy of the weights is stale. Moments on disk are
+	// the disk pipeline's to record (their last write-back may still be
+	// in flight).
+	classes := []offload.Class{offload.Weights, offload.Master, offload.AdamM, offload.AdamV}
+	if hs.tier[i] == offload.TierDisk {
+		classes = classes[:2]
+	}
+	for _, cl := range classes {
 		k := offload.Key{Layer: i, Class: cl}
 		if r, _ := hs.table.Get(k); r.Valid.Has(offload.TierHost) {
 			hs.recErr(hs.table.Modified(k, offload.TierHost))
 		}
 	}
 	gradEv := h.gradEv
+	if hs.tier[i] == offload.TierDisk {
+		// Read the moments ahead, while the updates queued before run.
+		h.loaded = make(chan struct{})
+		hs.ahead <- i
+	}
 	hs.work <- func() {
 		defer close(done)
 		if eager && gradEv != nil {
 			if h.err = gradEv.Synchronize(ctx); h.err != nil {
+				hs.skipLoaded(i)
 				return
 			}
 			if !offload.HostFinite(grads, hs.m.DType) {
 				h.nonFinite = true
+				hs.skipLoaded(i)
 				return
 			}
 		}
@@ -455,29 +554,21 @@ func (hs *hostState) launchUpdate(ctx context.Context, i int, hp kernels.AdamWPa
 
 // updateLayer is AdamW on layer i's host state with gradients grads,
 // writing the compute-dtype weights to out (nil: the master is the
-// compute copy).
+// compute copy). A layer on the disk tier updates the moments its
+// read-ahead loaded and queues their write-back.
 func (hs *hostState) updateLayer(ctx context.Context, i int, hp kernels.AdamWParams, grads, out []byte) error {
 	h := &hs.host[i]
 	l := hs.m.Layers[i]
 	dt := hs.m.DType
 	mb, vb := h.m, h.v
-	t := hs.table
 	np := int64(l.NumParams())
-	km, kv := offload.Key{Layer: i, Class: offload.AdamM}, offload.Key{Layer: i, Class: offload.AdamV}
-	if hs.disk != nil {
-		// Updates run one at a time: one pair of buffers serves them all.
-		if int64(len(hs.diskM)) < 4*np {
-			hs.diskM, hs.diskV = offload.NewF32Bytes(4*np), offload.NewF32Bytes(4*np)
+	if hs.tier[i] == offload.TierDisk {
+		<-h.loaded
+		if h.loadErr != nil {
+			hs.releaseLoaded(i)
+			return fmt.Errorf("engine: host optimizer, layer %s: %w", l.Name(), h.loadErr)
 		}
-		mb, vb = hs.diskM[:4*np], hs.diskV[:4*np]
-		hs.recErr(errors.Join(t.BeginCopy(km, offload.TierDisk, offload.TierHost), t.BeginCopy(kv, offload.TierDisk, offload.TierHost)))
-		err := errors.Join(hs.disk.Load(ctx, km, mb).Wait(ctx), hs.disk.Load(ctx, kv, vb).Wait(ctx))
-		if err != nil {
-			hs.recErr(errors.Join(t.AbortCopy(km), t.AbortCopy(kv)))
-			return fmt.Errorf("engine: host optimizer, layer %s: %w", l.Name(), err)
-		}
-		hs.countDisk(8 * np)
-		hs.recErr(errors.Join(t.EndCopy(km), t.EndCopy(kv)))
+		mb, vb = h.buf.m[:4*np], h.buf.v[:4*np]
 	}
 	master, m, v := offload.F32s(h.master), offload.F32s(mb), offload.F32s(vb)
 	es := int(dt.Size())
@@ -492,30 +583,122 @@ func (hs *hostState) updateLayer(ctx context.Context, i int, hp kernels.AdamWPar
 			o = out[lo*es : hi*es]
 		}
 		if err := offload.HostAdamW(master[lo:hi], grads[lo*es:hi*es], dt, m[lo:hi], v[lo:hi], o, dt, p); err != nil {
+			if hs.tier[i] == offload.TierDisk {
+				hs.releaseLoaded(i)
+			}
 			return err
 		}
 	}
-	if hs.disk != nil {
-		// Written on the host, stored back, and the host copy freed.
-		for _, k := range []offload.Key{km, kv} {
-			hs.recErr(errors.Join(t.Modified(k, offload.TierHost), t.BeginCopy(k, offload.TierHost, offload.TierDisk)))
+	if hs.tier[i] == offload.TierDisk {
+		hs.writeBack(ctx, i)
+	}
+	return nil
+}
+
+// readAhead is the disk tier's reader: for each layer queued, in the
+// order the updates are queued, it takes a free buffer (at most
+// diskBuffers layers' moments are in host memory), waits for the layer's
+// last write-back, and loads the moments, so that the next layers' reads
+// overlap the current update.
+func (hs *hostState) readAhead(ahead <-chan int) {
+	for i := range ahead {
+		h := &hs.host[i]
+		h.buf, h.loadErr = nil, nil
+		<-h.stored
+		hs.diskMu.Lock()
+		h.loadErr = hs.diskErr
+		hs.diskMu.Unlock()
+		if h.loadErr != nil {
+			// A write-back failed: the files are not to be trusted (the
+			// run stops; the last checkpoint is intact).
+			close(h.loaded)
+			continue
 		}
-		err := errors.Join(hs.diskStore(ctx, km, mb), hs.diskStore(ctx, kv, vb))
+		h.buf = <-hs.bufs
+		np := int64(hs.m.Layers[i].NumParams())
+		m, v := h.buf.m[:4*np], h.buf.v[:4*np]
+		km, kv := offload.Key{Layer: i, Class: offload.AdamM}, offload.Key{Layer: i, Class: offload.AdamV}
+		t := hs.table
+		hs.recErr(errors.Join(t.BeginCopy(km, offload.TierDisk, offload.TierHost), t.BeginCopy(kv, offload.TierDisk, offload.TierHost)))
+		ctx := context.Background()
+		end := hs.rec.Begin("disk", stream.Optimizer, "read "+hs.m.Layers[i].Name())
+		h.loadErr = errors.Join(hs.disk.Load(ctx, km, m).Wait(ctx), hs.disk.Load(ctx, kv, v).Wait(ctx))
+		end()
+		if h.loadErr != nil {
+			hs.recErr(errors.Join(t.AbortCopy(km), t.AbortCopy(kv)))
+		} else {
+			hs.countDisk(8 * np)
+			hs.recErr(errors.Join(t.EndCopy(km), t.EndCopy(kv)))
+		}
+		close(h.loaded)
+	}
+}
+
+// skipLoaded drops the moments read ahead for an update that does not
+// run (the moments on disk are unchanged).
+func (hs *hostState) skipLoaded(i int) {
+	if hs.tier[i] != offload.TierDisk {
+		return
+	}
+	<-hs.host[i].loaded
+	if hs.host[i].loadErr == nil {
+		km, kv := offload.Key{Layer: i, Class: offload.AdamM}, offload.Key{Layer: i, Class: offload.AdamV}
+		hs.recErr(errors.Join(hs.table.Evict(km, offload.TierHost), hs.table.Evict(kv, offload.TierHost)))
+	}
+	hs.releaseLoaded(i)
+}
+
+// releaseLoaded returns layer i's read-ahead buffer to the pool.
+func (hs *hostState) releaseLoaded(i int) {
+	h := &hs.host[i]
+	if h.buf != nil {
+		hs.bufs <- h.buf
+		h.buf = nil
+	}
+}
+
+// writeBack queues the store of layer i's updated moments to the disk
+// tier and returns: their buffer goes back to the pool, and the table
+// records them on disk only, once both writes have landed. A failed write
+// is the layer's storeErr (reported by waitUpdates and by the layer's
+// next update) and poisons the tier's files for every later read.
+func (hs *hostState) writeBack(ctx context.Context, i int) {
+	h := &hs.host[i]
+	np := int64(hs.m.Layers[i].NumParams())
+	buf := h.buf
+	h.buf = nil
+	km, kv := offload.Key{Layer: i, Class: offload.AdamM}, offload.Key{Layer: i, Class: offload.AdamV}
+	t := hs.table
+	for _, k := range []offload.Key{km, kv} {
+		hs.recErr(errors.Join(t.Modified(k, offload.TierHost), t.BeginCopy(k, offload.TierHost, offload.TierDisk)))
+	}
+	stored := make(chan struct{})
+	h.stored, h.storeErr = stored, nil
+	om, ov := hs.diskStore(ctx, km, buf.m[:4*np]), hs.diskStore(ctx, kv, buf.v[:4*np])
+	go func() {
+		defer close(stored)
+		err := errors.Join(om.Wait(context.Background()), ov.Wait(context.Background()))
 		for _, k := range []offload.Key{km, kv} {
 			if err != nil {
-				// The files may be torn: the host copy, dropped with mb
-				// and vb, was the only good one.
+				// The file may be torn, and the host copy goes back to
+				// the pool: the layer's moments are lost to this run.
 				hs.recErr(t.AbortCopy(k))
 				continue
 			}
 			hs.recErr(errors.Join(t.EndCopy(k), t.Evict(k, offload.TierHost)))
 		}
+		hs.bufs <- buf
 		if err != nil {
-			return fmt.Errorf("engine: host optimizer, layer %s: %w", l.Name(), err)
+			h.storeErr = fmt.Errorf("engine: host optimizer, layer %s: writing back its moments: %w", hs.m.Layers[i].Name(), err)
+			hs.diskMu.Lock()
+			if hs.diskErr == nil {
+				hs.diskErr = h.storeErr
+			}
+			hs.diskMu.Unlock()
+			return
 		}
 		hs.countDisk(8 * np)
-	}
-	return nil
+	}()
 }
 
 func (hs *hostState) countDisk(n int64) {
@@ -531,15 +714,15 @@ func (hs *hostState) diskBytes() int64 {
 	return hs.diskRW
 }
 
-// diskStore writes an optimizer file of the disk tier (through storeHook
-// when a test sets one).
-func (hs *hostState) diskStore(ctx context.Context, k offload.Key, b []byte) error {
+// diskStore starts writing an optimizer file of the disk tier (through
+// storeHook when a test sets one).
+func (hs *hostState) diskStore(ctx context.Context, k offload.Key, b []byte) *offload.Op {
 	if hs.storeHook != nil {
 		if err := hs.storeHook(k); err != nil {
-			return err
+			return offload.FailedOp(err)
 		}
 	}
-	return hs.disk.Store(ctx, k, b).Wait(ctx)
+	return hs.disk.Store(ctx, k, b)
 }
 
 // setMaster stores layer i's fp32 master weights (and the compute copy,
@@ -547,6 +730,9 @@ func (hs *hostState) diskStore(ctx context.Context, k offload.Key, b []byte) err
 func (hs *hostState) setMaster(i int, fill func(master []float32)) error {
 	if err := hs.waitLayer(context.Background(), i); err != nil {
 		return err
+	}
+	if hs.tier[i] == offload.TierDevice {
+		return hs.setDeviceMaster(i, fill)
 	}
 	h := &hs.host[i]
 	fill(offload.F32s(h.master))
@@ -588,9 +774,12 @@ func (hs *hostState) optim(ctx context.Context, i int) (master, m, v []byte, err
 	if err := hs.waitUpdates(); err != nil {
 		return nil, nil, nil, err
 	}
+	if hs.tier[i] == offload.TierDevice {
+		return hs.deviceOptim(ctx, i)
+	}
 	h := &hs.host[i]
 	master = append([]byte(nil), h.master...)
-	if hs.disk == nil {
+	if hs.tier[i] == offload.TierHost {
 		return master, append([]byte(nil), h.m...), append([]byte(nil), h.v...), nil
 	}
 	m, v = offload.NewF32Bytes(int64(len(master))), offload.NewF32Bytes(int64(len(master)))
@@ -604,8 +793,11 @@ func (hs *hostState) setOptim(ctx context.Context, i int, m, v []byte) error {
 	if err := hs.waitUpdates(); err != nil {
 		return err
 	}
+	if hs.tier[i] == offload.TierDevice {
+		return hs.setDeviceOptim(ctx, i, m, v)
+	}
 	h := &hs.host[i]
-	if hs.disk == nil {
+	if hs.tier[i] == offload.TierHost {
 		copy(h.m, m)
 		copy(h.v, v)
 		return nil

@@ -7,9 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
+	"unsafe"
 
-	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/spill-ml/spill/kernels"
@@ -22,15 +24,41 @@ type DiskConfig struct {
 	Dir string
 	// Budget is the most bytes the tier's files may take. Required.
 	Budget int64
-	// Workers bounds the reads and writes in flight. Default 4.
+	// Workers bounds the requests in flight (the drive's queue depth the
+	// tier uses). Default 4.
 	Workers int
+	// Chunk is the size of one request: a Store or Load is split into
+	// requests of Chunk bytes (rounded up to DiskAlign) that the workers
+	// run in parallel. Default 8 MiB.
+	Chunk int64
 }
 
-// Disk keeps tensors (optimizer state, master weights) in memory-mapped
-// files, one per Key, and reads and writes them with a bounded set of
-// asynchronous workers. Space is reserved when a file is created
-// (fallocate on Linux), so a full disk is an error from Create, never a
-// crash while writing through the mapping.
+// DiskAlign is the alignment of direct (O_DIRECT) requests: offsets,
+// lengths and buffer addresses that are multiples of it bypass the page
+// cache (AlignedBytes gives such buffers).
+const DiskAlign = 4096
+
+// AlignedBytes returns n bytes of Go memory whose first byte is aligned
+// to DiskAlign, so that the disk tier reads and writes them directly.
+func AlignedBytes(n int64) []byte {
+	b := NewF32Bytes(n + DiskAlign)
+	off := int64(0)
+	if r := int64(uintptr(unsafe.Pointer(unsafe.SliceData(b))) % DiskAlign); r != 0 {
+		off = DiskAlign - r
+	}
+	return b[off : off+n : off+n]
+}
+
+// Disk keeps tensors (optimizer state) in files, one per Key, and reads
+// and writes them with a bounded set of asynchronous workers, in large
+// requests: each Store or Load is split into Chunk-sized requests that run
+// in parallel. Where the file system allows it, requests whose offset,
+// length and buffer are aligned to DiskAlign go around the page cache
+// (O_DIRECT), at the drive's speed and without growing the page cache by
+// the tier's size; the rest (an unaligned tail, a file system without
+// direct I/O such as tmpfs) use ordinary reads and writes. Space is
+// reserved when a file is created (fallocate on Linux), so a full disk is
+// an error from Create rather than from a write in the middle of a run.
 //
 // All methods are safe for concurrent use. Concurrent Store and Load of
 // the same key are not ordered with each other: the caller orders them
@@ -38,7 +66,10 @@ type DiskConfig struct {
 type Disk struct {
 	cfg    DiskConfig
 	budget *semaphore.Weighted
-	g      errgroup.Group
+	// workers bounds the requests in flight; ops counts the Stores and
+	// Loads not finished (Close waits for them).
+	workers *semaphore.Weighted
+	ops     sync.WaitGroup
 	// hooks for tests
 	open     func(name string) (*os.File, error)
 	allocate func(f *os.File, n int64) error
@@ -55,7 +86,9 @@ type diskFile struct {
 	path string
 	size int64
 	f    *os.File
-	m    []byte // the mapping, or nil where files are not mapped
+	// direct is the file opened for direct I/O, or nil where the file
+	// system does not support it (or a direct request failed with EINVAL).
+	direct atomic.Pointer[os.File]
 }
 
 // OpenDisk prepares the directory and returns the tier.
@@ -66,14 +99,18 @@ func OpenDisk(cfg DiskConfig) (*Disk, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 4
 	}
+	if cfg.Chunk <= 0 {
+		cfg.Chunk = 8 << 20
+	}
+	cfg.Chunk = (cfg.Chunk + DiskAlign - 1) &^ (DiskAlign - 1)
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("offload: disk tier: %w%s", err, diskHint(err))
 	}
-	d := &Disk{cfg: cfg, budget: semaphore.NewWeighted(cfg.Budget), allocate: allocateFile}
+	d := &Disk{cfg: cfg, budget: semaphore.NewWeighted(cfg.Budget), workers: semaphore.NewWeighted(int64(cfg.Workers)),
+		allocate: allocateFile}
 	d.open = func(name string) (*os.File, error) {
 		return os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	}
-	d.g.SetLimit(cfg.Workers)
 	d.mu.files = map[Key]*diskFile{}
 	return d, nil
 }
@@ -141,15 +178,17 @@ func (d *Disk) createFile(k Key, n int64) (*diskFile, error) {
 		df.close(true)
 		return nil, fmt.Errorf("offload: disk tier: reserving %s for %s: %w%s", kernels.FormatBytes(n), p, err, diskHint(err))
 	}
-	if err := df.mapFile(); err != nil {
-		df.close(true)
-		return nil, fmt.Errorf("offload: disk tier: mapping %s: %w", p, err)
+	if f, err := openDirect(p); err == nil {
+		df.direct.Store(f)
 	}
 	return df, nil
 }
 
 func (df *diskFile) close(remove bool) error {
-	err := df.unmap()
+	var err error
+	if f := df.direct.Swap(nil); f != nil {
+		err = f.Close()
+	}
 	if cerr := df.f.Close(); err == nil {
 		err = cerr
 	}
@@ -201,29 +240,95 @@ func (o *Op) Done() bool {
 	}
 }
 
+// FailedOp is an Op that has finished with err: for a caller that fails
+// a request before it reaches the tier.
+func FailedOp(err error) *Op { return failed(err) }
+
 func failed(err error) *Op {
 	o := &Op{done: make(chan struct{}), err: err}
 	close(o.done)
 	return o
 }
 
-// submit runs fn on a worker. It blocks while all workers are busy
-// (backpressure) or until ctx is done.
-func (d *Disk) submit(ctx context.Context, fn func() error) *Op {
+// io runs a Store (write) or Load of buf, the whole file df, as requests
+// of at most Chunk bytes on the workers, and returns at once.
+func (d *Disk) io(ctx context.Context, df *diskFile, buf []byte, write bool) *Op {
 	if err := ctx.Err(); err != nil {
 		return failed(err)
 	}
 	o := &Op{done: make(chan struct{})}
-	d.g.Go(func() error {
+	d.ops.Add(1)
+	go func() {
+		defer d.ops.Done()
 		defer close(o.done)
-		if err := ctx.Err(); err != nil {
-			o.err = err
-			return nil
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		setErr := func(err error) {
+			mu.Lock()
+			if o.err == nil {
+				o.err = err
+			}
+			mu.Unlock()
 		}
-		o.err = fn()
-		return nil // errors belong to the Op, not to the tier
-	})
+		for off := int64(0); off < df.size; off += d.cfg.Chunk {
+			if err := d.workers.Acquire(ctx, 1); err != nil {
+				setErr(err)
+				break
+			}
+			end := min(off+d.cfg.Chunk, df.size)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer d.workers.Release(1)
+				if err := ctx.Err(); err != nil {
+					setErr(err)
+					return
+				}
+				if err := df.request(buf[off:end], off, write); err != nil {
+					op := "reading"
+					if write {
+						op = "writing"
+					}
+					setErr(fmt.Errorf("offload: disk tier: %s %s: %w%s", op, df.path, err, diskHint(err)))
+				}
+			}()
+		}
+		wg.Wait()
+	}()
 	return o
+}
+
+// request reads or writes b at offset off: the aligned part directly
+// when the file allows it, the rest through the page cache.
+func (df *diskFile) request(b []byte, off int64, write bool) error {
+	n := int64(len(b)) &^ (DiskAlign - 1)
+	if f := df.direct.Load(); f != nil && n > 0 && off%DiskAlign == 0 &&
+		uintptr(unsafe.Pointer(unsafe.SliceData(b)))%DiskAlign == 0 {
+		err := rw(f, b[:n], off, write)
+		if errors.Is(err, syscall.EINVAL) {
+			// The file system refuses direct I/O after all: go through
+			// the page cache from now on.
+			df.direct.CompareAndSwap(f, nil)
+			n = 0
+		} else if err != nil {
+			return err
+		}
+		b, off = b[n:], off+n
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	return rw(df.f, b, off, write)
+}
+
+func rw(f *os.File, b []byte, off int64, write bool) error {
+	var err error
+	if write {
+		_, err = f.WriteAt(b, off)
+	} else {
+		_, err = f.ReadAt(b, off)
+	}
+	return err
 }
 
 // Store writes src (exactly the file's size) into k's file asynchronously.
@@ -236,12 +341,7 @@ func (d *Disk) Store(ctx context.Context, k Key, src []byte) *Op {
 	if int64(len(src)) != df.size {
 		return failed(fmt.Errorf("offload: storing %d bytes into %s of %d", len(src), df.path, df.size))
 	}
-	return d.submit(ctx, func() error {
-		if err := df.writeAll(src); err != nil {
-			return fmt.Errorf("offload: disk tier: writing %s: %w%s", df.path, err, diskHint(err))
-		}
-		return nil
-	})
+	return d.io(ctx, df, src, true)
 }
 
 // Load reads k's file into dst (exactly the file's size) asynchronously.
@@ -254,23 +354,7 @@ func (d *Disk) Load(ctx context.Context, k Key, dst []byte) *Op {
 	if int64(len(dst)) != df.size {
 		return failed(fmt.Errorf("offload: loading %s of %d bytes into %d", df.path, df.size, len(dst)))
 	}
-	return d.submit(ctx, func() error {
-		if err := df.readAll(dst); err != nil {
-			return fmt.Errorf("offload: disk tier: reading %s: %w", df.path, err)
-		}
-		return nil
-	})
-}
-
-// Map returns the file's mapping for direct access (a host optimizer that
-// updates master weights in place), or nil where files are not mapped. The
-// slice stops being valid at Remove or Close.
-func (d *Disk) Map(k Key) ([]byte, error) {
-	df, err := d.file(k)
-	if err != nil {
-		return nil, err
-	}
-	return df.m, nil
+	return d.io(ctx, df, dst, false)
 }
 
 // Remove deletes k's file and returns its bytes to the budget. The caller
@@ -300,7 +384,7 @@ func (d *Disk) Used() int64 {
 
 // Close waits for operations in flight and removes every file.
 func (d *Disk) Close() error {
-	d.g.Wait()
+	d.ops.Wait()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.mu.closed = true
@@ -313,4 +397,58 @@ func (d *Disk) Close() error {
 	}
 	d.mu.used = 0
 	return first
+}
+
+// DiskRates are the disk tier's measured throughputs.
+type DiskRates struct {
+	Read, Write float64 // bytes per second
+	// Direct says the requests went around the page cache (O_DIRECT);
+	// otherwise the rates are the page cache's and overstate the drive.
+	Direct bool
+}
+
+// MeasureDisk writes and reads back n bytes in a file under dir with the
+// disk tier's own requests (the default chunk and workers) and returns
+// the rates; the write is timed until the data is on the drive (fsync).
+// It removes what it wrote.
+func MeasureDisk(ctx context.Context, dir string, n int64) (DiskRates, error) {
+	sub, err := os.MkdirTemp(dir, "spill-disk-test-")
+	if err != nil && os.MkdirAll(dir, 0o755) == nil {
+		sub, err = os.MkdirTemp(dir, "spill-disk-test-")
+	}
+	if err != nil {
+		return DiskRates{}, fmt.Errorf("offload: disk test: %w%s", err, diskHint(err))
+	}
+	defer os.RemoveAll(sub)
+	d, err := OpenDisk(DiskConfig{Dir: sub, Budget: n})
+	if err != nil {
+		return DiskRates{}, err
+	}
+	defer d.Close()
+	k := Key{Layer: 0, Class: AdamM}
+	if err := d.Create(k, n); err != nil {
+		return DiskRates{}, err
+	}
+	b := AlignedBytes(n)
+	for i := range b {
+		b[i] = byte(i * 131)
+	}
+	df, err := d.file(k)
+	if err != nil {
+		return DiskRates{}, err
+	}
+	start := time.Now()
+	if err := d.Store(ctx, k, b).Wait(ctx); err != nil {
+		return DiskRates{}, err
+	}
+	if err := df.f.Sync(); err != nil {
+		return DiskRates{}, fmt.Errorf("offload: disk test: sync: %w", err)
+	}
+	w := time.Since(start).Seconds()
+	start = time.Now()
+	if err := d.Load(ctx, k, b).Wait(ctx); err != nil {
+		return DiskRates{}, err
+	}
+	r := time.Since(start).Seconds()
+	return DiskRates{Read: float64(n) / max(r, 1e-9), Write: float64(n) / max(w, 1e-9), Direct: df.direct.Load() != nil}, nil
 }

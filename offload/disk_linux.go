@@ -21,26 +21,11 @@ func allocateFile(f *os.File, n int64) error {
 	return err
 }
 
-func (df *diskFile) mapFile() error {
-	m, err := unix.Mmap(int(df.f.Fd()), 0, int(df.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return err
-	}
-	df.m = m
-	return nil
+// openDirect opens path for direct I/O (O_DIRECT), bypassing the page
+// cache; it fails where the file system does not support it.
+func openDirect(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_RDWR|unix.O_DIRECT, 0)
 }
-
-func (df *diskFile) unmap() error {
-	if df.m == nil {
-		return nil
-	}
-	err := unix.Munmap(df.m)
-	df.m = nil
-	return err
-}
-
-func (df *diskFile) writeAll(src []byte) error { copy(df.m, src); return nil }
-func (df *diskFile) readAll(dst []byte) error  { copy(dst, df.m); return nil }
 
 // DiskFree is the space available to unprivileged users in the file
 // system holding dir.

@@ -10,13 +10,9 @@ import (
 // allocateFile sizes f; elsewhere than Linux space is not reserved.
 func allocateFile(f *os.File, n int64) error { return f.Truncate(n) }
 
-// Files are not mapped elsewhere than Linux: reads and writes use pread
-// and pwrite.
-func (df *diskFile) mapFile() error { return nil }
-func (df *diskFile) unmap() error   { return nil }
-
-func (df *diskFile) writeAll(src []byte) error { _, err := df.f.WriteAt(src, 0); return err }
-func (df *diskFile) readAll(dst []byte) error  { _, err := df.f.ReadAt(dst, 0); return err }
+// openDirect: no direct I/O elsewhere than Linux; requests use pread and
+// pwrite through the page cache.
+func openDirect(string) (*os.File, error) { return nil, errors.New("offload: no direct I/O") }
 
 // DiskFree is not implemented elsewhere than Linux.
 func DiskFree(dir string) (int64, error) {

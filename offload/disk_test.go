@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
 )
 
 func TestDiskRoundTrip(t *testing.T) {
@@ -132,4 +133,67 @@ func TestDiskFull(t *testing.T) {
 	if _, err := OpenDisk(DiskConfig{Dir: filepath.Join(f, "sub"), Budget: 1}); err == nil || !strings.Contains(err.Error(), f) {
 		t.Fatalf("OpenDisk under a file: %v", err)
 	}
+}
+
+// TestDiskChunkedRequests: a Store or Load larger than a chunk runs as
+// many requests, in parallel, aligned ones directly where the file system
+// allows it, and reads back what was written whatever the buffer's
+// alignment and the file's size.
+func TestDiskChunkedRequests(t *testing.T) {
+	dir := t.TempDir()
+	d, err := OpenDisk(DiskConfig{Dir: dir, Budget: 4 * MiB, Workers: 3, Chunk: 3 * DiskAlign})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	for i, n := range []int64{100*KiB + 123, 5 * DiskAlign, 17} {
+		k := Key{Layer: i, Class: AdamM}
+		if err := d.Create(k, n); err != nil {
+			t.Fatal(err)
+		}
+		for _, aligned := range []bool{true, false} {
+			src := AlignedBytes(n + 1)
+			if !aligned {
+				src = src[1:]
+			} else {
+				src = src[:n]
+			}
+			for j := range src {
+				src[j] = byte(j*7 + i + 1)
+			}
+			if err := d.Store(ctx, k, src).Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			dst := AlignedBytes(n)
+			if err := d.Load(ctx, k, dst).Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(dst, src) {
+				t.Fatalf("%d bytes, aligned buffer %v: read back differs", n, aligned)
+			}
+		}
+		df, _ := d.file(k)
+		t.Logf("%s: direct I/O %v", df.path, df.direct.Load() != nil)
+	}
+	if b := AlignedBytes(10); uintptr(unsafe.Pointer(&b[0]))%DiskAlign != 0 || len(b) != 10 {
+		t.Fatal("AlignedBytes is not aligned")
+	}
+}
+
+// TestMeasureDisk: the disk test writes and reads through the tier and
+// leaves nothing behind.
+func TestMeasureDisk(t *testing.T) {
+	dir := t.TempDir()
+	r, err := MeasureDisk(context.Background(), dir, 4*MiB+100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(r.Read > 0 && r.Write > 0) {
+		t.Fatalf("rates %+v", r)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("the disk test left %d entries", len(ents))
+	}
+	t.Logf("%+v", r)
 }

@@ -38,11 +38,13 @@ func (a ActPolicy) Recomputes() bool { return a == Recompute || a == RecomputeHo
 // MarshalText prints the policy by name in JSON.
 func (a ActPolicy) MarshalText() ([]byte, error) { return []byte(a.String()), nil }
 
-// LayerPlan is one layer's activation policy.
+// LayerPlan is one layer's activation policy and the tier of its
+// optimizer state (fp32 master and Adam moments).
 type LayerPlan struct {
-	Name   string    `json:"name"`
-	Params int64     `json:"params"`
-	Policy ActPolicy `json:"activations"`
+	Name      string    `json:"name"`
+	Params    int64     `json:"params"`
+	Policy    ActPolicy `json:"activations"`
+	Optimizer Tier      `json:"optimizer"`
 }
 
 // TierUse is the predicted peak use of one tier.
@@ -83,10 +85,21 @@ type Placement struct {
 	// holding each class's home copy. Weights not on the device are
 	// streamed PrefetchDepth layers ahead; gradients on the host are sent
 	// layer by layer as backward produces them.
-	Weights       Tier `json:"weights"`
-	Grads         Tier `json:"grads"`
-	Optimizer     Tier `json:"optimizer"`
-	PrefetchDepth int  `json:"prefetch_depth"`
+	//
+	// Optimizer is TierDevice only for the resident trainer (everything
+	// on the device). Out of core, the optimizer state is placed per
+	// layer (Layers[i].Optimizer): OptimizerLayers counts the layers on
+	// the device (their weights and gradients stay there too, and the
+	// device's AdamW updates them), on the host (host AdamW) and on disk
+	// (the moments, read ahead and written back around the host AdamW),
+	// and Optimizer is the lowest of those tiers (disk when any layer's is
+	// there, else host). OptimizerWhy says why the split is what it is.
+	Weights         Tier   `json:"weights"`
+	Grads           Tier   `json:"grads"`
+	Optimizer       Tier   `json:"optimizer"`
+	OptimizerLayers [3]int `json:"optimizer_layers"`
+	OptimizerWhy    string `json:"optimizer_why,omitempty"`
+	PrefetchDepth   int    `json:"prefetch_depth"`
 	// Keep, Offload and Recompute count the layers of each activation
 	// policy; Layers gives each layer's.
 	Keep      int `json:"act_keep"`
@@ -134,7 +147,23 @@ func (p *Placement) Order() string {
 // Summary is the placement in one line.
 func (p *Placement) Summary() string {
 	return fmt.Sprintf("weights on %s, grads on %s, optimizer on %s, micro-batch %d x %d, %s, activations keep %d / offload %d / recompute %d",
-		p.Weights, p.Grads, p.Optimizer, p.MicroBatch, p.Accum, p.Order(), p.Keep, p.Offload, p.Recompute)
+		p.Weights, p.Grads, p.OptimizerSplit(), p.MicroBatch, p.Accum, p.Order(), p.Keep, p.Offload, p.Recompute)
+}
+
+// OptimizerSplit names where the optimizer state lives: one tier, or the
+// layers on each ("device 5 / host 30 / disk 7 layers").
+func (p *Placement) OptimizerSplit() string {
+	n := p.OptimizerLayers
+	var parts []string
+	for i, t := range []Tier{TierDevice, TierHost, TierDisk} {
+		if n[i] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", t, n[i]))
+		}
+	}
+	if len(parts) < 2 {
+		return p.Optimizer.String()
+	}
+	return strings.Join(parts, " / ") + " layers"
 }
 
 // Hint is a one-line summary for budget errors.

@@ -36,12 +36,30 @@ func (p *Placement) WriteTable(w io.Writer) error {
 		}
 	}
 	ot := p.Optimizer.String()
-	if p.Optimizer == TierDevice {
+	switch {
+	case p.OptimizerSplit() != ot:
+		n := p.OptimizerLayers
+		var parts []string
+		for i, t := range []Tier{TierDevice, TierHost, TierDisk} {
+			if n[i] == 0 {
+				continue
+			}
+			how := "AdamW on host"
+			if t == TierDevice {
+				how = "AdamW on device, with their weights and grads"
+			}
+			parts = append(parts, fmt.Sprintf("%s for %d layers (%s)", t, n[i], how))
+		}
+		ot = strings.Join(parts, ", ")
+	case p.Optimizer == TierDevice:
 		ot += " (AdamW on device)"
-	} else {
+	default:
 		ot += " (AdamW on host)"
 	}
 	fmt.Fprintf(&b, "  %-14s %s\n  %-14s %s\n  %-14s %s\n", "weights", wt, "grads", gt, "master+adam", ot)
+	if p.OptimizerWhy != "" {
+		fmt.Fprintf(&b, "  %-14s %s\n", "", p.OptimizerWhy)
+	}
 	ckpt := ""
 	if p.CheckpointsOnHost && p.Recompute > 0 {
 		ckpt = " (checkpoints on the host)"
@@ -95,7 +113,7 @@ func (p *Placement) WriteTable(w io.Writer) error {
 	b.WriteString("layers\n")
 	for i := 0; i < len(p.Layers); {
 		j := i
-		for j+1 < len(p.Layers) && p.Layers[j+1].Policy == p.Layers[i].Policy &&
+		for j+1 < len(p.Layers) && p.Layers[j+1].Policy == p.Layers[i].Policy && p.Layers[j+1].Optimizer == p.Layers[i].Optimizer &&
 			strings.HasPrefix(p.Layers[j+1].Name, "block ") && strings.HasPrefix(p.Layers[i].Name, "block ") {
 			j++
 		}
@@ -103,7 +121,7 @@ func (p *Placement) WriteTable(w io.Writer) error {
 		if j > i {
 			name += " - " + strings.TrimPrefix(p.Layers[j].Name, "block ")
 		}
-		fmt.Fprintf(&b, "  %-21s %s\n", name, p.Layers[i].Policy)
+		fmt.Fprintf(&b, "  %-21s %-15s optimizer on %s\n", name, p.Layers[i].Policy, p.Layers[i].Optimizer)
 		i = j + 1
 	}
 	_, err := io.WriteString(w, b.String())

@@ -23,7 +23,9 @@ const doctorUsage = `Usage: spill doctor [flags]
 
 Opens the CUDA backend and reports the device, its memory, the driver and
 CUDA versions, the measured host<->device copy bandwidth from pinned memory
-(each way and both at once) and the bf16 GEMM rate. It exits 1 when spill
+(each way and both at once), the bf16 GEMM rate, the host AdamW rate and
+the disk tier's read and write rates (--disk-dir; the planner uses them
+for optimizer state on disk). It exits 1 when spill
 was built without CUDA (build with -tags cuda, see tools/cuda/env.sh) or no
 GPU can be opened.
 
@@ -37,14 +39,16 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	gemm := fs.Int("gemm", 8192, "size n of the n×n×n bf16 GEMM")
 	hostM := fs.Int("host-params", 64, "millions of parameters in the host optimizer test (0: skip it)")
 	jsonOut := fs.String("json", "", "also write the measured rates as a hardware profile for spill plan --hardware")
+	diskDir := fs.String("disk-dir", "", "directory of the disk tier to measure (default: spill/offload in the user cache directory)")
+	diskMiB := fs.Int("disk-mib", 1024, "MiB written and read back by the disk tier test (0: skip it)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usagef("doctor takes no arguments (got %q)", fs.Args())
 	}
-	if *mib <= 0 || *gemm <= 0 || *hostM < 0 {
-		return usagef("--mib and --gemm must be positive, --host-params not negative")
+	if *mib <= 0 || *gemm <= 0 || *hostM < 0 || *diskMiB < 0 {
+		return usagef("--mib and --gemm must be positive, --host-params and --disk-mib not negative")
 	}
 	if !slices.Contains(kernels.Backends(), "cuda") {
 		return errors.New("doctor: this spill was built without CUDA support; rebuild with -tags cuda on a machine with the CUDA toolkit (see tools/cuda/env.sh)")
@@ -96,6 +100,23 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if hr.AdamPinned > 0 {
 			hw.HostAdam = hr.AdamPinned
 		}
+	}
+	if *diskMiB > 0 {
+		dir := *diskDir
+		if dir == "" {
+			dir = engine.DefaultDiskDir(&engine.Config{})
+		}
+		dr, err := offload.MeasureDisk(ctx, dir, int64(*diskMiB)<<20)
+		if err != nil {
+			return fmt.Errorf("doctor: disk tier: %w", err)
+		}
+		how := "direct I/O"
+		if !dr.Direct {
+			how = "through the page cache: the rates overstate the drive"
+		}
+		fmt.Fprintf(stdout, "disk tier     %.2f GB/s read, %.2f GB/s write (fsync'd), %s, %d MiB in %s\n",
+			dr.Read/1e9, dr.Write/1e9, how, *diskMiB, dir)
+		hw.DiskRead, hw.DiskWrite = dr.Read, dr.Write
 	}
 	if *jsonOut != "" {
 		return engine.WriteFileAtomic(*jsonOut, func(w io.Writer) error {

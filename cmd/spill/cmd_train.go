@@ -423,7 +423,7 @@ func printTrainSummary(w io.Writer, s *engine.Summary, state string) {
 		mode := "resident"
 		if !p.Resident {
 			mode = fmt.Sprintf("out of core: weights %s, grads %s, optimizer %s, recompute %d, offload %d", pl.Weights, pl.Grads,
-				pl.Optimizer, pl.Recompute, pl.Offload)
+				pl.OptimizerSplit(), pl.Recompute, pl.Offload)
 			if p.Options.DelayedUpdate {
 				mode += ", delayed update"
 			}

@@ -175,6 +175,14 @@ func (e *Executor) Close() {
 	}
 }
 
+// Resident is the persistent block of class c of layer l (nil if no
+// program holds one): what a caller that updates state on the device
+// outside the programs (a device optimizer, checkpoints) works on while
+// the queues are idle or ordered after the programs' work.
+func (e *Executor) Resident(c schedule.Class, l int) *offload.Block {
+	return e.persistent[[2]int{int(c), l}]
+}
+
 // Traffic is the bytes moved so far.
 func (e *Executor) Traffic() Traffic { return Traffic{H2D: e.h2d.Load(), D2H: e.d2h.Load()} }
 

@@ -112,6 +112,13 @@ type Request struct {
 	// Deadline bounds the search: past it, the fastest candidates checked
 	// so far decide (default 2 s).
 	Deadline time.Duration
+	// Optimizer, if not 0, pins every layer's optimizer state to one
+	// tier (device: the resident trainer); 0 lets the planner split it per
+	// layer: on the device for as many of the first layers as the device
+	// has room for after the weights, gradients and activations, on the
+	// host for the next ones while the host budget lasts, on disk for the
+	// rest.
+	Optimizer offload.Tier
 }
 
 // cand is one point of the search space.
@@ -121,14 +128,19 @@ type cand struct {
 	depth    int
 	rec, off int  // recomputable layers recomputed (the first rec) and offloaded (the next off)
 	ckptHost bool // the recomputed layers keep their checkpoints on the host
+	// nDev and nDisk count the layers whose optimizer state is on the
+	// device (the first nDev) and on disk (the last nDisk); the others'
+	// is on the host. Out-of-core candidates only.
+	nDev, nDisk int
 
 	p        *offload.Placement
 	step     float64
 	busy     offload.Busy
 	host     [offload.NumClasses]int64
 	disk     [offload.NumClasses]int64
-	estDev   int64
-	dev      map[offload.Class]int64 // exact, once checked
+	estDev   int64                   // estimated device peak, dev included
+	est0     int64                   // the same with no optimizer state on the device
+	devBy    map[offload.Class]int64 // exact, once checked
 	devPeak  int64
 	fitsHost bool
 }
@@ -183,9 +195,9 @@ type planner struct {
 }
 
 type peakKey struct {
-	w, g                 offload.Tier
-	mb, grp, depth, r, o int
-	ckptHost             bool
+	w, g                      offload.Tier
+	mb, grp, depth, r, o, dev int
+	ckptHost                  bool
 }
 
 type peakVal struct {
@@ -225,7 +237,8 @@ func (pl *planner) shape(mb int) []schedule.Layer {
 			if i == len(pl.m.Layers)-1 {
 				out = 0
 			}
-			s = append(s, schedule.Layer{ParamBytes: l.Params * pl.s, ActBytes: l.ActBytes * int64(mb), OutBytes: out, Tied: l.Tied})
+			s = append(s, schedule.Layer{ParamBytes: l.Params * pl.s, ActBytes: l.ActBytes * int64(mb), OutBytes: out, Tied: l.Tied,
+				MasterBytes: l.Params * pl.masterBytes(), MomentBytes: 4 * l.Params})
 		}
 	}
 	pl.shapes[mb] = s
@@ -261,8 +274,12 @@ func (pl *planner) policies(c *cand) []offload.ActPolicy {
 
 // Spec is the training program of a placement: what the trainer runs.
 func (pl *planner) spec(c *cand) schedule.Spec {
-	return schedule.Spec{Layers: pl.shape(c.mb), MicroBatches: pl.req.Batch / c.mb, Group: c.grp,
+	s := schedule.Spec{Layers: pl.shape(c.mb), MicroBatches: pl.req.Batch / c.mb, Group: c.grp,
 		Weights: c.w, Grads: c.g, Acts: pl.policies(c), Prefetch: c.depth, Train: true}
+	if c.nDev > 0 {
+		s.Optimizer = pl.optTiers(c)
+	}
+	return s
 }
 
 // devicePeak is the exact device memory of c by class.
@@ -293,7 +310,7 @@ func (pl *planner) devicePeak(c *cand) (int64, map[offload.Class]int64, error) {
 		}
 		return n, by, nil
 	}
-	k := peakKey{c.w, c.g, c.mb, c.grp, c.depth, c.rec, c.off, c.ckptHost}
+	k := peakKey{c.w, c.g, c.mb, c.grp, c.depth, c.rec, c.off, c.nDev, c.ckptHost}
 	if v, ok := pl.peakCache[k]; ok {
 		return v.peak, v.by, v.err
 	}
@@ -320,15 +337,24 @@ func (pl *planner) devicePeak(c *cand) (int64, map[offload.Class]int64, error) {
 }
 
 // HostState is the host memory an out-of-core trainer holds for the
-// layers' state, by class: per layer the fp32 master, the compute-dtype
-// weights fetches read (the master itself in fp32 without a delayed
-// update), the gradients' landing buffer, the Adam moments unless they
-// are on disk, and with a delayed update a second copy of the weights
-// and of the gradients. slots are the host slots of the program
-// (offloaded activations, tied gradients), by class.
-func HostState(params []int64, elem int64, mixed, delayed bool, optimizer offload.Tier, slots map[offload.Class]int64) map[offload.Class]int64 {
+// layers' state, by class: per layer whose optimizer state is not on the
+// device (optimizer[i], nil: all on the host) the fp32 master, the
+// compute-dtype weights fetches read (the master itself in fp32 without a
+// delayed update), the gradients' landing buffer, the Adam moments unless
+// they are on disk, and with a delayed update a second copy of the
+// weights and of the gradients; nothing for a layer updated on the
+// device. slots are the host slots of the program (offloaded activations,
+// tied gradients), by class.
+func HostState(params []int64, elem int64, mixed, delayed bool, optimizer []offload.Tier, slots map[offload.Class]int64) map[offload.Class]int64 {
 	by := map[offload.Class]int64{}
-	for _, np := range params {
+	for i, np := range params {
+		tier := offload.TierHost
+		if optimizer != nil {
+			tier = optimizer[i]
+		}
+		if tier == offload.TierDevice {
+			continue
+		}
 		cb := np * elem
 		by[offload.Master] += 4 * np
 		if mixed || delayed {
@@ -339,7 +365,7 @@ func HostState(params []int64, elem int64, mixed, delayed bool, optimizer offloa
 			by[offload.Weights] += cb
 			by[offload.Grads] += cb
 		}
-		if optimizer != offload.TierDisk {
+		if tier != offload.TierDisk {
 			by[offload.AdamM] += 4 * np
 			by[offload.AdamV] += 4 * np
 		}
@@ -369,12 +395,17 @@ func SlotBytes(p *schedule.Program) map[offload.Class]int64 {
 	return by
 }
 
-// hostDisk fills c's host and disk bytes by class.
+// hostDisk fills c's host and disk bytes by class. With the optimizer on
+// disk it first chooses nDisk: as few of the last layers as make the host
+// fit its budget (all that are not on the device when even that is not
+// enough, or when the optimizer is pinned to disk).
 func (pl *planner) hostDisk(c *cand) {
+	c.host, c.disk = [offload.NumClasses]int64{}, [offload.NumClasses]int64{}
 	if c.o == offload.TierDevice {
 		return
 	}
-	params := make([]int64, len(pl.m.Layers))
+	n := len(pl.m.Layers)
+	params := make([]int64, n)
 	for i, l := range pl.m.Layers {
 		params[i] = l.Params
 	}
@@ -398,12 +429,29 @@ func (pl *planner) hostDisk(c *cand) {
 			}
 		}
 	}
-	by := HostState(params, pl.s, pl.m.Precision.Mixed(), pl.req.DelayedUpdate, c.o, slots)
-	for cl, n := range by {
-		c.host[cl] = n
-	}
+	c.nDisk = 0
+	by := HostState(params, pl.s, pl.m.Precision.Mixed(), pl.req.DelayedUpdate, pl.optTiers(c), slots)
 	if c.o == offload.TierDisk {
-		c.disk[offload.AdamM], c.disk[offload.AdamV] = 4*pl.P, 4*pl.P
+		var total int64
+		for _, v := range by {
+			total += v
+		}
+		over := total + pl.hw.HostReserve - pl.req.Budgets.Host
+		if pl.req.Optimizer == offload.TierDisk {
+			over = 1 << 62
+		}
+		for c.nDisk < n-c.nDev && over > 0 {
+			np := params[n-1-c.nDisk]
+			over -= 8 * np
+			by[offload.AdamM] -= 4 * np
+			by[offload.AdamV] -= 4 * np
+			c.disk[offload.AdamM] += 4 * np
+			c.disk[offload.AdamV] += 4 * np
+			c.nDisk++
+		}
+	}
+	for cl, v := range by {
+		c.host[cl] = v
 	}
 }
 
@@ -449,7 +497,7 @@ func (pl *planner) estimate(c *cand) int64 {
 	} else {
 		n += 2 * w
 	}
-	return n + pl.fixed(c.mb, pl.req.Batch/c.mb)
+	return n + pl.fixed(c.mb, pl.req.Batch/c.mb) + pl.devAddAll(c)
 }
 
 func indexOf(s []int, v int) int {
@@ -474,6 +522,14 @@ func (pl *planner) timeOf(c *cand) {
 	rate := peak * hw.Efficiency * tok / (tok + hw.HalfEfficiencyTokens)
 	tcMB := tok * (3*pl.allFlops + pl.recFlops[c.rec]) / rate
 	compute := float64(A) * tcMB
+	tiers := pl.optTiers(c)
+	// Layers whose optimizer state is on the device keep their weights
+	// and gradients there: only the others' stream.
+	var Pdev float64
+	for i := 0; i < c.nDev; i++ {
+		Pdev += float64(pl.m.Layers[i].Params)
+	}
+	Poff := P - Pdev
 	// Transfers per step.
 	var actOff float64
 	sh := pl.shape(c.mb)
@@ -493,19 +549,19 @@ func (pl *planner) timeOf(c *cand) {
 	d2h := float64(A) * actOff
 	ng := float64(ngroups)
 	if c.w == offload.TierHost {
-		h2d += ng * 2 * s * P
+		h2d += ng * 2 * s * Poff
 	}
 	if c.g == offload.TierHost {
-		d2h += ng * s * P
-		h2d += (ng - 1) * s * P
+		d2h += ng * s * Poff
+		h2d += (ng - 1) * s * Poff
 	}
 	var optH2D, optD2H float64
 	if c.o != offload.TierDevice {
 		if c.g == offload.TierDevice {
-			optD2H = s * P / hw.D2H
+			optD2H = s * Poff / hw.D2H
 		}
 		if c.w == offload.TierDevice {
-			optH2D = s * P / hw.H2D
+			optH2D = s * Poff / hw.H2D
 		}
 	}
 	core := max(compute, h2d/hw.H2D, d2h/hw.D2H, (h2d+d2h)/hw.Duplex)
@@ -514,8 +570,11 @@ func (pl *planner) timeOf(c *cand) {
 		// exceeds its compute by; prefetching d layers ahead hides all but
 		// 1/d of it, once per group and direction.
 		var sumMax, sumF, sumC float64
-		for _, l := range pl.m.Layers {
+		for i, l := range pl.m.Layers {
 			f := float64(l.Params) * s / hw.H2D
+			if i < c.nDev {
+				f = 0
+			}
 			cc := float64(c.grp) * tok * 3 * l.FwdFLOPs / rate
 			sumMax += max(f, cc/3) + max(f, 2*cc/3)
 			sumF += 2 * f
@@ -524,35 +583,104 @@ func (pl *planner) timeOf(c *cand) {
 		core += ng * (sumMax - max(sumF, sumC)) / float64(c.depth)
 	}
 	c.busy = offload.Busy{Compute: compute, H2D: h2d/hw.H2D + optH2D, D2H: d2h/hw.D2H + optD2H}
+	devOpt := func(np float64) float64 { return np * float64(2*(pl.masterBytes()+8)+2*pl.s) / hw.DeviceBandwidth }
 	if c.o == offload.TierDevice {
-		opt := P * float64(2*(pl.masterBytes()+8)+2*pl.s) / hw.DeviceBandwidth
+		opt := devOpt(P)
 		c.busy.Compute += opt
 		c.step = core + opt
 		return
 	}
+	// The device AdamW of the first layers runs on the compute queue
+	// after the backward.
+	dev := devOpt(Pdev)
+	c.busy.Compute += dev
 	// The host optimizer updates one layer after the other, each once its
 	// gradients are final (or, with GlobalNorm, once the step's norm is
-	// known); layer l's next forward waits for layer l's update. A group
-	// of micro-batches gives each layer's update the time of the other
-	// layers' work on that group to hide behind.
-	U := P / hw.HostAdam
-	var disk float64
-	if c.o == offload.TierDisk {
-		st := 8 * P
-		disk = st/hw.DiskRead + st/hw.DiskWrite
+	// known, in layer order); layer l's next forward waits for layer l's
+	// update. Each layer's update takes the host AdamW's time, or the
+	// disk's (its moments read and written, pipelined with the other
+	// layers' updates) or its gradients' and weights' copies when those
+	// are longer.
+	n := len(pl.m.Layers)
+	u := make([]float64, n)
+	var U, disk float64
+	for i, l := range pl.m.Layers {
+		if tiers[i] == offload.TierDevice {
+			continue
+		}
+		np := float64(l.Params)
+		a := np / hw.HostAdam
+		U += a
+		x := a
+		if c.g == offload.TierDevice {
+			x = max(x, s*np/hw.D2H)
+		}
+		if c.w == offload.TierDevice {
+			x = max(x, s*np/hw.H2D)
+		}
+		if tiers[i] == offload.TierDisk {
+			d := 8*np/hw.DiskRead + 8*np/hw.DiskWrite
+			disk += d
+			x = max(x, d)
+		}
+		u[i] = x
 	}
 	c.busy.HostOptimizer, c.busy.Disk = U, disk
-	phase := max(U, disk, optD2H, optH2D)
-	n := float64(len(pl.m.Layers))
-	overlap := float64(min(c.grp, A)) * tcMB * 2 / 3 // the last group's backward
-	if pl.req.GlobalNorm {
-		overlap /= 2 // the first group's forward
-	}
-	exposed := max(phase/n, phase-overlap*(n-1)/n)
+	var exposed float64
 	if pl.req.DelayedUpdate {
+		var phase float64
+		for _, x := range u {
+			phase += x
+		}
 		exposed = max(phase-compute, 0)
+	} else {
+		// The last group's backward and the next step's first forward,
+		// layer by layer.
+		pols := pl.policies(c)
+		G := float64(min(c.grp, A))
+		fwd := func(i int) float64 { return G * tok * pl.m.Layers[i].FwdFLOPs / rate }
+		bwd := func(i int) float64 {
+			k := 2.0
+			if pols[i].Recomputes() {
+				k = 3
+			}
+			return k * fwd(i)
+		}
+		done := make([]float64, n)
+		var tb float64
+		if !pl.req.GlobalNorm {
+			var q float64
+			for i := n - 1; i >= 0; i-- {
+				tb += bwd(i)
+				if tiers[i] != offload.TierDevice {
+					q = max(q, tb) + u[i]
+					done[i] = q
+				}
+			}
+		} else {
+			for i := range n {
+				tb += bwd(i)
+			}
+			q := tb
+			for i := range n {
+				if tiers[i] != offload.TierDevice {
+					q += u[i]
+					done[i] = q
+				}
+			}
+		}
+		tf := tb + dev
+		start, sumF := tf, 0.0
+		for i := range n {
+			if tiers[i] != offload.TierDevice {
+				tf = max(tf, done[i])
+			}
+			tf += fwd(i)
+			sumF += fwd(i)
+		}
+		exposed = tf - start - sumF
 	}
-	c.step = core + exposed
+	c.step = core + dev + exposed
 }
 
 func (pl *planner) masterBytes() int64 {
@@ -596,11 +724,19 @@ func (pl *planner) candidates() []*cand {
 			groups = append(groups, A)
 		}
 		// Everything on the device: the resident trainer.
-		out = append(out, &cand{w: offload.TierDevice, g: offload.TierDevice, o: offload.TierDevice, mb: mb, grp: 1, depth: 0})
+		if pin := pl.req.Optimizer; pin == 0 || pin == offload.TierDevice {
+			out = append(out, &cand{w: offload.TierDevice, g: offload.TierDevice, o: offload.TierDevice, mb: mb, grp: 1, depth: 0})
+		}
 		for _, w := range tiers {
 			for _, g := range tiers {
+				// The optimizer on the host, or on the host and disk (as
+				// little on disk as the host budget allows); and on the
+				// device for the first layers where there is room.
 				for _, o := range []offload.Tier{offload.TierHost, offload.TierDisk} {
 					if o == offload.TierDisk && pl.req.Budgets.Disk == 0 {
+						continue
+					}
+					if pin := pl.req.Optimizer; pin != 0 && pin != o {
 						continue
 					}
 					depths := []int{1}
@@ -638,8 +774,21 @@ func (pl *planner) placement(c *cand) *offload.Placement {
 		CheckpointsOnHost: c.ckptHost && c.rec > 0,
 	}
 	pols := pl.policies(c)
+	tiers := pl.optTiers(c)
 	for i, l := range m.Layers {
-		p.Layers = append(p.Layers, offload.LayerPlan{Name: l.Name, Params: l.Params, Policy: pols[i]})
+		lp := offload.LayerPlan{Name: l.Name, Params: l.Params, Policy: pols[i], Optimizer: offload.TierDevice}
+		if tiers != nil {
+			lp.Optimizer = tiers[i]
+		}
+		p.Layers = append(p.Layers, lp)
+	}
+	if c.o != offload.TierDevice {
+		p.Optimizer = offload.TierHost
+		if c.nDisk > 0 {
+			p.Optimizer = offload.TierDisk
+		}
+		p.OptimizerLayers = [3]int{c.nDev, len(m.Layers) - c.nDev - c.nDisk, c.nDisk}
+		p.OptimizerWhy = pl.optimizerWhy(c)
 	}
 	return p
 }
@@ -658,7 +807,7 @@ func (pl *planner) reserves() [3]int64 {
 func (pl *planner) peaks(c *cand) [3]int64 {
 	res := pl.reserves()
 	dev := c.estDev
-	if c.dev != nil {
+	if c.devBy != nil {
 		dev = c.devPeak
 	}
 	var host, disk int64
@@ -674,11 +823,14 @@ func (pl *planner) peaks(c *cand) [3]int64 {
 	return [3]int64{dev + res[0], host + res[1], disk}
 }
 
+// shortfall is the bytes by which the tiers are short together: the
+// optimizer state can move between them, so the candidate that comes
+// closest is the one short by the least in all.
 func shortfall(peak, budget [3]int64) float64 {
 	var f float64
 	for t := range peak {
 		if peak[t] > budget[t] {
-			f += float64(peak[t]-budget[t]) / float64(max(budget[t], 1<<20))
+			f += float64(peak[t] - budget[t])
 		}
 	}
 	return f
@@ -689,27 +841,44 @@ func (pl *planner) search() (*offload.Placement, error) {
 	all := pl.candidates()
 	var cs []*cand
 	for _, c := range all {
+		if pl.req.DelayedUpdate && c.o == offload.TierDevice {
+			continue
+		}
+		// The split of the optimizer state: as many first layers on the
+		// device as the estimate leaves room for (checkFit redoes it with
+		// the exact peak), as few last layers on disk as the host needs.
+		c.est0 = pl.estimate(c)
+		c.nDev = pl.maxDev(c, c.est0)
+		c.estDev = c.est0 + pl.devAddAll(c)
+		pl.hostDisk(c)
+		if c.o == offload.TierDisk && c.nDisk == 0 {
+			continue // the same as on the host
+		}
 		c.p = pl.placement(c)
 		if pl.req.Allow != nil && !pl.req.Allow(c.p) {
 			continue
 		}
-		if pl.req.DelayedUpdate && c.o == offload.TierDevice {
-			continue
-		}
 		pl.timeOf(c)
-		pl.hostDisk(c)
-		c.estDev = pl.estimate(c)
 		if c.o == offload.TierDevice { // exact without compiling
-			c.devPeak, c.dev, _ = pl.devicePeak(c)
+			c.devPeak, c.devBy, _ = pl.devicePeak(c)
 		}
 		cs = append(cs, c)
 	}
 	if len(cs) == 0 {
 		return nil, errors.New("plan: the overrides allow no placement")
 	}
-	// Fastest first; among equally fast ones the largest micro-batch.
+	// Fastest first; among equally fast ones the largest micro-batch. The
+	// resident trainer is preferred to an out-of-core one less than 1%
+	// faster (the out-of-core one with the optimizer state of all its
+	// layers but one on the device is only that much faster).
+	rank := func(c *cand) float64 {
+		if c.o == offload.TierDevice {
+			return c.step / residentPreference
+		}
+		return c.step
+	}
 	sort.SliceStable(cs, func(i, j int) bool {
-		if a, b := cs[i].step, cs[j].step; math.Abs(a-b) > 1e-9*max(a, b) {
+		if a, b := rank(cs[i]), rank(cs[j]); math.Abs(a-b) > 1e-9*max(a, b) {
 			return a < b
 		}
 		return cs[i].mb > cs[j].mb
@@ -725,15 +894,13 @@ func (pl *planner) search() (*offload.Placement, error) {
 			if time.Since(pl.start) > pl.req.Deadline && closest != nil {
 				break
 			}
-			peak, by, err := pl.devicePeak(c)
-			if err != nil {
+			if err := pl.checkFit(c); err != nil {
 				continue
 			}
-			c.dev, c.devPeak = by, peak
 			pk = pl.peaks(c)
 			tried = append(tried, c)
 		}
-		if pk[0] <= budget[0] && pk[1] <= budget[1] && pk[2] <= budget[2] && c.dev != nil {
+		if pk[0] <= budget[0] && pk[1] <= budget[1] && pk[2] <= budget[2] && c.devBy != nil {
 			best = c
 			break
 		}
@@ -742,7 +909,7 @@ func (pl *planner) search() (*offload.Placement, error) {
 		// device is too small, which the budget says already).
 		f := shortfall(pk, budget)
 		if c.o == offload.TierDevice {
-			f += 1e6
+			f += 1e30
 		}
 		if f < closestF {
 			closest, closestF = c, f
@@ -766,6 +933,38 @@ func (pl *planner) search() (*offload.Placement, error) {
 	return p, nil
 }
 
+// checkFit compiles c's programs for its exact device peak. An
+// out-of-core candidate first compiles them with no optimizer state on
+// the device and moves as many first layers' to the device as the exact
+// peak leaves room for (at least as many as the estimate did, when the
+// estimate was above), redoing the host and disk split and the time.
+func (pl *planner) checkFit(c *cand) error {
+	if pl.maxDev(c, 0) > 0 {
+		base := *c
+		base.nDev = 0
+		peak0, _, err := pl.devicePeak(&base)
+		if err != nil {
+			return err
+		}
+		if k := pl.maxDev(c, peak0); k != c.nDev {
+			c.nDev = k
+			pl.hostDisk(c)
+			c.p = pl.placement(c)
+			pl.timeOf(c)
+		}
+	}
+	peak, by, err := pl.devicePeak(c)
+	if err != nil {
+		return err
+	}
+	c.devBy, c.devPeak = by, peak
+	return nil
+}
+
+// residentPreference is how much faster an out-of-core placement must be
+// predicted to be to win over the resident trainer.
+const residentPreference = 1.01
+
 var tierOrder = []offload.Tier{offload.TierDevice, offload.TierHost, offload.TierDisk}
 
 // finish fills c's placement with its predictions.
@@ -776,7 +975,7 @@ func (pl *planner) finish(c *cand) *offload.Placement {
 	if c.o == offload.TierDevice {
 		res[1] = 0
 	}
-	dev := c.dev
+	dev := c.devBy
 	if dev == nil {
 		dev = map[offload.Class]int64{offload.Workspace: c.estDev}
 	}
@@ -855,12 +1054,10 @@ func (pl *planner) alternatives(best *cand, cs []*cand, budget [3]int64) []offlo
 				continue
 			}
 			checked++
-			if d.dev == nil {
-				peak, by, err := pl.devicePeak(d)
-				if err != nil {
+			if d.devBy == nil {
+				if err := pl.checkFit(d); err != nil {
 					continue
 				}
-				d.dev, d.devPeak = by, peak
 			}
 			if pk = pl.peaks(d); pk[0] <= budget[0] {
 				pick = d
@@ -879,7 +1076,7 @@ func (pl *planner) alternatives(best *cand, cs []*cand, budget [3]int64) []offlo
 		switch {
 		case len(short) > 0:
 			a.Why = "does not fit: " + strings.Join(short, ", ")
-			if c.dev == nil {
+			if c.devBy == nil {
 				a.Why += " (estimated)"
 			}
 		default:

@@ -3,6 +3,7 @@ package plan
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -75,7 +76,7 @@ func TestPlanDeviceExact(t *testing.T) {
 	}
 	pl := newPlanner(&req)
 	c := &cand{w: p.Weights, g: p.Grads, o: p.Optimizer, mb: p.MicroBatch, grp: p.Group, depth: p.PrefetchDepth,
-		rec: p.Recompute, off: p.Offload, ckptHost: p.CheckpointsOnHost}
+		rec: p.Recompute, off: p.Offload, ckptHost: p.CheckpointsOnHost, nDev: p.OptimizerLayers[0], nDisk: p.OptimizerLayers[2]}
 	spec := pl.spec(c)
 	prog, err := schedule.Compile(spec)
 	if err != nil {
@@ -205,7 +206,9 @@ func TestPlanRejectsBadRequests(t *testing.T) {
 func TestPlanDelayedUpdate(t *testing.T) {
 	m := gpt(12, 1024, 16384, 512)
 	b := offload.Budgets{Device: 2 * GiB, Host: 64 * GiB}
-	sync, err := Plan(Request{Model: m, Batch: 16, Budgets: b})
+	// The synchronous plan with the optimizer on the host only (a delayed
+	// update keeps none on the device).
+	sync, err := Plan(Request{Model: m, Batch: 16, Budgets: b, Optimizer: offload.TierHost})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,6 +242,112 @@ func BenchmarkPlanRefusal70B(b *testing.B) {
 	for b.Loop() {
 		if _, err := Plan(Request{Model: m, Batch: 64, Hardware: hw(), Budgets: offload.Budgets{Device: 8 * GiB, Host: 16 * GiB, Disk: 100 * GiB}}); err == nil {
 			b.Fatal("a 70B model fit 8+16 GiB")
+		}
+	}
+}
+
+// hostNeed is the host bytes of m's state out of core with every layer's
+// optimizer on the host (bf16: master, weights, grads, moments).
+func hostNeed(m Model) int64 { return m.Params() * (4 + 2 + 2 + 8) }
+
+// TestPlanSplitsOptimizer: when the host cannot hold the optimizer state
+// and the device has room beside the weights, gradients and activations,
+// the plan splits it: the first layers on the device, the next on the
+// host, the last on disk, within every budget and faster than with none on
+// the device; the device peak is the compiled program's; the plan says why.
+func TestPlanSplitsOptimizer(t *testing.T) {
+	m := gpt(16, 1024, 16384, 512)
+	b := offload.Budgets{Device: 2 * GiB, Host: hostNeed(m)*35/100 + hw().HostReserve, Disk: 64 * GiB}
+	req := Request{Model: m, Batch: 8, Hardware: hw(), Budgets: b}
+	p, err := Plan(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, p, req)
+	n := p.OptimizerLayers
+	if n[0] == 0 || n[1] == 0 || n[2] == 0 || n[0]+n[1]+n[2] != len(m.Layers) || p.Optimizer != offload.TierDisk {
+		t.Fatalf("split %v (optimizer %s): want layers on device, host and disk: %s", n, p.Optimizer, p.Summary())
+	}
+	var diskParams int64
+	for i, l := range p.Layers {
+		want := offload.TierHost
+		switch {
+		case i < n[0]:
+			want = offload.TierDevice
+		case i >= len(p.Layers)-n[2]:
+			want = offload.TierDisk
+			diskParams += l.Params
+		}
+		if l.Optimizer != want {
+			t.Fatalf("layer %d's optimizer on %s, want %s (split %v)", i, l.Optimizer, want, n)
+		}
+	}
+	if got := p.Memory[2].ByClass[offload.AdamM] + p.Memory[2].ByClass[offload.AdamV]; got != 8*diskParams {
+		t.Errorf("disk holds %d bytes of moments, the disk layers have %d", got, 8*diskParams)
+	}
+	if p.Memory[0].ByClass[offload.AdamM] == 0 || p.Memory[0].ByClass[offload.Master] == 0 {
+		t.Errorf("device peak by class %v: no optimizer state", p.Memory[0].ByClass)
+	}
+	for _, w := range []string{"on the device", "on the host", "on disk"} {
+		if !strings.Contains(p.OptimizerWhy, w) {
+			t.Errorf("why %q does not say %q", p.OptimizerWhy, w)
+		}
+	}
+	// The device peak is the compiled program's, split included.
+	pl := newPlanner(&req)
+	c := &cand{w: p.Weights, g: p.Grads, o: p.Optimizer, mb: p.MicroBatch, grp: p.Group, depth: p.PrefetchDepth,
+		rec: p.Recompute, off: p.Offload, ckptHost: p.CheckpointsOnHost, nDev: n[0], nDisk: n[2]}
+	prog, err := schedule.Compile(pl.spec(c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if train, _ := prog.Peak(); p.Memory[0].Peak < train+pl.fixed(p.MicroBatch, p.Accum) {
+		t.Errorf("device peak %d below the program's %d", p.Memory[0].Peak, train)
+	}
+	// The same placement with none of it on the device: more on disk and
+	// a slower step.
+	pl.timeOf(c)
+	none := *c
+	none.nDev = 0
+	pl.hostDisk(&none)
+	pl.timeOf(&none)
+	if none.nDisk <= n[2] || none.step <= c.step || math.Abs(c.step-p.StepTime) > 1e-9*p.StepTime {
+		t.Errorf("none on the device: %d layers on disk, %.4f s; split: %d on disk, %.4f s (plan %.4f s)",
+			none.nDisk, none.step, n[2], c.step, p.StepTime)
+	}
+	// A roomier host takes layers off the disk.
+	b.Host += hostNeed(m) / 5
+	roomy, err := Plan(Request{Model: m, Batch: 8, Hardware: hw(), Budgets: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if roomy.OptimizerLayers[2] >= n[2] {
+		t.Errorf("a larger host budget keeps %d layers on disk (was %d)", roomy.OptimizerLayers[2], n[2])
+	}
+}
+
+// TestPlanRefusesEveryTierShort: when device, host and disk together
+// cannot hold the state, the refusal names each short tier with what it
+// needs.
+func TestPlanRefusesEveryTierShort(t *testing.T) {
+	m := gpt(16, 1024, 16384, 512)
+	req := Request{Model: m, Batch: 8, Hardware: hw(),
+		Budgets: offload.Budgets{Device: 256 << 20, Host: hostNeed(m)/4 + hw().HostReserve, Disk: hostNeed(m) / 8}}
+	_, err := Plan(req)
+	var ie *offload.InfeasibleError
+	if !errors.As(err, &ie) {
+		t.Fatalf("error %v", err)
+	}
+	short := map[offload.Tier]bool{}
+	for _, s := range ie.Shortfalls {
+		short[s.Tier] = s.Need > s.Budget
+	}
+	if !short[offload.TierHost] || !short[offload.TierDisk] {
+		t.Errorf("shortfalls %+v: want host and disk", ie.Shortfalls)
+	}
+	for _, w := range []string{"host short by", "disk short by", "a disk budget of"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error lacks %q: %v", w, err)
 		}
 	}
 }

@@ -24,6 +24,15 @@
 //     accumulate on the device over the group and leave once, and every
 //     micro-batch's boundary activations (kept, recomputed or offloaded as
 //     planned) are live across the group.
+//
+// Each layer's optimizer state (fp32 master and Adam moments) lives where
+// Spec.Optimizer says. A layer whose state is on the device keeps its
+// weights, gradients, master and moments resident (persistent intervals,
+// counted in the peak): its weights are never fetched and its gradients
+// never leave, because the backend's AdamW updates them in place once the
+// step's gradients are final. The other layers' state is the host's
+// concern (host memory or disk): their weights and gradients stream or
+// stay as Spec.Weights and Spec.Grads say.
 package schedule
 
 import (
@@ -71,10 +80,16 @@ const (
 	// layer's last backward of the step, so that the sum is the same,
 	// bit for bit, in every order of the micro-batches and layers.
 	TGrads
+	// Master, MomentM and MomentV are a layer's fp32 master weights and
+	// Adam moments when its optimizer state is on the device: persistent,
+	// used by no op (the update follows the layer's last backward).
+	Master
+	MomentM
+	MomentV
 	numClasses
 )
 
-func (c Class) String() string { return [...]string{"w", "g", "a", "c", "d", "t"}[c] }
+func (c Class) String() string { return [...]string{"w", "g", "a", "c", "d", "t", "M", "m", "v"}[c] }
 
 // Offload is the tensor class that budgets and statistics count c under.
 func (c Class) Offload() offload.Class {
@@ -85,6 +100,12 @@ func (c Class) Offload() offload.Class {
 		return offload.Grads
 	case Acts, Ckpt:
 		return offload.Activations
+	case Master:
+		return offload.Master
+	case MomentM:
+		return offload.AdamM
+	case MomentV:
+		return offload.AdamV
 	}
 	return offload.Workspace
 }
@@ -105,6 +126,11 @@ type Layer struct {
 	// embedding's): into a TGrads tensor per tied layer, which the tied
 	// layer's last backward of the step adds to its own.
 	Tied []int
+	// MasterBytes and MomentBytes are the sizes of the layer's fp32
+	// master weights (0 when the compute weights are the master, in fp32)
+	// and of each Adam moment: device memory when Spec.Optimizer puts the
+	// layer's optimizer state on the device.
+	MasterBytes, MomentBytes int64
 }
 
 // Spec is what Compile compiles.
@@ -131,6 +157,16 @@ type Spec struct {
 	Prefetch int
 	// Train compiles forward and backward; otherwise the forward only.
 	Train bool
+	// Optimizer is the tier of each layer's optimizer state (nil: none on
+	// the device). A layer with offload.TierDevice keeps its weights,
+	// gradients, master and moments resident whatever Weights and Grads
+	// say; host and disk are the host's concern and compile alike.
+	Optimizer []offload.Tier
+}
+
+// OptOnDevice reports whether layer l's optimizer state is on the device.
+func (s *Spec) OptOnDevice(l int) bool {
+	return l < len(s.Optimizer) && s.Optimizer[l] == offload.TierDevice
 }
 
 // Interval is one stretch of device residency of one tensor: a block is
@@ -218,6 +254,14 @@ func compile(s Spec, uses bool) (*Program, error) {
 			return nil, fmt.Errorf("schedule: weights on %s, grads on %s: want device or host", s.Weights, s.Grads)
 		}
 	}
+	if s.Optimizer != nil && len(s.Optimizer) != n {
+		return nil, fmt.Errorf("schedule: %d optimizer tiers for %d layers", len(s.Optimizer), n)
+	}
+	for i, t := range s.Optimizer {
+		if t != offload.TierNone && t != offload.TierDevice && t != offload.TierHost && t != offload.TierDisk {
+			return nil, fmt.Errorf("schedule: layer %d's optimizer on %s", i, t)
+		}
+	}
 	for i, l := range s.Layers {
 		for _, t := range l.Tied {
 			if t < 0 || t >= n || t == i {
@@ -242,6 +286,7 @@ func compile(s Spec, uses bool) (*Program, error) {
 		c.params(Grads)
 		c.tied()
 	}
+	c.optim()
 	c.acts()
 	if uses {
 		c.index()
@@ -346,7 +391,6 @@ func (c *compiler) params(cl Class) {
 	if cl == Grads {
 		tier = s.Grads
 	}
-	resident := tier == offload.TierDevice
 	uses := make([][]int, c.n)
 	for j, op := range c.p.Ops {
 		if cl == Grads && op.Kind == Forward {
@@ -368,14 +412,18 @@ func (c *compiler) params(cl Class) {
 		if len(u) > 1 {
 			sortInts(u) // tied layers' uses interleave
 		}
+		// A layer updated on the device keeps its weights and gradients
+		// there: nothing to fetch, nothing to send.
+		devOpt := s.OptOnDevice(l)
+		resident := tier == offload.TierDevice || devOpt
 		rs := runs(u, resident)
 		for i, r := range rs {
 			iv := Interval{Class: cl, Layer: l, MB: -1, Bytes: s.Layers[l].ParamBytes, Start: r[0], End: r[1], Persistent: resident}
 			la := c.depth
 			if cl == Weights {
-				iv.Fetch = true
+				iv.Fetch = !devOpt
 			} else {
-				iv.Zero, iv.Fetch, iv.Evict, iv.Final = i == 0, i > 0, true, i == len(rs)-1
+				iv.Zero, iv.Fetch, iv.Evict, iv.Final = i == 0, i > 0, !devOpt, i == len(rs)-1
 				if iv.Zero {
 					la = 0
 				}
@@ -433,6 +481,33 @@ func (c *compiler) tied() {
 					in.FetchAt = in.AllocAt
 				}
 				prev = idx
+			}
+		}
+	}
+}
+
+// optim lays out the persistent master and moments of every layer whose
+// optimizer state is on the device, spanning the op after which the
+// layer is updated: its last backward (its last forward in an evaluation
+// pass, which updates nothing but holds them all the same).
+func (c *compiler) optim() {
+	s := &c.s
+	last := make([]int, c.n)
+	for j, op := range c.p.Ops {
+		if op.Kind == Backward || !s.Train {
+			last[op.Layer] = j
+		}
+	}
+	for l, ly := range s.Layers {
+		if !s.OptOnDevice(l) {
+			continue
+		}
+		for _, o := range []struct {
+			cl    Class
+			bytes int64
+		}{{Master, ly.MasterBytes}, {MomentM, ly.MomentBytes}, {MomentV, ly.MomentBytes}} {
+			if o.bytes > 0 {
+				c.add(Interval{Class: o.cl, Layer: l, MB: -1, Bytes: o.bytes, Start: last[l], End: last[l], Persistent: true}, 0)
 			}
 		}
 	}

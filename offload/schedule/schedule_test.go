@@ -52,11 +52,13 @@ func TestCompileData(t *testing.T) {
 }
 
 // parseSpec reads "layers=3 param=100 act=40 out=10 tied=2:0 mb=2 group=1
-// weights=host grads=host acts=keep,recompute,keep prefetch=1 train".
+// weights=host grads=host acts=keep,recompute,keep prefetch=1
+// opt=device,host,disk master=400 moment=400 train".
 func parseSpec(cmd string) (Spec, error) {
 	s := Spec{Weights: offload.TierHost, Grads: offload.TierHost, MicroBatches: 1}
 	var n int
 	param, act, out := []int64{100}, []int64{40}, []int64{10}
+	var master, moment []int64
 	var tied []string
 	for _, f := range strings.Fields(cmd) {
 		k, v, _ := strings.Cut(f, "=")
@@ -79,6 +81,18 @@ func parseSpec(cmd string) (Spec, error) {
 			out = ints()
 		case "tied":
 			tied = strings.Split(v, ",")
+		case "master":
+			master = ints()
+		case "moment":
+			moment = ints()
+		case "opt":
+			for _, a := range strings.Split(v, ",") {
+				var t offload.Tier
+				if err := t.UnmarshalText([]byte(a)); err != nil {
+					return s, err
+				}
+				s.Optimizer = append(s.Optimizer, t)
+			}
 		case "mb":
 			s.MicroBatches = int(ints()[0])
 		case "group":
@@ -110,6 +124,14 @@ func parseSpec(cmd string) (Spec, error) {
 	pick := func(v []int64, i int) int64 { return v[min(i, len(v)-1)] }
 	for i := 0; i < n; i++ {
 		l := Layer{ParamBytes: pick(param, i), ActBytes: pick(act, i), OutBytes: pick(out, i)}
+		if master != nil {
+			l.MasterBytes = pick(master, i)
+		}
+		if moment != nil {
+			l.MomentBytes = pick(moment, i)
+		} else {
+			l.MomentBytes = 4 * l.ParamBytes
+		}
 		if i == n-1 {
 			l.OutBytes = 0
 		}
@@ -215,6 +237,112 @@ func TestProgramInvariants(t *testing.T) {
 	}
 }
 
+// TestDeviceOptimizerInvariants: the same invariants with the optimizer
+// state of a prefix of the layers on the device, and what that buys: no
+// weights fetched and no gradients sent for those layers.
+func TestDeviceOptimizerInvariants(t *testing.T) {
+	for _, A := range []int{1, 3} {
+		for _, G := range []int{1, A} {
+			for _, k := range []int{1, 2, 4} {
+				for _, pol := range []offload.ActPolicy{offload.Recompute, offload.OffloadTo, offload.RecomputeHost} {
+					s := fourLayers(A, G, pol)
+					for i := range s.Layers {
+						s.Layers[i].MasterBytes, s.Layers[i].MomentBytes = 2*s.Layers[i].ParamBytes, 2*s.Layers[i].ParamBytes
+						s.Optimizer = append(s.Optimizer, offload.TierHost)
+						if i < k {
+							s.Optimizer[i] = offload.TierDevice
+						}
+					}
+					name := fmt.Sprintf("A%d G%d device optimizer for %d layers %s", A, G, k, pol)
+					p, err := Compile(s)
+					if err != nil {
+						t.Fatalf("%s: %v", name, err)
+					}
+					checkInvariants(t, name, p)
+					var opt int
+					for _, iv := range p.Intervals {
+						dev := iv.Layer < k
+						switch iv.Class {
+						case Weights, Grads:
+							if dev && (!iv.Persistent || iv.Fetch || iv.Evict) {
+								t.Fatalf("%s: %s of a device-updated layer: %+v", name, iv.name(), iv)
+							}
+							if !dev && iv.Persistent {
+								t.Fatalf("%s: streamed %s is persistent", name, iv.name())
+							}
+						case Master, MomentM, MomentV:
+							if !dev || !iv.Persistent || iv.AllocAt != -1 {
+								t.Fatalf("%s: %s: %+v", name, iv.name(), iv)
+							}
+							opt++
+						}
+					}
+					if opt != 3*k {
+						t.Fatalf("%s: %d optimizer intervals, want %d", name, opt, 3*k)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestDeviceOptimizerPeakExact: with weights and gradients resident, each
+// layer whose optimizer moves to the device adds exactly its master and
+// moments (as the cache rounds them) to the peak, for training and
+// evaluation alike; streamed, it also stops that layer's traffic.
+func TestDeviceOptimizerPeakExact(t *testing.T) {
+	for _, streamedWG := range []bool{false, true} {
+		base := fourLayers(3, 3, offload.Recompute)
+		if !streamedWG {
+			base.Weights, base.Grads = offload.TierDevice, offload.TierDevice
+		}
+		for i := range base.Layers {
+			base.Layers[i].MasterBytes, base.Layers[i].MomentBytes = 4000, 4000
+		}
+		p0, err := Compile(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		peak0, _ := p0.Peak()
+		tr0 := p0.Traffic()
+		var added int64
+		for k := 1; k <= len(base.Layers); k++ {
+			s := base
+			s.Optimizer = make([]offload.Tier, len(s.Layers))
+			for i := range s.Optimizer {
+				s.Optimizer[i] = offload.TierHost
+				if i < k {
+					s.Optimizer[i] = offload.TierDevice
+				}
+			}
+			added += 3 * RoundBlock(4000)
+			p, err := Compile(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			peak, by := p.Peak()
+			if !streamedWG && peak != peak0+added {
+				t.Errorf("resident w/g, %d layers on the device: peak %d, want %d + %d", k, peak, peak0, added)
+			}
+			if by[offload.AdamM] != int64(k)*RoundBlock(4000) || by[offload.Master] != int64(k)*RoundBlock(4000) {
+				t.Errorf("%d layers on the device: peak by class %v", k, by)
+			}
+			if tr := p.Traffic(); streamedWG && (tr.H2D >= tr0.H2D || tr.D2H >= tr0.D2H) {
+				t.Errorf("streamed, %d layers updated on the device: traffic %+v, all on the host %+v", k, tr, tr0)
+			}
+			ev := s
+			ev.Train, ev.MicroBatches, ev.Group, ev.Acts = false, 1, 1, nil
+			pe, err := Compile(ev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, eby := pe.Peak(); eby[offload.AdamV] != int64(k)*RoundBlock(4000) {
+				t.Errorf("eval, %d layers on the device: %v", k, eby)
+			}
+		}
+	}
+}
+
 func checkInvariants(t *testing.T, name string, p *Program) {
 	t.Helper()
 	n := len(p.Spec.Layers)
@@ -285,6 +413,8 @@ func TestCompileErrors(t *testing.T) {
 		{Layers: []Layer{{}}, MicroBatches: 1, Weights: offload.TierDisk, Grads: offload.TierHost},
 		{Layers: []Layer{{Tied: []int{0}}}, MicroBatches: 1, Weights: offload.TierHost, Grads: offload.TierHost},
 		{Layers: []Layer{{}, {}}, MicroBatches: 1, Weights: offload.TierHost, Grads: offload.TierHost, Acts: []offload.ActPolicy{offload.Keep}},
+		{Layers: []Layer{{}, {}}, MicroBatches: 1, Weights: offload.TierHost, Grads: offload.TierHost, Optimizer: []offload.Tier{offload.TierDevice}},
+		{Layers: []Layer{{}}, MicroBatches: 1, Weights: offload.TierHost, Grads: offload.TierHost, Optimizer: []offload.Tier{9}},
 	} {
 		if _, err := Compile(s); err == nil {
 			t.Errorf("Compile(%+v): no error", s)

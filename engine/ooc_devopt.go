@@ -1,0 +1,133 @@
+package engine
+
+import (
+	"context"
+
+	"github.com/spill-ml/spill/kernels"
+	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/offload/exec"
+	"github.com/spill-ml/spill/offload/schedule"
+)
+
+// The layers whose optimizer state is on the device (OffloadOptions.
+// OptimizerTiers): their weights, gradients, master and moments are the
+// executor's persistent blocks, the step's programs never move them, and
+// updateDevice runs the backend's AdamW on them, as the resident trainer
+// does, once the step's gradients are final and their norm known. The
+// update goes on the compute queue after the step's last backward: it
+// takes the same queue time wherever it is put after the layer's last
+// backward, and there it sees the step's verdict on non-finite gradients
+// and the clipping coefficient, so the arithmetic is the resident
+// trainer's.
+
+// devLayer is layer i's device state: the compute-dtype weights, the
+// fp32 master (the weights themselves in fp32), the gradients and the
+// moments.
+type devLayer struct {
+	weights, master, grads, m, v kernels.Tensor
+}
+
+// attachDevice gives the host state the backend, the compute queue and
+// the executor whose persistent blocks hold the device layers' state, and
+// zeroes that state (moments start at zero; the master is set by
+// InitWeights or a checkpoint).
+func (hs *hostState) attachDevice(be kernels.Backend, q kernels.Queue, ex *exec.Executor) error {
+	hs.dev.be, hs.dev.q, hs.dev.ex = be, q, ex
+	any := false
+	for i, t := range hs.tier {
+		if t != offload.TierDevice {
+			continue
+		}
+		any = true
+		d := hs.devLayer(i)
+		for _, x := range []kernels.Tensor{d.weights, d.master, d.grads, d.m, d.v} {
+			be.Zero(q, x)
+		}
+	}
+	if !any {
+		return nil
+	}
+	return q.Synchronize(context.Background())
+}
+
+// devLayer returns layer i's device tensors.
+func (hs *hostState) devLayer(i int) devLayer {
+	np := hs.m.Layers[i].NumParams()
+	view := func(c schedule.Class, dt kernels.DType) kernels.Tensor {
+		b := hs.dev.ex.Resident(c, i)
+		if b == nil {
+			return kernels.Tensor{}
+		}
+		return kernels.View(b.Buffer(), 0, dt, np)
+	}
+	d := devLayer{weights: view(schedule.Weights, hs.m.DType), master: view(schedule.Master, kernels.F32),
+		grads: view(schedule.Grads, hs.m.DType), m: view(schedule.MomentM, kernels.F32), v: view(schedule.MomentV, kernels.F32)}
+	if hs.m.DType == kernels.F32 {
+		d.master = d.weights
+	}
+	return d
+}
+
+// updateDevice enqueues AdamW with hp on the compute queue for every layer
+// whose optimizer state is on the device.
+func (hs *hostState) updateDevice(hp kernels.AdamWParams) {
+	hs.dev.mu.Lock()
+	defer hs.dev.mu.Unlock()
+	for i, t := range hs.tier {
+		if t != offload.TierDevice {
+			continue
+		}
+		d := hs.devLayer(i)
+		for _, ps := range hs.m.Layers[i].Params() {
+			p := hp
+			if !ps.Decay {
+				p.WeightDecay = 0
+			}
+			out := kernels.Tensor{}
+			if d.weights.Buf != d.master.Buf {
+				out = param(d.weights, ps)
+			}
+			hs.dev.be.AdamW(hs.dev.q, param(d.master, ps), param(d.grads, ps), param(d.m, ps), param(d.v, ps), out, p)
+		}
+	}
+}
+
+// setDeviceMaster is setMaster for a layer updated on the device: fill
+// writes the master on the host, which is copied up and cast to the
+// compute copy.
+func (hs *hostState) setDeviceMaster(i int, fill func(master []float32)) error {
+	b := offload.NewF32Bytes(4 * int64(hs.m.Layers[i].NumParams()))
+	fill(offload.F32s(b))
+	hs.dev.mu.Lock()
+	defer hs.dev.mu.Unlock()
+	d := hs.devLayer(i)
+	be, q := hs.dev.be, hs.dev.q
+	be.CopyToDevice(q, d.master, b)
+	if d.weights.Buf != d.master.Buf {
+		be.Cast(q, d.weights, d.master)
+	}
+	return q.Synchronize(context.Background()) // b must outlive the copy
+}
+
+// deviceOptim copies layer i's master and moments from the device.
+func (hs *hostState) deviceOptim(ctx context.Context, i int) (master, m, v []byte, err error) {
+	hs.dev.mu.Lock()
+	defer hs.dev.mu.Unlock()
+	d := hs.devLayer(i)
+	n := 4 * int64(hs.m.Layers[i].NumParams())
+	master, m, v = offload.NewF32Bytes(n), offload.NewF32Bytes(n), offload.NewF32Bytes(n)
+	for j, x := range []kernels.Tensor{d.master, d.m, d.v} {
+		hs.dev.be.CopyToHost(hs.dev.q, [][]byte{master, m, v}[j], x)
+	}
+	return master, m, v, hs.dev.q.Synchronize(ctx)
+}
+
+// setDeviceOptim copies layer i's moments to the device.
+func (hs *hostState) setDeviceOptim(ctx context.Context, i int, m, v []byte) error {
+	hs.dev.mu.Lock()
+	defer hs.dev.mu.Unlock()
+	d := hs.devLayer(i)
+	hs.dev.be.CopyToDevice(hs.dev.q, d.m, m)
+	hs.dev.be.CopyToDevice(hs.dev.q, d.v, v)
+	return hs.dev.q.Synchronize(ctx) // m and v must outlive the copies
+}
