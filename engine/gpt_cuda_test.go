@@ -19,11 +19,19 @@ var gptCheckShape = GPTShape{Layers: 2, Heads: 2, Embd: 128, Vocab: 96, MaxSeq: 
 // clip 1) and returns the losses and the final master weights.
 func gptCheckRun(t *testing.T, dev string, dt kernels.DType, steps int) ([]float64, [][]float32) {
 	t.Helper()
-	const B, T = 4, 64
 	m, err := NewGPT(gptCheckShape, dt)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return checkRun(t, dev, m, steps)
+}
+
+// checkRun trains model m (fresh, dtype m.DType) resident on backend dev
+// as gptCheckRun describes.
+func checkRun(t *testing.T, dev string, m *Model, steps int) ([]float64, [][]float32) {
+	t.Helper()
+	const B, T = 4, 64
+	dt := m.DType
 	be, err := kernels.Open(dev, kernels.Config{Threads: 2})
 	if err != nil {
 		t.Fatal(err)

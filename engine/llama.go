@@ -39,7 +39,7 @@ var llamaPresets = []Preset{
 }
 
 // llamaFamily is Hugging Face's LlamaForCausalLM. Its layers run only on a
-// backend that implements kernels.LlamaOps (the CPU backend today).
+// backend that implements kernels.LlamaOps (the CPU and CUDA backends).
 type llamaFamily struct{}
 
 func (llamaFamily) Name() string          { return "llama" }
@@ -211,7 +211,7 @@ func NewLlama(s LlamaShape, dt kernels.DType) (*Model, error) {
 func llamaOps(be kernels.Backend) kernels.LlamaOps {
 	lo, ok := be.(kernels.LlamaOps)
 	if !ok {
-		panic(fmt.Sprintf("engine: the %s backend does not implement the Llama kernels (kernels.LlamaOps); Llama models run on the CPU backend", be.Name()))
+		panic(fmt.Sprintf("engine: the %s backend does not implement the Llama kernels (kernels.LlamaOps); Llama models run on the cpu and cuda backends", be.Name()))
 	}
 	return lo
 }
@@ -224,7 +224,7 @@ func (llamaFamily) describe(m *Model) string {
 
 func (llamaFamily) checkBackend(be kernels.Backend) error {
 	if _, ok := be.(kernels.LlamaOps); !ok {
-		return fmt.Errorf("engine: the %s backend has no Llama kernels (kernels.LlamaOps); train Llama models with --device cpu", be.Name())
+		return fmt.Errorf("engine: the %s backend has no Llama kernels (kernels.LlamaOps); train Llama models with --device cpu or --device cuda", be.Name())
 	}
 	return nil
 }

@@ -186,7 +186,7 @@ func (b *Backend) AttentionForward(kq kernels.Queue, out, lse, qkv kernels.Tenso
 	x := b.float(op, "qkv", qkv, B*T*3*C)
 	tiled := useTiled(B, C, NH)
 	impl := attnImpl
-	flash, frows, useFlash := b.flashFunc(o, x, B, C, NH)
+	flash, frows, useFlash := b.flashFunc(o, x, B, NH, C/NH)
 	useFlash = useFlash && (impl == attnFlash || impl == attnAuto && b.flashErr == nil)
 	if useFlash {
 		// Counted when enqueued, so that a test sees it without waiting
@@ -195,7 +195,7 @@ func (b *Backend) AttentionForward(kq kernels.Queue, out, lse, qkv kernels.Tenso
 		if frows == flashRows2 {
 			flashFwd2Launches.Add(1)
 		}
-		j := flashJob(flash, frows, o.p, l, x.p, B, T, C, NH)
+		j := flashJob(flash, frows, o.p, l, x.p, B, T, NH, NH, C/NH)
 		q.put(&j)
 		return
 	}
@@ -287,11 +287,11 @@ func (b *Backend) attentionBackward(kq kernels.Queue, set bool, dqkv, dout, qkv,
 	nrows := B * NH * T
 	tiled := useTiled(B, C, NH)
 	impl := attnImpl
-	fb, useFlash := b.flashBwdFuncs(d, g, x, o, B, T, C, NH)
+	fb, useFlash := b.flashBwdFuncs(d, g, x, o, B, T, NH, C/NH)
 	useFlash = useFlash && (impl == attnFlash || impl == attnAuto && b.flashBwdErr == nil)
 	if useFlash {
 		flashBwdLaunches.Add(1)
-		q.putFlashBwd(fb, d.p, g.p, x.p, o.p, l, B, T, C, NH, set)
+		q.putFlashBwd(fb, d.p, g.p, x.p, o.p, l, B, T, NH, NH, C/NH, set)
 		return
 	}
 	if set {

@@ -72,6 +72,13 @@
 // SPILL_CUBLAS_REDUCED_PRECISION=1 at Open they may reduce them in the
 // output type (bf16, f16), as PyTorch allows by default.
 //
+// The backend implements kernels.LlamaOps (llama.go): RMSNorm, RoPE and
+// SwiGLU (kernels/llama.cu) and grouped-query attention, on the flash
+// kernels for bf16 with head size 64 or 128 (the key/value gradients summed
+// over each group inside one block, without atomics) and on the row-wise
+// kernels otherwise; with as many key/value heads as query heads it is
+// AttentionForward and AttentionBackward.
+//
 // The backend implements kernels.Overwriter: the backward ops a layer
 // chains (matmul, GELU, attention, cross-entropy) can write their input
 // gradient instead of accumulating into a zeroed buffer.

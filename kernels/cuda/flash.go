@@ -67,9 +67,8 @@ var flashFwd2Launches atomic.Int64
 // flashFunc returns the flash kernel for a forward call, or false when it
 // does not apply: dtypes other than bf16, a head size other than 64 or 128,
 // operands not aligned for its vector accesses (qkv to 16 bytes, out to 4),
-// or more than 65535 heads in all (the grid's y dimension).
-func (b *Backend) flashFunc(o, x operand, B, C, NH int) (fn kfunc, rows int, ok bool) {
-	hs := C / NH
+// or more than 65535 query heads in all (the grid's y dimension).
+func (b *Backend) flashFunc(o, x operand, B, NH, hs int) (fn kfunc, rows int, ok bool) {
 	if o.dt != kernels.BF16 || x.dt != kernels.BF16 || (hs != 64 && hs != 128) || x.p%16 != 0 || o.p%4 != 0 || B*NH > 65535 {
 		return 0, 0, false
 	}
@@ -85,10 +84,12 @@ func (b *Backend) flashFunc(o, x operand, B, C, NH int) (fn kfunc, rows int, ok 
 // flashScale is log2(e)/sqrt(hs): the flash kernel works in base 2.
 func flashScale(hs int) float32 { return float32(math.Log2E / math.Sqrt(float64(hs))) }
 
-// flashJob is the launch of fn (rows query rows per block) for out, lse, qkv.
-func flashJob(fn kfunc, rows int, o, lse, x cu.DevicePtr, B, T, C, NH int) job {
+// flashJob is the launch of fn (rows query rows per block) for out, lse,
+// qkv with NH query and NKV key/value heads of size hs (NKV = NH for
+// multi-head attention).
+func flashJob(fn kfunc, rows int, o, lse, x cu.DevicePtr, B, T, NH, NKV, hs int) job {
 	return launchJob(fn, dim3{x: (T + rows - 1) / rows, y: B * NH}, dim3{x: flashThreads},
-		aPtr(o), aPtr(lse), aPtr(x), aI32(T), aI32(C), aI32(NH), aF32(flashScale(C/NH)))
+		aPtr(o), aPtr(lse), aPtr(x), aI32(T), aI32(NH), aI32(NKV), aF32(flashScale(hs)))
 }
 
 // AttentionKernels describes, for diagnostics and benchmarks, the
@@ -167,7 +168,7 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 	if err := cu.MemcpyHtoDAsync(dx, unsafe.Pointer(&host[0]), int64(len(host)), s); err != nil {
 		return err
 	}
-	fj := flashJob(fn, qrows, do1, dl1, dx, B, T, C, NH)
+	fj := flashJob(fn, qrows, do1, dl1, dx, B, T, NH, NH, C/NH)
 	if err := fj.launchOn(s); err != nil {
 		return err
 	}
@@ -223,8 +224,7 @@ type flashBwd struct{ kv, q, prep kfunc }
 // flashBwdFuncs returns the backward kernels for a call, or false when they
 // do not apply (as flashFunc; dqkv and out need 4-byte, qkv and dout
 // 16-byte alignment; B·T·NH below 2^31).
-func (b *Backend) flashBwdFuncs(d, g, x, o operand, B, T, C, NH int) (flashBwd, bool) {
-	hs := C / NH
+func (b *Backend) flashBwdFuncs(d, g, x, o operand, B, T, NH, hs int) (flashBwd, bool) {
 	for _, t := range []operand{d, g, x, o} {
 		if t.dt != kernels.BF16 {
 			return flashBwd{}, false
@@ -250,25 +250,26 @@ func (b *Backend) flashBwdByHead(hs int) (flashBwd, bool) {
 // flashBwdJobs are the three launches of the backward pass: D = rowsum(dO∘O)
 // into the float32 array at D (argument 0 of the first launch, 4 of the
 // others), then dK, dV and dQ, accumulated into dqkv or, with set, written
-// over it.
-func flashBwdJobs(f flashBwd, dqkv, dout, qkv, out, lse, D cu.DevicePtr, B, T, C, NH int, set bool) [3]job {
+// over it. NH query and NKV key/value heads of size hs (NKV = NH for
+// multi-head attention); the dK, dV kernel takes one block row per
+// key/value head and sums over its group.
+func flashBwdJobs(f flashBwd, dqkv, dout, qkv, out, lse, D cu.DevicePtr, B, T, NH, NKV, hs int, set bool) [3]job {
 	warps := B * T * NH
-	hs := C / NH
-	grid := dim3{x: (T + flashRows - 1) / flashRows, y: B * NH}
+	nx := (T + flashRows - 1) / flashRows
 	scale, rscale := aF32(flashScale(hs)), aF32(float32(1/math.Sqrt(float64(hs))))
 	return [3]job{
 		launchJob(f.prep, dim3{x: min((warps+7)/8, 132*16)}, dim3{x: 256}, aPtr(D), aPtr(dout), aPtr(out),
-			aI32(B*T), aI32(T), aI32(C), aI32(NH)),
-		launchJob(f.kv, grid, dim3{x: flashThreads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
-			aI32(T), aI32(C), aI32(NH), scale, rscale, aI32(setFlag(set))),
-		launchJob(f.q, grid, dim3{x: flashThreads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
-			aI32(T), aI32(C), aI32(NH), scale, rscale, aI32(setFlag(set))),
+			aI32(B*T), aI32(T), aI32(NH*hs), aI32(NH)),
+		launchJob(f.kv, dim3{x: nx, y: B * NKV}, dim3{x: flashThreads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
+			aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))),
+		launchJob(f.q, dim3{x: nx, y: B * NH}, dim3{x: flashThreads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
+			aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))),
 	}
 }
 
 // putFlashBwd enqueues flashBwdJobs with D at the start of the scratch area.
-func (q *queue) putFlashBwd(f flashBwd, dqkv, dout, qkv, out, lse cu.DevicePtr, B, T, C, NH int, set bool) {
-	js := flashBwdJobs(f, dqkv, dout, qkv, out, lse, 0, B, T, C, NH, set)
+func (q *queue) putFlashBwd(f flashBwd, dqkv, dout, qkv, out, lse cu.DevicePtr, B, T, NH, NKV, hs int, set bool) {
+	js := flashBwdJobs(f, dqkv, dout, qkv, out, lse, 0, B, T, NH, NKV, hs, set)
 	need := int64(B) * int64(NH) * int64(T) * 4
 	js[0] = js[0].withScratch(need, 0)
 	js[1] = js[1].withScratch(need, 4)
@@ -340,7 +341,7 @@ func (b *Backend) checkFlashBwdShape(f flashBwd, B, T, C, NH int) error {
 		aPtr(p(oX)), bf, aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {
 		return err
 	}
-	for _, j := range flashBwdJobs(f, p(oD1), p(oG), p(oX), p(oO), p(oL), p(oD), B, T, C, NH, false) {
+	for _, j := range flashBwdJobs(f, p(oD1), p(oG), p(oX), p(oO), p(oL), p(oD), B, T, NH, NH, C/NH, false) {
 		if err := j.launchOn(s); err != nil {
 			return err
 		}

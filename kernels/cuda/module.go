@@ -60,6 +60,9 @@ var kernelNames = []string{
 	"attention_forward", "attention_backward", "attention_backward_kv",
 	"attention_forward_tiled", "attention_backward_tiled", "attention_backward_kv_tiled",
 	"attn_split", "attn_merge_out", "attn_merge_grad", "attn_bwd_prep", "attn_softmax_fwd", "attn_softmax_bwd",
+	"gqa_attention_forward", "gqa_attention_backward", "gqa_attention_backward_kv",
+	"rmsnorm_forward", "rmsnorm_backward", "rmsnorm_dw_partial", "rmsnorm_dw_final",
+	"rope_forward", "swiglu_forward", "swiglu_backward",
 }
 
 // flashModule holds the optional tensor-core attention kernels (flash.go).

@@ -3,6 +3,11 @@
 // row: lane l holds dimensions l, l+32, ... of the row in registers. The T×T
 // matrix is never stored; the forward pass saves lse(B,NH,T) only, and the
 // backward pass recomputes probabilities from it.
+//
+// The row-wise kernels also take grouped-query attention (the gqa_*
+// entry points): qkv(B,T,(NH+2·NKV)·hs) holds NH query heads, then NKV key
+// heads, then NKV value heads, query head h attending with key/value head
+// h/(NH/NKV); NKV = NH is the multi-head layout above.
 #include "common.cuh"
 
 #define ATT_R 8
@@ -19,17 +24,30 @@ __device__ __forceinline__ Row att_row(i64 row, int T, int NH) {
     return r;
 }
 
-// attention_forward writes out(B,T,C) and lse(B,NH,T).
-extern "C" __global__ void attention_forward(void* out, int dto, float* lse, const void* qkv, int dtq, int B, int T, int C,
-                                             int NH) {
+// GQA is the packed layout of NH query and NKV key/value heads of size hs:
+// element offsets of a token's query head h (q), of key/value head kv (k,
+// v) and of query head h in out(B,T,NH·hs).
+struct GQA {
+    int T, NH, NKV, hs;
+    __device__ __forceinline__ i64 width() const { return (i64)(NH + 2 * NKV) * hs; }
+    __device__ __forceinline__ i64 q(int b, int t, int h) const { return ((i64)b * T + t) * width() + (i64)h * hs; }
+    __device__ __forceinline__ i64 k(int b, int t, int kv) const {
+        return ((i64)b * T + t) * width() + (i64)(NH + kv) * hs;
+    }
+    __device__ __forceinline__ i64 v(int b, int t, int kv) const { return k(b, t, kv) + (i64)NKV * hs; }
+    __device__ __forceinline__ i64 o(int b, int t, int h) const { return ((i64)b * T + t) * NH * hs + (i64)h * hs; }
+    __device__ __forceinline__ int group(int h) const { return h / (NH / NKV); }
+};
+
+// att_forward writes out(B,T,NH·hs) and lse(B,NH,T), one warp per (b, h, t).
+__device__ __forceinline__ void att_forward(void* out, int dto, float* lse, const void* qkv, int dtq, int B, GQA L) {
     int lane = threadIdx.x & 31;
     i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= (i64)B * NH * T) return;
-    Row r = att_row(row, T, NH);
-    int hs = C / NH;
+    if (row >= (i64)B * L.NH * L.T) return;
+    Row r = att_row(row, L.T, L.NH);
+    int hs = L.hs, kv = L.group(r.h);
     float scale = 1.f / sqrtf((float)hs);
-    i64 C3 = 3LL * C;
-    i64 qoff = ((i64)r.b * T + r.t) * C3 + (i64)r.h * hs;
+    i64 qoff = L.q(r.b, r.t, r.h);
     float q[ATT_R], acc[ATT_R];
 #pragma unroll
     for (int k = 0; k < ATT_R; k++) {
@@ -39,7 +57,7 @@ extern "C" __global__ void attention_forward(void* out, int dto, float* lse, con
     }
     float m = -INFINITY, l = 0.f;
     for (int j = 0; j <= r.t; j++) {
-        i64 koff = ((i64)r.b * T + j) * C3 + C + (i64)r.h * hs, voff = koff + C;
+        i64 koff = L.k(r.b, j, kv), voff = L.v(r.b, j, kv);
         float s = 0.f;
 #pragma unroll
         for (int k = 0; k < ATT_R; k++) {
@@ -57,7 +75,7 @@ extern "C" __global__ void attention_forward(void* out, int dto, float* lse, con
         }
         m = mn;
     }
-    i64 ooff = ((i64)r.b * T + r.t) * C + (i64)r.h * hs;
+    i64 ooff = L.o(r.b, r.t, r.h);
     float inv = 1.f / l;
 #pragma unroll
     for (int k = 0; k < ATT_R; k++) {
@@ -67,21 +85,29 @@ extern "C" __global__ void attention_forward(void* out, int dto, float* lse, con
     if (lane == 0) lse[row] = m + logf(l);
 }
 
-// attention_backward (query side): dq += scale * sum_j ds_ij k_j with
+extern "C" __global__ void attention_forward(void* out, int dto, float* lse, const void* qkv, int dtq, int B, int T, int C,
+                                             int NH) {
+    att_forward(out, dto, lse, qkv, dtq, B, GQA{T, NH, NH, C / NH});
+}
+
+extern "C" __global__ void gqa_attention_forward(void* out, int dto, float* lse, const void* qkv, int dtq, int B, int T,
+                                                 int NH, int NKV, int hs) {
+    att_forward(out, dto, lse, qkv, dtq, B, GQA{T, NH, NKV, hs});
+}
+
+// att_backward (query side): dq += scale * sum_j ds_ij k_j with
 // ds_ij = p_ij (dout_i·v_j - D_i), D_i = dout_i·out_i. It also saves D(B,NH,T)
-// for attention_backward_kv.
-extern "C" __global__ void attention_backward(void* dqkv, int dtd, float* D, const void* dout, int dto, const void* qkv,
-                                              int dtq, const void* out, int dtout, const float* lse, int B, int T, int C,
-                                              int NH) {
+// for att_backward_kv. One warp per (b, h, t).
+__device__ __forceinline__ void att_backward(void* dqkv, int dtd, float* D, const void* dout, int dto, const void* qkv,
+                                             int dtq, const void* out, int dtout, const float* lse, int B, GQA L) {
     int lane = threadIdx.x & 31;
     i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= (i64)B * NH * T) return;
-    Row r = att_row(row, T, NH);
-    int hs = C / NH;
+    if (row >= (i64)B * L.NH * L.T) return;
+    Row r = att_row(row, L.T, L.NH);
+    int hs = L.hs, kv = L.group(r.h);
     float scale = 1.f / sqrtf((float)hs);
-    i64 C3 = 3LL * C;
-    i64 qoff = ((i64)r.b * T + r.t) * C3 + (i64)r.h * hs;
-    i64 ooff = ((i64)r.b * T + r.t) * C + (i64)r.h * hs;
+    i64 qoff = L.q(r.b, r.t, r.h);
+    i64 ooff = L.o(r.b, r.t, r.h);
     float q[ATT_R], go[ATT_R], dq[ATT_R];
     float Di = 0.f;
 #pragma unroll
@@ -93,9 +119,9 @@ extern "C" __global__ void attention_backward(void* dqkv, int dtd, float* D, con
         dq[k] = 0.f;
     }
     Di = warp_sum(Di);
-    float L = lse[row];
+    float Lr = lse[row];
     for (int j = 0; j <= r.t; j++) {
-        i64 koff = ((i64)r.b * T + j) * C3 + C + (i64)r.h * hs, voff = koff + C;
+        i64 koff = L.k(r.b, j, kv), voff = L.v(r.b, j, kv);
         float s = 0.f, dp = 0.f;
 #pragma unroll
         for (int k = 0; k < ATT_R; k++) {
@@ -107,35 +133,46 @@ extern "C" __global__ void attention_backward(void* dqkv, int dtd, float* D, con
         }
         s = warp_sum(s) * scale;
         dp = warp_sum(dp);
-        float ds = expf(s - L) * (dp - Di);
+        float ds = expf(s - Lr) * (dp - Di);
 #pragma unroll
         for (int k = 0; k < ATT_R; k++) {
             int d = lane + 32 * k;
             if (d < hs) dq[k] += ds * ldf(qkv, dtq, koff + d);
         }
     }
-    i64 dqoff = qoff;
 #pragma unroll
     for (int k = 0; k < ATT_R; k++) {
         int d = lane + 32 * k;
-        if (d < hs) stf(dqkv, dtd, dqoff + d, ldf(dqkv, dtd, dqoff + d) + scale * dq[k]);
+        if (d < hs) stf(dqkv, dtd, qoff + d, ldf(dqkv, dtd, qoff + d) + scale * dq[k]);
     }
     if (lane == 0) D[row] = Di;
 }
 
-// attention_backward_kv (key side): for key row j, dk += scale * sum_{i>=j} ds_ij q_i
-// and dv += sum_{i>=j} p_ij dout_i. Needs D from attention_backward.
-extern "C" __global__ void attention_backward_kv(void* dqkv, int dtd, const float* D, const void* dout, int dto,
-                                                 const void* qkv, int dtq, const float* lse, int B, int T, int C, int NH) {
+extern "C" __global__ void attention_backward(void* dqkv, int dtd, float* D, const void* dout, int dto, const void* qkv,
+                                              int dtq, const void* out, int dtout, const float* lse, int B, int T, int C,
+                                              int NH) {
+    att_backward(dqkv, dtd, D, dout, dto, qkv, dtq, out, dtout, lse, B, GQA{T, NH, NH, C / NH});
+}
+
+extern "C" __global__ void gqa_attention_backward(void* dqkv, int dtd, float* D, const void* dout, int dto,
+                                                  const void* qkv, int dtq, const void* out, int dtout, const float* lse,
+                                                  int B, int T, int NH, int NKV, int hs) {
+    att_backward(dqkv, dtd, D, dout, dto, qkv, dtq, out, dtout, lse, B, GQA{T, NH, NKV, hs});
+}
+
+// att_backward_kv (key side): for key row j of key/value head kv,
+// dk += scale * sum_h sum_{i>=j} ds_hij q_hi and dv += sum_h sum_{i>=j} p_hij dout_hi
+// over the query heads h of its group, in order. Needs D from att_backward.
+// One warp per (b, kv, j).
+__device__ __forceinline__ void att_backward_kv(void* dqkv, int dtd, const float* D, const void* dout, int dto,
+                                                const void* qkv, int dtq, const float* lse, int B, GQA L) {
     int lane = threadIdx.x & 31;
     i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= (i64)B * NH * T) return;
-    Row r = att_row(row, T, NH);
-    int j = r.t;
-    int hs = C / NH;
+    if (row >= (i64)B * L.NKV * L.T) return;
+    Row r = att_row(row, L.T, L.NKV);  // r.h is the key/value head
+    int j = r.t, hs = L.hs, rep = L.NH / L.NKV;
     float scale = 1.f / sqrtf((float)hs);
-    i64 C3 = 3LL * C;
-    i64 koff = ((i64)r.b * T + j) * C3 + C + (i64)r.h * hs, voff = koff + C;
+    i64 koff = L.k(r.b, j, r.h), voff = L.v(r.b, j, r.h);
     float kk[ATT_R], vv[ATT_R], dk[ATT_R], dv[ATT_R];
 #pragma unroll
     for (int k = 0; k < ATT_R; k++) {
@@ -145,29 +182,31 @@ extern "C" __global__ void attention_backward_kv(void* dqkv, int dtd, const floa
         dk[k] = 0.f;
         dv[k] = 0.f;
     }
-    i64 rowbase = row - j;  // (b,h,0) in lse/D
-    for (int i = j; i < T; i++) {
-        i64 qoff = ((i64)r.b * T + i) * C3 + (i64)r.h * hs;
-        i64 ooff = ((i64)r.b * T + i) * C + (i64)r.h * hs;
-        float s = 0.f, dp = 0.f;
+    for (int h = r.h * rep; h < (r.h + 1) * rep; h++) {
+        i64 rowbase = ((i64)r.b * L.NH + h) * L.T;  // (b,h,0) in lse/D
+        for (int i = j; i < L.T; i++) {
+            i64 qoff = L.q(r.b, i, h);
+            i64 ooff = L.o(r.b, i, h);
+            float s = 0.f, dp = 0.f;
 #pragma unroll
-        for (int k = 0; k < ATT_R; k++) {
-            int d = lane + 32 * k;
-            if (d < hs) {
-                s += kk[k] * ldf(qkv, dtq, qoff + d);
-                dp += vv[k] * ldf(dout, dto, ooff + d);
+            for (int k = 0; k < ATT_R; k++) {
+                int d = lane + 32 * k;
+                if (d < hs) {
+                    s += kk[k] * ldf(qkv, dtq, qoff + d);
+                    dp += vv[k] * ldf(dout, dto, ooff + d);
+                }
             }
-        }
-        s = warp_sum(s) * scale;
-        dp = warp_sum(dp);
-        float p = expf(s - lse[rowbase + i]);
-        float ds = p * (dp - D[rowbase + i]);
+            s = warp_sum(s) * scale;
+            dp = warp_sum(dp);
+            float p = expf(s - lse[rowbase + i]);
+            float ds = p * (dp - D[rowbase + i]);
 #pragma unroll
-        for (int k = 0; k < ATT_R; k++) {
-            int d = lane + 32 * k;
-            if (d < hs) {
-                dk[k] += ds * ldf(qkv, dtq, qoff + d);
-                dv[k] += p * ldf(dout, dto, ooff + d);
+            for (int k = 0; k < ATT_R; k++) {
+                int d = lane + 32 * k;
+                if (d < hs) {
+                    dk[k] += ds * ldf(qkv, dtq, qoff + d);
+                    dv[k] += p * ldf(dout, dto, ooff + d);
+                }
             }
         }
     }
@@ -179,6 +218,17 @@ extern "C" __global__ void attention_backward_kv(void* dqkv, int dtd, const floa
             stf(dqkv, dtd, voff + d, ldf(dqkv, dtd, voff + d) + dv[k]);
         }
     }
+}
+
+extern "C" __global__ void attention_backward_kv(void* dqkv, int dtd, const float* D, const void* dout, int dto,
+                                                 const void* qkv, int dtq, const float* lse, int B, int T, int C, int NH) {
+    att_backward_kv(dqkv, dtd, D, dout, dto, qkv, dtq, lse, B, GQA{T, NH, NH, C / NH});
+}
+
+extern "C" __global__ void gqa_attention_backward_kv(void* dqkv, int dtd, const float* D, const void* dout, int dto,
+                                                     const void* qkv, int dtq, const float* lse, int B, int T, int NH,
+                                                     int NKV, int hs) {
+    att_backward_kv(dqkv, dtd, D, dout, dto, qkv, dtq, lse, B, GQA{T, NH, NKV, hs});
 }
 
 // Tiled variants for head sizes up to ATT_HMAX: a block takes a few rows of

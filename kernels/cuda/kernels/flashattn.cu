@@ -4,7 +4,10 @@
 // rows. Keys and values stream through shared memory 64 at a time; scores
 // S = Q·Kᵀ and the output O += P·V are mma.sync m16n8k16 bf16 products with
 // float32 accumulation, the softmax runs online in registers (base 2), and
-// only out(B,T,C) and lse(B,NH,T) (natural log) are written.
+// only out(B,T,C) and lse(B,NH,T) (natural log) are written. Grouped-query
+// attention: qkv holds NH query heads, then NKV key and NKV value heads per
+// token, query head h reading key/value head h/(NH/NKV) (NKV = NH is
+// ordinary multi-head attention).
 //
 // Fragment layouts of mma.m16n8k16 (PTX ISA), g = lane/4, c = lane%4:
 //   A (16x16, row-major), 4 registers of 2 bf16: a0 (row g, cols 2c,2c+1),
@@ -136,15 +139,17 @@ __device__ __forceinline__ void fa_ld_frag(uint32_t (*f)[4], const uint16_t* g, 
 // Elements are handled as their bf16 bit patterns (uint16_t).
 template <int HS>
 __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __restrict__ lse,
-                                          const uint16_t* __restrict__ qkv, int T, int C, int NH, float scale_log2,
+                                          const uint16_t* __restrict__ qkv, int T, int NH, int NKV, float scale_log2,
                                           uint16_t* Ks, uint16_t* Vs) {
     constexpr int KS = HS + 8, KD = HS / 16, ND = HS / 8, NK = FA_BK / 8;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const int z = blockIdx.y, b = z / NH, h = z - b * NH;
+    const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
     // The last query blocks have the most keys: start them first.
     const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_BQ;
-    const i64 C3 = 3LL * C;
-    const uint16_t* base = qkv + (i64)b * T * C3 + (i64)h * HS;  // q of token 0 of this head
+    const i64 W = (i64)(NH + 2 * NKV) * HS;                              // row stride of qkv
+    const uint16_t* base = qkv + (i64)b * T * W + (i64)h * HS;            // q of token 0 of this head
+    const uint16_t* kbase = qkv + (i64)b * T * W + (i64)(NH + kv) * HS;  // k of token 0 of its key head
+    const uint16_t* vbase = kbase + (i64)NKV * HS;                        // v of token 0 of its value head
     const int w0 = q0 + warp * 16;                                       // first row of this warp
     const int r0 = w0 + g, r1 = r0 + 8;
 
@@ -152,10 +157,10 @@ __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __r
 #pragma unroll
     for (int kk = 0; kk < KD; kk++) {
         const int d = kk * 16 + 2 * c;
-        qf[kk][0] = r0 < T ? fa_ld32(base + (i64)r0 * C3 + d) : 0u;
-        qf[kk][1] = r1 < T ? fa_ld32(base + (i64)r1 * C3 + d) : 0u;
-        qf[kk][2] = r0 < T ? fa_ld32(base + (i64)r0 * C3 + d + 8) : 0u;
-        qf[kk][3] = r1 < T ? fa_ld32(base + (i64)r1 * C3 + d + 8) : 0u;
+        qf[kk][0] = r0 < T ? fa_ld32(base + (i64)r0 * W + d) : 0u;
+        qf[kk][1] = r1 < T ? fa_ld32(base + (i64)r1 * W + d) : 0u;
+        qf[kk][2] = r0 < T ? fa_ld32(base + (i64)r0 * W + d + 8) : 0u;
+        qf[kk][3] = r1 < T ? fa_ld32(base + (i64)r1 * W + d + 8) : 0u;
     }
     float o[ND][4];
 #pragma unroll
@@ -167,12 +172,12 @@ __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __r
     // Software pipeline: K of the next tile loads during this tile's P·V,
     // V during its S = Q·Kᵀ and softmax. Keys past T are zero: masked, and
     // never NaN times 0.
-    fa_cp_rows<HS>(Ks, base + C, C3, 0, FA_BK, T);
+    fa_cp_rows<HS>(Ks, kbase, W, 0, FA_BK, T);
     fa_cp_commit();
     for (int k0 = 0; k0 <= qlast; k0 += FA_BK) {
         fa_cp_wait();
         __syncthreads();  // K(k0) is in; every warp is done with V of the previous tile
-        fa_cp_rows<HS>(Vs, base + 2 * C, C3, k0, FA_BK, T);
+        fa_cp_rows<HS>(Vs, vbase, W, k0, FA_BK, T);
         fa_cp_commit();
         const bool work = active && k0 <= w0 + 15;  // some row of this warp sees these keys
 
@@ -244,7 +249,7 @@ __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __r
         fa_cp_wait();
         __syncthreads();  // V(k0) is in; every warp is done with K(k0)
         if (k0 + FA_BK <= qlast) {
-            fa_cp_rows<HS>(Ks, base + C, C3, k0 + FA_BK, FA_BK, T);
+            fa_cp_rows<HS>(Ks, kbase, W, k0 + FA_BK, FA_BK, T);
             fa_cp_commit();
         }
         if (!work) continue;
@@ -294,20 +299,22 @@ __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __r
 // shared by MT row tiles. MT 1 computes what flash_fwd does.
 template <int HS, int MT>
 __device__ __forceinline__ void flash_fwd_mt(uint16_t* __restrict__ out, float* __restrict__ lse,
-                                             const uint16_t* __restrict__ qkv, int T, int C, int NH, float scale_log2,
+                                             const uint16_t* __restrict__ qkv, int T, int NH, int NKV, float scale_log2,
                                              uint16_t* Ks, uint16_t* Vs) {
     constexpr int KS = HS + 8, KD = HS / 16, ND = HS / 8, NK = FA_BK / 8, BQ = 64 * MT;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const int z = blockIdx.y, b = z / NH, h = z - b * NH;
+    const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
     // The last query blocks have the most keys: start them first.
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
-    const i64 C3 = 3LL * C;
-    const uint16_t* base = qkv + (i64)b * T * C3 + (i64)h * HS;  // q of token 0 of this head
+    const i64 W = (i64)(NH + 2 * NKV) * HS;                              // row stride of qkv
+    const uint16_t* base = qkv + (i64)b * T * W + (i64)h * HS;            // q of token 0 of this head
+    const uint16_t* kbase = qkv + (i64)b * T * W + (i64)(NH + kv) * HS;  // k of token 0 of its key head
+    const uint16_t* vbase = kbase + (i64)NKV * HS;                        // v of token 0 of its value head
     const int w0 = q0 + warp * 16 * MT;                                  // first row of this warp
 
     uint32_t qf[MT][KD][4];
 #pragma unroll
-    for (int t = 0; t < MT; t++) fa_ld_frag<HS>(qf[t], base, C3, w0 + 16 * t + g, T);
+    for (int t = 0; t < MT; t++) fa_ld_frag<HS>(qf[t], base, W, w0 + 16 * t + g, T);
     float o[MT][ND][4];
     float m[MT][2], l[MT][2];
 #pragma unroll
@@ -320,12 +327,12 @@ __device__ __forceinline__ void flash_fwd_mt(uint16_t* __restrict__ out, float* 
     const int qlast = min(q0 + BQ, T) - 1;  // the block's last valid row
     const bool active = w0 < T;             // the warp has a valid row
 
-    fa_cp_rows<HS>(Ks, base + C, C3, 0, FA_BK, T);
+    fa_cp_rows<HS>(Ks, kbase, W, 0, FA_BK, T);
     fa_cp_commit();
     for (int k0 = 0; k0 <= qlast; k0 += FA_BK) {
         fa_cp_wait();
         __syncthreads();  // K(k0) is in; every warp is done with V of the previous tile
-        fa_cp_rows<HS>(Vs, base + 2 * C, C3, k0, FA_BK, T);
+        fa_cp_rows<HS>(Vs, vbase, W, k0, FA_BK, T);
         fa_cp_commit();
         const bool work = active && k0 <= w0 + 16 * MT - 1;  // some row of this warp sees these keys
 
@@ -404,7 +411,7 @@ __device__ __forceinline__ void flash_fwd_mt(uint16_t* __restrict__ out, float* 
         fa_cp_wait();
         __syncthreads();  // V(k0) is in; every warp is done with K(k0)
         if (k0 + FA_BK <= qlast) {
-            fa_cp_rows<HS>(Ks, base + C, C3, k0 + FA_BK, FA_BK, T);
+            fa_cp_rows<HS>(Ks, kbase, W, k0 + FA_BK, FA_BK, T);
             fa_cp_commit();
         }
         if (!work) continue;
@@ -459,10 +466,11 @@ __device__ __forceinline__ void flash_fwd_mt(uint16_t* __restrict__ out, float* 
     }
 }
 
-// Backward pass. // Two kernels, no atomics (deterministic), both accumulating into dqkv:
-// flash_bwd_kv gives dK and dV, one block per 64 keys of one (batch, head),
-// each warp owning 16 keys and walking the query tiles from its diagonal to
-// T; flash_bwd_q gives dQ, one block per 64 query rows, each warp owning 16
+// Backward pass. Two kernels, no atomics (deterministic), both accumulating into dqkv:
+// flash_bwd_kv gives dK and dV, one block per 64 keys of one (batch,
+// key/value head), each warp owning 16 keys and walking the query tiles from
+// its diagonal to T, for each query head of the group in turn (so the
+// group's sum stays in registers, in a fixed order); flash_bwd_q gives dQ, one block per 64 query rows, each warp owning 16
 // rows and walking the key tiles up to its diagonal. Both recompute
 // P = exp(scale·QKᵀ - lse) from the forward's lse and take
 // D = rowsum(dO∘O) from flash_bwd_prep; dS = P∘(dP - D), dQ = scale·dS·K,
@@ -472,7 +480,8 @@ __device__ __forceinline__ void flash_fwd_mt(uint16_t* __restrict__ out, float* 
 // transposed where the product runs along the tile's rows.
 
 
-// flash_bwd_kv: dK and dV of the block's 64 keys; queries stream through
+// flash_bwd_kv: dK and dV of the block's 64 keys (summed over the query
+// heads of their group); queries stream through
 // shared memory BQ at a time (Qb: two tiles of Q rows, Gs: one of dO rows;
 // Lb, Db: two tiles of lse in base 2, +inf past T so that P is 0 there, and
 // of D). dqkv 4-byte aligned, qkv and
@@ -480,46 +489,55 @@ __device__ __forceinline__ void flash_fwd_mt(uint16_t* __restrict__ out, float* 
 template <int HS, int BQ>
 __device__ __forceinline__ void flash_bwd_kv(uint16_t* __restrict__ dqkv, const uint16_t* __restrict__ dout,
                                              const uint16_t* __restrict__ qkv, const float* __restrict__ lse,
-                                             const float* __restrict__ Dd, int T, int C, int NH, float scale_log2,
+                                             const float* __restrict__ Dd, int T, int NH, int NKV, float scale_log2,
                                              float scale, bool set, uint16_t* Qb, uint16_t* Gs, float* Lb, float* Db) {
     constexpr int QS = HS + 8, KD = HS / 16, ND = HS / 8, NQ = BQ / 8;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const int z = blockIdx.y, b = z / NH, h = z - b * NH;
+    const int C = NH * HS, rep = NH / NKV;
+    const int z = blockIdx.y, b = z / NKV, kv = z - b * NKV;  // one key/value head
     const int k0 = blockIdx.x * FA_BK;
-    const i64 C3 = 3LL * C;
-    const uint16_t* base = qkv + (i64)b * T * C3 + (i64)h * HS;    // q of token 0 of this head
-    const uint16_t* gbase = dout + (i64)b * T * C + (i64)h * HS;  // dO of token 0
+    const i64 W = (i64)(NH + 2 * NKV) * HS;                                // row stride of qkv
+    const uint16_t* kbase = qkv + (i64)b * T * W + (i64)(NH + kv) * HS;    // k of token 0 of this head
+    const uint16_t* vbase = kbase + (i64)NKV * HS;                          // v of token 0
     const int kw0 = k0 + warp * 16, kr0 = kw0 + g, kr1 = kr0 + 8;
     const bool active = kw0 < T;
     uint32_t kf[KD][4], vf[KD][4];
-    fa_ld_frag<HS>(kf, base + C, C3, kr0, T);
-    fa_ld_frag<HS>(vf, base + 2 * C, C3, kr0, T);
+    fa_ld_frag<HS>(kf, kbase, W, kr0, T);
+    fa_ld_frag<HS>(vf, vbase, W, kr0, T);
     float dk[ND][4], dv[ND][4];
 #pragma unroll
     for (int j = 0; j < ND; j++) dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.f;
-    const float* lz = lse + (i64)z * T;
-    const float* dz = Dd + (i64)z * T;
+    // The block's query tiles: those from k0 to T of each query head of the
+    // group (heads kv·rep .. kv·rep+rep-1) in turn, nt per head; dK and dV
+    // sum over all of them in this fixed order (no atomics).
+    const int nt = (T - k0 + BQ - 1) / BQ, nit = rep * nt;
+    auto qhead = [&](int it) { return kv * rep + it / nt; };
+    auto qstart = [&](int it) { return k0 + (it % nt) * BQ; };
 
     // Software pipeline: Q (with lse and D) is double-buffered (Qb, Lb, Db:
     // two tiles each); the next Q loads during this tile's dP, dV and dK,
     // dO during its Sᵀ and P.
-    auto ld_ld = [&](int q0, int buf) {  // lse (base 2, +inf past T) and D
+    auto ld_q = [&](int it, int buf) {  // Q, lse (base 2, +inf past T) and D
+        const int h = qhead(it), q0 = qstart(it);
+        fa_cp_rows<HS>(Qb + buf * BQ * QS, qkv + (i64)b * T * W + (i64)h * HS, W, q0, BQ, T);
+        fa_cp_commit();
+        const float* lz = lse + ((i64)b * NH + h) * T;
+        const float* dz = Dd + ((i64)b * NH + h) * T;
         for (int i = tid; i < BQ; i += FA_THREADS) {
             const int q = q0 + i;
             Lb[buf * BQ + i] = q < T ? lz[q] * FA_LOG2E : INFINITY;
             Db[buf * BQ + i] = q < T ? dz[q] : 0.f;
         }
     };
-    fa_cp_rows<HS>(Qb, base, C3, k0, BQ, T);
-    fa_cp_commit();
-    ld_ld(k0, 0);
-    for (int q0 = k0, it = 0; q0 < T; q0 += BQ, it++) {
+    ld_q(0, 0);
+    for (int it = 0; it < nit; it++) {
+        const int q0 = qstart(it);
         const uint16_t* Qs = Qb + (it & 1) * BQ * QS;
         const float* Ls = Lb + (it & 1) * BQ;
         const float* Ds = Db + (it & 1) * BQ;
         fa_cp_wait();
         __syncthreads();  // Q(q0) is in; every warp is done with the previous tile
-        fa_cp_rows<HS>(Gs, gbase, C, q0, BQ, T);
+        fa_cp_rows<HS>(Gs, dout + (i64)b * T * C + (i64)qhead(it) * HS, C, q0, BQ, T);
         fa_cp_commit();
         const bool work = active && q0 + BQ > kw0;  // some query of the tile sees the warp's keys
 
@@ -555,11 +573,7 @@ __device__ __forceinline__ void flash_bwd_kv(uint16_t* __restrict__ dqkv, const 
         }
         fa_cp_wait();
         __syncthreads();  // dO(q0) is in
-        if (q0 + BQ < T) {  // into the buffers the previous tile used
-            fa_cp_rows<HS>(Qb + ((it + 1) & 1) * BQ * QS, base, C3, q0 + BQ, BQ, T);
-            fa_cp_commit();
-            ld_ld(q0 + BQ, (it + 1) & 1);
-        }
+        if (it + 1 < nit) ld_q(it + 1, (it + 1) & 1);  // into the buffers the previous tile used
         if (!work) continue;
 
         // dPᵀ = V·dOᵀ, then dSᵀ = Pᵀ∘(dPᵀ - D) in place.
@@ -609,20 +623,20 @@ __device__ __forceinline__ void flash_bwd_kv(uint16_t* __restrict__ dqkv, const 
         }
     }
     if (!active) return;
-    uint16_t* dkb = dqkv + (i64)b * T * C3 + C + (i64)h * HS + 2 * c;
-    uint16_t* dvb = dkb + C;
+    uint16_t* dkb = dqkv + (i64)b * T * W + (i64)(NH + kv) * HS + 2 * c;
+    uint16_t* dvb = dkb + (i64)NKV * HS;
     if (kr0 < T) {
 #pragma unroll
         for (int j = 0; j < ND; j++) {
-            fa_acc2(dkb + (i64)kr0 * C3 + j * 8, dk[j][0] * scale, dk[j][1] * scale, set);
-            fa_acc2(dvb + (i64)kr0 * C3 + j * 8, dv[j][0], dv[j][1], set);
+            fa_acc2(dkb + (i64)kr0 * W + j * 8, dk[j][0] * scale, dk[j][1] * scale, set);
+            fa_acc2(dvb + (i64)kr0 * W + j * 8, dv[j][0], dv[j][1], set);
         }
     }
     if (kr1 < T) {
 #pragma unroll
         for (int j = 0; j < ND; j++) {
-            fa_acc2(dkb + (i64)kr1 * C3 + j * 8, dk[j][2] * scale, dk[j][3] * scale, set);
-            fa_acc2(dvb + (i64)kr1 * C3 + j * 8, dv[j][2], dv[j][3], set);
+            fa_acc2(dkb + (i64)kr1 * W + j * 8, dk[j][2] * scale, dk[j][3] * scale, set);
+            fa_acc2(dvb + (i64)kr1 * W + j * 8, dv[j][2], dv[j][3], set);
         }
     }
 }
@@ -633,19 +647,21 @@ __device__ __forceinline__ void flash_bwd_kv(uint16_t* __restrict__ dqkv, const 
 template <int HS, int BK>
 __device__ __forceinline__ void flash_bwd_q(uint16_t* __restrict__ dqkv, const uint16_t* __restrict__ dout,
                                             const uint16_t* __restrict__ qkv, const float* __restrict__ lse,
-                                            const float* __restrict__ Dd, int T, int C, int NH, float scale_log2,
+                                            const float* __restrict__ Dd, int T, int NH, int NKV, float scale_log2,
                                             float scale, bool set, uint16_t* Kb, uint16_t* Vs) {
     constexpr int KS = HS + 8, KD = HS / 16, ND = HS / 8, NK = BK / 8;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const int z = blockIdx.y, b = z / NH, h = z - b * NH;
+    const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
     const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_BQ;  // the most keys first
-    const i64 C3 = 3LL * C;
-    const uint16_t* base = qkv + (i64)b * T * C3 + (i64)h * HS;
+    const i64 W = (i64)(NH + 2 * NKV) * HS;  // row stride of qkv
+    const uint16_t* base = qkv + (i64)b * T * W + (i64)h * HS;
+    const uint16_t* kbase = qkv + (i64)b * T * W + (i64)(NH + kv) * HS;
+    const uint16_t* vbase = kbase + (i64)NKV * HS;
     const uint16_t* gbase = dout + (i64)b * T * C + (i64)h * HS;
     const int w0 = q0 + warp * 16, r0 = w0 + g, r1 = r0 + 8;
     const bool active = w0 < T;
     uint32_t qf[KD][4], gf[KD][4];
-    fa_ld_frag<HS>(qf, base, C3, r0, T);
+    fa_ld_frag<HS>(qf, base, W, r0, T);
     fa_ld_frag<HS>(gf, gbase, C, r0, T);
     const float l0 = r0 < T ? lse[(i64)z * T + r0] * FA_LOG2E : INFINITY;
     const float l1 = r1 < T ? lse[(i64)z * T + r1] * FA_LOG2E : INFINITY;
@@ -658,13 +674,13 @@ __device__ __forceinline__ void flash_bwd_q(uint16_t* __restrict__ dqkv, const u
 
     // Software pipeline: K is double-buffered (Kb: two tiles); the next K
     // loads during this tile's dP, dS and dQ, V during its S and P.
-    fa_cp_rows<HS>(Kb, base + C, C3, 0, BK, T);
+    fa_cp_rows<HS>(Kb, kbase, W, 0, BK, T);
     fa_cp_commit();
     for (int k0 = 0, it = 0; k0 <= qlast; k0 += BK, it++) {
         const uint16_t* Ks = Kb + (it & 1) * BK * KS;
         fa_cp_wait();
         __syncthreads();  // K(k0) is in; every warp is done with V and K of the previous tile
-        fa_cp_rows<HS>(Vs, base + 2 * C, C3, k0, BK, T);
+        fa_cp_rows<HS>(Vs, vbase, W, k0, BK, T);
         fa_cp_commit();
         const bool work = active && k0 <= w0 + 15;  // some row of this warp sees these keys
 
@@ -700,7 +716,7 @@ __device__ __forceinline__ void flash_bwd_q(uint16_t* __restrict__ dqkv, const u
         fa_cp_wait();
         __syncthreads();  // V(k0) is in
         if (k0 + BK <= qlast) {  // into the buffer the previous tile used
-            fa_cp_rows<HS>(Kb + ((it + 1) & 1) * BK * KS, base + C, C3, k0 + BK, BK, T);
+            fa_cp_rows<HS>(Kb + ((it + 1) & 1) * BK * KS, kbase, W, k0 + BK, BK, T);
             fa_cp_commit();
         }
         if (!work) continue;
@@ -742,84 +758,89 @@ __device__ __forceinline__ void flash_bwd_q(uint16_t* __restrict__ dqkv, const u
         }
     }
     if (!active) return;
-    uint16_t* dqb = dqkv + (i64)b * T * C3 + (i64)h * HS + 2 * c;
+    uint16_t* dqb = dqkv + (i64)b * T * W + (i64)h * HS + 2 * c;
     if (r0 < T) {
 #pragma unroll
-        for (int j = 0; j < ND; j++) fa_acc2(dqb + (i64)r0 * C3 + j * 8, dq[j][0] * scale, dq[j][1] * scale, set);
+        for (int j = 0; j < ND; j++) fa_acc2(dqb + (i64)r0 * W + j * 8, dq[j][0] * scale, dq[j][1] * scale, set);
     }
     if (r1 < T) {
 #pragma unroll
-        for (int j = 0; j < ND; j++) fa_acc2(dqb + (i64)r1 * C3 + j * 8, dq[j][2] * scale, dq[j][3] * scale, set);
+        for (int j = 0; j < ND; j++) fa_acc2(dqb + (i64)r1 * W + j * 8, dq[j][2] * scale, dq[j][3] * scale, set);
     }
 }
 
 // ---- Entry points ----
 
 // flash_fwd_bf16_hs64 and _hs128: out(B,T,C) and lse(B,NH,T) from
-// qkv(B,T,3C), all bf16 but lse, C = NH·hs. Grid (ceil(T/64), B·NH),
-// 128 threads. scale_log2 is log2(e)/sqrt(hs).
+// qkv(B,T,(NH+2·NKV)·hs), all bf16 but lse, C = NH·hs: NH query heads, then
+// NKV key heads, then NKV value heads (NKV divides NH; query head h attends
+// with key/value head h/(NH/NKV); NKV = NH is multi-head attention, the
+// layout (B,T,3C)). Grid (ceil(T/64), B·NH), 128 threads. scale_log2 is
+// log2(e)/sqrt(hs).
 extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_FWD_MINB)
-    flash_fwd_bf16_hs64(void* out, float* lse, const void* qkv, int T, int C, int NH, float scale_log2) {
+    flash_fwd_bf16_hs64(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
     __shared__ __align__(16) uint16_t Ks[FA_BK * (64 + 8)];
     __shared__ __align__(16) uint16_t Vs[FA_BK * (64 + 8)];
-    flash_fwd<64>((uint16_t*)out, lse, (const uint16_t*)qkv, T, C, NH, scale_log2, Ks, Vs);
+    flash_fwd<64>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
 }
 
 extern "C" __global__ void __launch_bounds__(FA_THREADS)
-    flash_fwd_bf16_hs128(void* out, float* lse, const void* qkv, int T, int C, int NH, float scale_log2) {
+    flash_fwd_bf16_hs128(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
     __shared__ __align__(16) uint16_t Ks[FA_BK * (128 + 8)];
     __shared__ __align__(16) uint16_t Vs[FA_BK * (128 + 8)];
-    flash_fwd<128>((uint16_t*)out, lse, (const uint16_t*)qkv, T, C, NH, scale_log2, Ks, Vs);
+    flash_fwd<128>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
 }
 
 // flash_fwd2_bf16_hs64: flash_fwd_bf16_hs64 with two 16-row tiles per
 // warp (flash_fwd_mt): grid (ceil(T/128), B·NH), 128 threads.
 extern "C" __global__ void __launch_bounds__(FA_THREADS, 2)
-    flash_fwd2_bf16_hs64(void* out, float* lse, const void* qkv, int T, int C, int NH, float scale_log2) {
+    flash_fwd2_bf16_hs64(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
     __shared__ __align__(16) uint16_t Ks[FA_BK * (64 + 8)];
     __shared__ __align__(16) uint16_t Vs[FA_BK * (64 + 8)];
-    flash_fwd_mt<64, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, C, NH, scale_log2, Ks, Vs);
+    flash_fwd_mt<64, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
 }
 
-// flash_bwd entry points: dqkv(B,T,3C) += the gradients from dout(B,T,C),
-// qkv, lse(B,NH,T) (natural log, the forward's) and D(B,NH,T), all bf16
-// but lse and D. Grids (ceil(T/64), B·NH), 128 threads. scale_log2 is
+// flash_bwd entry points: dqkv(B,T,(NH+2·NKV)·hs) += the gradients from
+// dout(B,T,C), qkv (the forward's layout), lse(B,NH,T) (natural log, the
+// forward's) and D(B,NH,T), all bf16 but lse and D. Grids (ceil(T/64),
+// B·NKV) for flash_bwd_kv (a block sums dK and dV over the group's query
+// heads), (ceil(T/64), B·NH) for flash_bwd_q, 128 threads. scale_log2 is
 // log2(e)/sqrt(hs), scale 1/sqrt(hs). For head size 128 the kernels stream
 // 32 queries (keys) at a time, to keep their accumulators in registers.
 extern "C" __global__ void __launch_bounds__(FA_THREADS)
-    flash_bwd_kv_bf16_hs64(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int C,
-                           int NH, float scale_log2, float scale, int set) {
+    flash_bwd_kv_bf16_hs64(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH,
+                           int NKV, float scale_log2, float scale, int set) {
     __shared__ __align__(16) uint16_t Qb[2 * 64 * (64 + 8)];
     __shared__ __align__(16) uint16_t Gs[64 * (64 + 8)];
     __shared__ float Lb[2 * 64], Db[2 * 64];
-    flash_bwd_kv<64, 64>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale, set != 0,
+    flash_bwd_kv<64, 64>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, scale, set != 0,
                          Qb, Gs, Lb, Db);
 }
 
 extern "C" __global__ void __launch_bounds__(FA_THREADS)
-    flash_bwd_kv_bf16_hs128(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int C,
-                            int NH, float scale_log2, float scale, int set) {
+    flash_bwd_kv_bf16_hs128(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH,
+                            int NKV, float scale_log2, float scale, int set) {
     __shared__ __align__(16) uint16_t Qb[2 * 32 * (128 + 8)];
     __shared__ __align__(16) uint16_t Gs[32 * (128 + 8)];
     __shared__ float Lb[2 * 32], Db[2 * 32];
-    flash_bwd_kv<128, 32>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale, set != 0,
+    flash_bwd_kv<128, 32>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, scale, set != 0,
                           Qb, Gs, Lb, Db);
 }
 
 extern "C" __global__ void __launch_bounds__(FA_THREADS)
-    flash_bwd_q_bf16_hs64(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int C,
-                          int NH, float scale_log2, float scale, int set) {
+    flash_bwd_q_bf16_hs64(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH,
+                          int NKV, float scale_log2, float scale, int set) {
     __shared__ __align__(16) uint16_t Kb[2 * 64 * (64 + 8)];
     __shared__ __align__(16) uint16_t Vs[64 * (64 + 8)];
-    flash_bwd_q<64, 64>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale, set != 0, Kb, Vs);
+    flash_bwd_q<64, 64>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, scale, set != 0, Kb, Vs);
 }
 
 extern "C" __global__ void __launch_bounds__(FA_THREADS)
-    flash_bwd_q_bf16_hs128(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int C,
-                           int NH, float scale_log2, float scale, int set) {
+    flash_bwd_q_bf16_hs128(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH,
+                           int NKV, float scale_log2, float scale, int set) {
     __shared__ __align__(16) uint16_t Kb[2 * 32 * (128 + 8)];
     __shared__ __align__(16) uint16_t Vs[32 * (128 + 8)];
-    flash_bwd_q<128, 32>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, C, NH, scale_log2, scale, set != 0, Kb, Vs);
+    flash_bwd_q<128, 32>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, scale, set != 0, Kb, Vs);
 }
 
 // flash_bwd_prep: D[(b·NH + h)·T + t] = Σ_d dout·out over head h of token

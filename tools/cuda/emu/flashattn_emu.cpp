@@ -2,7 +2,9 @@
 // the host, to check the kernel's index arithmetic without a GPU: each block
 // is 128 std::threads, __syncthreads a barrier, and mma.m16n8k16 and the
 // shuffles and ldmatrix are emulated warp-collectively from the fragment layouts of the
-// PTX ISA. Out, lse and dqkv are compared with a float64 reference; built with
+// PTX ISA. Out, lse and dqkv are compared with a float64 reference, for
+// multi-head and grouped-query layouts (NKV key/value heads shared by
+// NH/NKV query heads each); built with
 // AddressSanitizer it also checks every global and shared access is in
 // bounds. Run with tools/cuda/emu.sh (g++ only, no CUDA toolkit).
 #include <barrier>
@@ -119,12 +121,15 @@ template <class F> void run_grid(F kernel) {
     }
 }
 
-// run checks flash_fwd (MT 0) or flash_fwd_mt<HS, MT>.
-template <int HS, int MT = 0> void run(int B, int T, int NH, unsigned seed, int& bad) {
-  int C = NH * HS;
+// run checks flash_fwd (MT 0) or flash_fwd_mt<HS, MT> with NH query heads
+// and NKV key/value heads (grouped-query attention; 0 means NKV = NH).
+template <int HS, int MT = 0> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
+  if (NKV == 0) NKV = NH;
+  int C = NH * HS, rep = NH / NKV;
+  size_t W = (size_t)(NH + 2 * NKV) * HS;
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> U(-2, 2);
-  std::vector<uint16_t> qkv((size_t)B * T * 3 * C), out((size_t)B * T * C, 0x7fc0);
+  std::vector<uint16_t> qkv((size_t)B * T * W), out((size_t)B * T * C, 0x7fc0);
   std::vector<float> lse((size_t)B * NH * T, NAN);
   for (auto& x : qkv) x = f2bf(U(rng));
   float sl2 = (float)(1.4426950408889634 / std::sqrt((double)HS));
@@ -132,13 +137,17 @@ template <int HS, int MT = 0> void run(int B, int T, int NH, unsigned seed, int&
   gridDim = {(T + BQ - 1) / BQ, B * NH};
   std::vector<uint16_t> Ks(64 * (HS + 8)), Vs(64 * (HS + 8));
   if constexpr (MT == 0)
-    run_grid([&] { flash_fwd<HS>(out.data(), lse.data(), qkv.data(), T, C, NH, sl2, Ks.data(), Vs.data()); });
+    run_grid([&] { flash_fwd<HS>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks.data(), Vs.data()); });
   else
-    run_grid([&] { flash_fwd_mt<HS, MT>(out.data(), lse.data(), qkv.data(), T, C, NH, sl2, Ks.data(), Vs.data()); });
+    run_grid([&] { flash_fwd_mt<HS, MT>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks.data(), Vs.data()); });
   // reference in double
   double worst = 0, worstL = 0;
   for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
-    auto at = [&](int tok, int which, int d) { return (double)bf2f(qkv[((size_t)b * T + tok) * 3 * C + which * C + h * HS + d]); };
+    // which 0: q of head h; 1, 2: k, v of its key/value head h/rep.
+    auto at = [&](int tok, int which, int d) {
+      size_t col = which == 0 ? (size_t)h * HS : (size_t)(NH + (which - 1) * NKV + h / rep) * HS;
+      return (double)bf2f(qkv[((size_t)b * T + tok) * W + col + d]);
+    };
     std::vector<double> s(t + 1);
     double m = -INFINITY;
     for (int j = 0; j <= t; j++) { double acc = 0; for (int d = 0; d < HS; d++) acc += at(t, 0, d) * at(j, 1, d); s[j] = acc / std::sqrt((double)HS); m = std::max(m, s[j]); }
@@ -154,14 +163,15 @@ template <int HS, int MT = 0> void run(int B, int T, int NH, unsigned seed, int&
       if (!(e <= 2e-2 + 1.6e-2 * std::fabs(o))) { if (bad++ < 5) printf("out b%d h%d t%d d%d: %g vs %g\n", b, h, t, d, g, o); }
     }
   }
-  printf("HS%d MT%d B%d T%d NH%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", HS, MT, B, T, NH, worst, worstL, bad);
+  printf("HS%d MT%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", HS, MT, B, T, NH, NKV, worst, worstL, bad);
 }
 // run_bwd checks flash_bwd_kv and flash_bwd_q: dqkv starts random (the
 // kernels accumulate, or with set overwrite), lse and D come from a float64
-// forward pass.
-template <int HS, int BQ> void run_bwd(int B, int T, int NH, unsigned seed, int& bad, bool set = false) {
-  int C = NH * HS;
-  i64 C3 = 3LL * C;
+// forward pass. NKV as in run: dK and dV sum over the query heads of a group.
+template <int HS, int BQ> void run_bwd(int B, int T, int NH, unsigned seed, int& bad, bool set = false, int NKV = 0) {
+  if (NKV == 0) NKV = NH;
+  int C = NH * HS, rep = NH / NKV;
+  i64 C3 = (i64)(NH + 2 * NKV) * HS;  // the row width of qkv and dqkv
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> U(-2, 2);
   std::vector<uint16_t> qkv((size_t)B * T * C3), dout((size_t)B * T * C), dqkv((size_t)B * T * C3);
@@ -173,7 +183,9 @@ template <int HS, int BQ> void run_bwd(int B, int T, int NH, unsigned seed, int&
   std::vector<double> ref((size_t)B * T * C3, 0.0);
   double sc = 1 / std::sqrt((double)HS);
   for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) {
-    auto at = [&](int tok, int which, int d) { return (double)bf2f(qkv[((size_t)b * T + tok) * C3 + which * C + h * HS + d]); };
+    // col(which): the column of q of head h (0) or of k, v of its key/value head (1, 2).
+    auto col = [&](int which) { return which == 0 ? (size_t)h * HS : (size_t)(NH + (which - 1) * NKV + h / rep) * HS; };
+    auto at = [&](int tok, int which, int d) { return (double)bf2f(qkv[((size_t)b * T + tok) * C3 + col(which) + d]); };
     auto go = [&](int tok, int d) { return (double)bf2f(dout[((size_t)b * T + tok) * C + h * HS + d]); };
     std::vector<double> P((size_t)T * T, 0.0), L(T), Dv(T);
     for (int t = 0; t < T; t++) {
@@ -193,15 +205,15 @@ template <int HS, int BQ> void run_bwd(int B, int T, int NH, unsigned seed, int&
       for (int d = 0; d < HS; d++) dp += go(t, d) * at(j, 2, d);
       double ds = p * (dp - Dv[t]);
       for (int d = 0; d < HS; d++) {
-        ref[((size_t)b * T + t) * C3 + h * HS + d] += sc * ds * at(j, 1, d);          // dQ
-        ref[((size_t)b * T + j) * C3 + C + h * HS + d] += sc * ds * at(t, 0, d);      // dK
-        ref[((size_t)b * T + j) * C3 + 2 * C + h * HS + d] += p * go(t, d);          // dV
+        ref[((size_t)b * T + t) * C3 + col(0) + d] += sc * ds * at(j, 1, d);  // dQ
+        ref[((size_t)b * T + j) * C3 + col(1) + d] += sc * ds * at(t, 0, d);  // dK
+        ref[((size_t)b * T + j) * C3 + col(2) + d] += p * go(t, d);          // dV
       }
     }
   }
   float sl2 = (float)(1.4426950408889634 / std::sqrt((double)HS)), s1 = (float)sc;
-  gridDim = {(T + 63) / 64, B * NH};
   for (int pass = 0; pass < 2; pass++) {
+    gridDim = {(T + 63) / 64, B * (pass == 0 ? NKV : NH)};  // flash_bwd_kv: one block row per key/value head
     // Exact sizes, so that AddressSanitizer sees any access past a tile:
     // both kernels stream BQ rows at a time, double-buffering Q (with lse
     // and D) or K.
@@ -209,9 +221,9 @@ template <int HS, int BQ> void run_bwd(int B, int T, int NH, unsigned seed, int&
     std::vector<float> Ls(2 * BQ), Ds(2 * BQ);
     run_grid([&] {
       if (pass == 0)
-        flash_bwd_kv<HS, BQ>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, C, NH, sl2, s1, set, S1.data(), S2.data(), Ls.data(), Ds.data());
+        flash_bwd_kv<HS, BQ>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, s1, set, S1.data(), S2.data(), Ls.data(), Ds.data());
       else
-        flash_bwd_q<HS, BQ>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, C, NH, sl2, s1, set, S1.data(), S2.data());
+        flash_bwd_q<HS, BQ>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, s1, set, S1.data(), S2.data());
     });
   }
   double rms = 0;
@@ -225,11 +237,12 @@ template <int HS, int BQ> void run_bwd(int B, int T, int NH, unsigned seed, int&
     double e = std::fabs(got - want);
     worst = std::max(worst, e / tol);
     if (!(e <= tol)) {
-      size_t tok = i / C3; int col = (int)(i % C3);
-      if (bad++ < 8) printf("%s tok %zu col %d: %g vs %g\n", part[col / C], tok, col % C, got, want);
+      size_t tok = i / C3; int cl = (int)(i % C3);
+      int which = cl < C ? 0 : cl < C + NKV * HS ? 1 : 2;
+      if (bad++ < 8) printf("%s tok %zu col %d: %g vs %g\n", part[which], tok, cl, got, want);
     }
   }
-  printf("bwd%s HS%d BQ%d B%d T%d NH%d: worst err/tol %.3f (rms grad %.3g), bad %d\n", set ? " (set)" : "", HS, BQ, B, T, NH, worst, rms, bad);
+  printf("bwd%s HS%d BQ%d B%d T%d NH%d NKV%d: worst err/tol %.3f (rms grad %.3g), bad %d\n", set ? " (set)" : "", HS, BQ, B, T, NH, NKV, worst, rms, bad);
 }
 
 int main() {
@@ -251,5 +264,15 @@ int main() {
   run_bwd<128, 32>(1, 63, 1, 8, bad);
   run_bwd<128, 32>(1, 130, 2, 9, bad, true);
   run_bwd<64, 64>(1, 200, 1, 10, bad);
+  // Grouped-query attention: groups of 2, 3 and 4 query heads per
+  // key/value head, and one key/value head for all (multi-query).
+  run<64>(2, 70, 4, 31, bad, 2);
+  run<128>(1, 65, 3, 32, bad, 1);
+  run<64, 2>(1, 130, 4, 33, bad, 1);
+  run<64, 2>(2, 67, 6, 34, bad, 2);
+  run_bwd<64, 64>(2, 70, 4, 35, bad, false, 2);
+  run_bwd<64, 64>(1, 129, 6, 36, bad, true, 2);
+  run_bwd<128, 32>(1, 65, 3, 37, bad, false, 1);
+  run_bwd<64, 64>(1, 1, 2, 38, bad, false, 1);
   return bad != 0;
 }
