@@ -226,7 +226,7 @@ func OffloadHostBytes(m *Model, B, T, accum int, o OffloadOptions) (map[offload.
 	for i := range tiers {
 		tiers[i] = o.optTier(i)
 	}
-	return plan.HostState(params, int64(m.DType.Size()), m.DType != kernels.F32, o.DelayedUpdate, tiers, plan.SlotBytes(p)), nil
+	return plan.HostState(params, int64(m.DType.Size()), m.DType != kernels.F32, o.DelayedUpdate, o.DiskMaster, tiers, plan.SlotBytes(p)), nil
 }
 
 // PlanRequest is what PlanTrainer plans for. Zero override fields leave the
@@ -367,7 +367,7 @@ func optionsFor(p *offload.Placement, req PlanRequest, b offload.Budgets) Offloa
 		DelayedUpdate: req.DelayedUpdate, HostBudget: b.Host,
 	}
 	if p.Optimizer == offload.TierDisk {
-		o.DiskDir, o.DiskBudget = req.DiskDir, b.Disk
+		o.DiskDir, o.DiskBudget, o.DiskMaster = req.DiskDir, b.Disk, p.MasterOnDisk
 	}
 	if p.OptimizerSplit() != p.Optimizer.String() {
 		// Placed per layer (device, host, disk).

@@ -11,6 +11,7 @@ import (
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/offload"
 	"github.com/spill-ml/spill/offload/exec"
+	"github.com/spill-ml/spill/offload/plan"
 	"github.com/spill-ml/spill/offload/schedule"
 	"github.com/spill-ml/spill/stream"
 )
@@ -60,6 +61,12 @@ type OffloadOptions struct {
 	// DiskDir and DiskBudget configure the disk tier (Optimizer TierDisk).
 	DiskDir    string
 	DiskBudget int64
+	// DiskMaster keeps the fp32 master weights of the disk layers on disk
+	// too, read ahead and written back with their moments (engine/
+	// ooc_host.go); the host keeps their compute-dtype weights and
+	// gradients only. Mixed precision or DelayedUpdate only
+	// (plan.CanMasterOnDisk): in fp32 the master is the weights.
+	DiskMaster bool
 	// Recorder, if not nil, traces every op of the three streams and the
 	// host optimizer.
 	Recorder *stream.Recorder
@@ -117,6 +124,9 @@ func (o *OffloadOptions) validate(m *Model) error {
 	}
 	if disk && (o.DiskDir == "" || o.DiskBudget <= 0) {
 		errs = append(errs, fmt.Errorf("optimizer on disk needs a disk directory and budget"))
+	}
+	if o.DiskMaster && !plan.CanMasterOnDisk(m.DType != kernels.F32, o.DelayedUpdate) {
+		errs = append(errs, fmt.Errorf("master weights on disk need mixed precision or a delayed update (in fp32 the master is the weights)"))
 	}
 	if dev && o.DelayedUpdate {
 		errs = append(errs, fmt.Errorf("a delayed update needs every layer's optimizer off the device"))

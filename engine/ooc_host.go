@@ -13,12 +13,13 @@ import (
 	"github.com/spill-ml/spill/kernels/cpu"
 	"github.com/spill-ml/spill/offload"
 	"github.com/spill-ml/spill/offload/exec"
+	"github.com/spill-ml/spill/offload/plan"
 	"github.com/spill-ml/spill/stream"
 )
 
 // hostLayer is a layer's state in host memory.
 type hostLayer struct {
-	master []byte // fp32
+	master []byte // fp32 (nil when on disk)
 	// weights is the compute-dtype copy that fetches read: the same
 	// memory as master in fp32 runs without DelayedUpdate.
 	weights []byte
@@ -34,22 +35,22 @@ type hostLayer struct {
 	err       error // the update's error, valid after done
 	nonFinite bool  // eager update: the grads were not finite, nothing changed
 
-	// The disk tier: the moments read ahead for the queued update (buf,
-	// valid once loaded is closed, with loadErr) and the write-back of the
-	// last update (stored closed when it has finished, with storeErr).
+	// The disk tier: the moments (and with DiskMaster the master) read
+	// ahead for the queued update (buf, valid once loaded is closed, with
+	// loadErr) and the write-back of the last update (stored closed when
+	// it has finished, with storeErr).
 	loaded, stored    chan struct{}
 	buf               *diskBuf
 	loadErr, storeErr error
 }
 
-// diskBuf holds one layer's moments read from the disk tier, aligned for
-// direct I/O.
-type diskBuf struct{ m, v []byte }
+// diskBuf holds one layer's state read from the disk tier, aligned for
+// direct I/O: the moments and, with DiskMaster, the master (else nil).
+type diskBuf struct{ m, v, master []byte }
 
-// diskBuffers is how many layers' moments the disk tier holds in host
-// memory at once: one read ahead, one being updated, two being written
-// back.
-const diskBuffers = 4
+// diskBuffers is how many layers' state the disk tier holds in host
+// memory at once (plan.DiskBuffers).
+const diskBuffers = plan.DiskBuffers
 
 // hostState is the host side of an out-of-core trainer: the master
 // weights, compute-dtype weights, gradient landing buffer and Adam moments
@@ -65,6 +66,8 @@ type hostState struct {
 	rec   *stream.Recorder
 	host  []hostLayer
 	tier  []offload.Tier // each layer's optimizer tier
+	// mdisk: the disk layers' masters are on disk too (DiskMaster).
+	mdisk bool
 	dev   devState
 	// The disk tier's pipeline: ahead queues the layers whose moments
 	// the reader loads, in the order their updates are queued; bufs are
@@ -119,31 +122,58 @@ const hostSlab = 1 << 30
 // hostAlign is the alignment of each tensor within a slab.
 const hostAlign = 256
 
-// hostRequests lists the sizes of the host tensors NewOffloadTrainer
-// allocates for m, in allocation order (see newHostState).
-func hostRequests(m *Model, o *OffloadOptions, slots []int64) []int64 {
-	var r []int64
+// hostRequest is one host tensor of the host state: n bytes at an offset
+// aligned to align within its slab.
+type hostRequest struct{ n, align int64 }
+
+// hostRequests lists the host tensors NewOffloadTrainer allocates for m,
+// in allocation order (see newHostState): per layer off the device its
+// master (unless on disk), weights, gradients and moments (unless on
+// disk), then the disk tier's buffers (aligned for direct I/O), then the
+// programs' slots.
+func hostRequests(m *Model, o *OffloadOptions, slots []int64) []hostRequest {
+	var r []hostRequest
+	add := func(ns ...int64) {
+		for _, n := range ns {
+			r = append(r, hostRequest{n, hostAlign})
+		}
+	}
 	es := int64(m.DType.Size())
+	var ndisk int
+	var maxDisk int64
 	for i, l := range m.Layers {
 		np := int64(l.NumParams())
 		cb := np * es
-		if o.optTier(i) == offload.TierDevice {
+		t := o.optTier(i)
+		if t == offload.TierDevice {
 			continue // all of it on the device
 		}
-		r = append(r, 4*np)
+		if t == offload.TierDisk {
+			ndisk++
+			maxDisk = max(maxDisk, np)
+		}
+		if t != offload.TierDisk || !o.DiskMaster {
+			add(4 * np)
+		}
 		if m.DType != kernels.F32 || o.DelayedUpdate {
-			r = append(r, cb)
+			add(cb)
 		}
-		r = append(r, cb)
+		add(cb)
 		if o.DelayedUpdate {
-			r = append(r, cb, cb)
+			add(cb, cb)
 		}
-		if o.optTier(i) == offload.TierHost {
-			r = append(r, 4*np, 4*np)
+		if t == offload.TierHost {
+			add(4*np, 4*np)
+		}
+	}
+	for range min(ndisk, diskBuffers) {
+		r = append(r, hostRequest{4 * maxDisk, offload.DiskAlign}, hostRequest{4 * maxDisk, offload.DiskAlign})
+		if o.DiskMaster {
+			r = append(r, hostRequest{4 * maxDisk, offload.DiskAlign})
 		}
 	}
 	for _, n := range slots {
-		r = append(r, 4*((n+3)/4))
+		add(4 * ((n + 3) / 4))
 	}
 	return r
 }
@@ -151,11 +181,12 @@ func hostRequests(m *Model, o *OffloadOptions, slots []int64) []int64 {
 // packSlabs lays requests out in slabs of at most hostSlab bytes (a larger
 // request gets a slab of its own): the slab sizes and, per request, its
 // slab and offset.
-func packSlabs(req []int64) (slabs []int64, at [][2]int64) {
-	for _, n := range req {
+func packSlabs(req []hostRequest) (slabs []int64, at [][2]int64) {
+	for _, rq := range req {
+		n := rq.n
 		off := int64(0)
 		if k := len(slabs); k > 0 {
-			off = (slabs[k-1] + hostAlign - 1) &^ (hostAlign - 1)
+			off = (slabs[k-1] + rq.align - 1) &^ (rq.align - 1)
 			if off+n <= hostSlab {
 				slabs[k-1] = off + n
 				at = append(at, [2]int64{int64(k - 1), off})
@@ -182,7 +213,7 @@ func hostPoolBudget(slabs []int64) int64 {
 // offloaded activations' slots (the slot sizes of the programs), records
 // the layers' classes in table, and starts the optimizer worker.
 func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offload.Table, slots []int64) (hs *hostState, err error) {
-	hs = &hostState{m: m, opts: o, table: table, rec: o.Recorder, host: make([]hostLayer, len(m.Layers))}
+	hs = &hostState{m: m, opts: o, table: table, rec: o.Recorder, host: make([]hostLayer, len(m.Layers)), mdisk: o.DiskMaster}
 	defer func() {
 		if err != nil {
 			hs.close()
@@ -190,24 +221,16 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 		}
 	}()
 	var ndisk int
-	var maxDisk int64
-	for i, l := range m.Layers {
+	for i := range m.Layers {
 		hs.tier = append(hs.tier, o.optTier(i))
 		if hs.tier[i] == offload.TierDisk {
 			ndisk++
-			maxDisk = max(maxDisk, 4*int64(l.NumParams()))
 		}
 	}
 	if ndisk > 0 {
 		if hs.disk, err = offload.OpenDisk(offload.DiskConfig{Dir: o.DiskDir, Budget: o.DiskBudget}); err != nil {
 			return hs, err
 		}
-		hs.bufs = make(chan *diskBuf, diskBuffers)
-		for range min(diskBuffers, ndisk) {
-			hs.bufs <- &diskBuf{m: offload.AlignedBytes(maxDisk), v: offload.AlignedBytes(maxDisk)}
-		}
-		hs.ahead = make(chan int, len(m.Layers))
-		go hs.readAhead(hs.ahead)
 	}
 	req := hostRequests(m, o, slots)
 	slabs, at := packSlabs(req)
@@ -215,7 +238,7 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 	next := 0
 	take := func() []byte {
 		b := mem(next, at[next], req[next])
-		hs.bytes += req[next]
+		hs.bytes += req[next].n
 		next++
 		return b
 	}
@@ -239,7 +262,13 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 			}
 			continue
 		}
-		h.master = take()
+		optTier := hs.tier[i]
+		masterAt := offload.TierHost
+		if optTier == offload.TierDisk && hs.mdisk {
+			masterAt = offload.TierDisk
+		} else {
+			h.master = take()
+		}
 		h.weights = h.master
 		if m.DType != kernels.F32 || o.DelayedUpdate {
 			h.weights = take()
@@ -248,10 +277,9 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 		if o.DelayedUpdate {
 			h.spareW, h.spareG = take(), take()
 		}
-		optTier := hs.tier[i]
 		if optTier == offload.TierDisk {
-			for _, cl := range []offload.Class{offload.AdamM, offload.AdamV} {
-				if err = hs.disk.Create(offload.Key{Layer: i, Class: cl}, 4*np); err != nil {
+			for _, k := range hs.diskKeys(i) {
+				if err = hs.disk.Create(k, 4*np); err != nil {
 					return hs, err
 				}
 			}
@@ -266,7 +294,7 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 			at offload.Tier
 		}{
 			{offload.Weights, cb, offload.TierHost},
-			{offload.Master, 4 * np, offload.TierHost},
+			{offload.Master, 4 * np, masterAt},
 			{offload.Grads, cb, offload.TierHost},
 			{offload.AdamM, 4 * np, optTier},
 			{offload.AdamV, 4 * np, optTier},
@@ -275,6 +303,18 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 				return hs, err
 			}
 		}
+	}
+	if ndisk > 0 {
+		hs.bufs = make(chan *diskBuf, diskBuffers)
+		for range min(diskBuffers, ndisk) {
+			b := &diskBuf{m: take(), v: take()}
+			if hs.mdisk {
+				b.master = take()
+			}
+			hs.bufs <- b
+		}
+		hs.ahead = make(chan int, len(m.Layers))
+		go hs.readAhead(hs.ahead)
 	}
 	for range slots {
 		hs.slots = append(hs.slots, take())
@@ -301,13 +341,18 @@ func (hs *hostState) slotAlloc(n int64) []byte {
 // from a pool (what the system can pin), or, when it cannot pin that much
 // (the pool would degrade to a staging ring), in Go memory with the copies
 // staged. It returns the function that yields request i's memory.
-func (hs *hostState) openMemory(be kernels.Backend, req, slabs []int64) func(i int, at [2]int64, n int64) []byte {
+func (hs *hostState) openMemory(be kernels.Backend, req []hostRequest, slabs []int64) func(i int, at [2]int64, r hostRequest) []byte {
 	o := hs.opts
 	var need int64
-	for _, n := range req {
-		need += n
+	for _, r := range req {
+		need += r.n
 	}
-	goMem := func(_ int, _ [2]int64, n int64) []byte { return offload.NewF32Bytes(n) }
+	goMem := func(_ int, _ [2]int64, r hostRequest) []byte {
+		if r.align > hostAlign {
+			return offload.AlignedBytes(r.n)
+		}
+		return offload.NewF32Bytes(r.n)
+	}
 	// The pool asks for what the state needs, never for the run's whole
 	// host budget: a budget above what the system may pin (the default is
 	// most of MemAvailable) would degrade a pool that fits with room to
@@ -369,9 +414,9 @@ func (hs *hostState) openMemory(be kernels.Backend, req, slabs []int64) func(i i
 	}
 	hs.pinned = true
 	hs.note = fmt.Sprintf("host state (%s) pinned in %d slabs (%s); %s", kernels.FormatBytes(need), len(slabs), kind, d)
-	return func(_ int, at [2]int64, n int64) []byte {
+	return func(_ int, at [2]int64, r hostRequest) []byte {
 		// Fresh pins are zeroed by the pinner: nothing to clear.
-		return hs.slabs[at[0]].Bytes()[at[1] : at[1]+n : at[1]+n]
+		return hs.slabs[at[0]].Bytes()[at[1] : at[1]+r.n : at[1]+r.n]
 	}
 }
 
@@ -514,12 +559,12 @@ func (hs *hostState) launchUpdate(ctx context.Context, i int, hp kernels.AdamWPa
 	h.done, h.err, h.nonFinite = done, nil, false
 	// The update writes the master, the moments and (in place, or with
 	// DelayedUpdate once waitLayer swaps the buffers) the weights on the
-	// host: any device copy of the weights is stale. Moments on disk are
-	// the disk pipeline's to record (their last write-back may still be
-	// in flight).
+	// host: any device copy of the weights is stale. What is on disk is
+	// the disk pipeline's to record (its last write-back may still be in
+	// flight).
 	classes := []offload.Class{offload.Weights, offload.Master, offload.AdamM, offload.AdamV}
 	if hs.tier[i] == offload.TierDisk {
-		classes = classes[:2]
+		classes = classes[:4-len(hs.diskKeys(i))]
 	}
 	for _, cl := range classes {
 		k := offload.Key{Layer: i, Class: cl}
@@ -560,7 +605,7 @@ func (hs *hostState) updateLayer(ctx context.Context, i int, hp kernels.AdamWPar
 	h := &hs.host[i]
 	l := hs.m.Layers[i]
 	dt := hs.m.DType
-	mb, vb := h.m, h.v
+	mb, vb, wb := h.m, h.v, h.master
 	np := int64(l.NumParams())
 	if hs.tier[i] == offload.TierDisk {
 		<-h.loaded
@@ -569,8 +614,11 @@ func (hs *hostState) updateLayer(ctx context.Context, i int, hp kernels.AdamWPar
 			return fmt.Errorf("engine: host optimizer, layer %s: %w", l.Name(), h.loadErr)
 		}
 		mb, vb = h.buf.m[:4*np], h.buf.v[:4*np]
+		if hs.mdisk {
+			wb = h.buf.master[:4*np]
+		}
 	}
-	master, m, v := offload.F32s(h.master), offload.F32s(mb), offload.F32s(vb)
+	master, m, v := offload.F32s(wb), offload.F32s(mb), offload.F32s(vb)
 	es := int(dt.Size())
 	for _, ps := range l.Params() {
 		p := hp
@@ -597,9 +645,9 @@ func (hs *hostState) updateLayer(ctx context.Context, i int, hp kernels.AdamWPar
 
 // readAhead is the disk tier's reader: for each layer queued, in the
 // order the updates are queued, it takes a free buffer (at most
-// diskBuffers layers' moments are in host memory), waits for the layer's
-// last write-back, and loads the moments, so that the next layers' reads
-// overlap the current update.
+// diskBuffers layers' state is in host memory), waits for the layer's
+// last write-back, and loads the moments (and the master), so that the
+// next layers' reads overlap the current update.
 func (hs *hostState) readAhead(ahead <-chan int) {
 	for i := range ahead {
 		h := &hs.host[i]
@@ -616,19 +664,28 @@ func (hs *hostState) readAhead(ahead <-chan int) {
 		}
 		h.buf = <-hs.bufs
 		np := int64(hs.m.Layers[i].NumParams())
-		m, v := h.buf.m[:4*np], h.buf.v[:4*np]
-		km, kv := offload.Key{Layer: i, Class: offload.AdamM}, offload.Key{Layer: i, Class: offload.AdamV}
+		keys, bufs := hs.diskKeys(i), hs.diskSlices(h.buf, np)
 		t := hs.table
-		hs.recErr(errors.Join(t.BeginCopy(km, offload.TierDisk, offload.TierHost), t.BeginCopy(kv, offload.TierDisk, offload.TierHost)))
 		ctx := context.Background()
 		end := hs.rec.Begin("disk", stream.Optimizer, "read "+hs.m.Layers[i].Name())
-		h.loadErr = errors.Join(hs.disk.Load(ctx, km, m).Wait(ctx), hs.disk.Load(ctx, kv, v).Wait(ctx))
+		var ops []*offload.Op
+		for j, k := range keys {
+			hs.recErr(t.BeginCopy(k, offload.TierDisk, offload.TierHost))
+			ops = append(ops, hs.disk.Load(ctx, k, bufs[j]))
+		}
+		for _, op := range ops {
+			h.loadErr = errors.Join(h.loadErr, op.Wait(ctx))
+		}
 		end()
-		if h.loadErr != nil {
-			hs.recErr(errors.Join(t.AbortCopy(km), t.AbortCopy(kv)))
-		} else {
-			hs.countDisk(8 * np)
-			hs.recErr(errors.Join(t.EndCopy(km), t.EndCopy(kv)))
+		for _, k := range keys {
+			if h.loadErr != nil {
+				hs.recErr(t.AbortCopy(k))
+			} else {
+				hs.recErr(t.EndCopy(k))
+			}
+		}
+		if h.loadErr == nil {
+			hs.countDisk(4 * np * int64(len(keys)))
 		}
 		close(h.loaded)
 	}
@@ -642,8 +699,9 @@ func (hs *hostState) skipLoaded(i int) {
 	}
 	<-hs.host[i].loaded
 	if hs.host[i].loadErr == nil {
-		km, kv := offload.Key{Layer: i, Class: offload.AdamM}, offload.Key{Layer: i, Class: offload.AdamV}
-		hs.recErr(errors.Join(hs.table.Evict(km, offload.TierHost), hs.table.Evict(kv, offload.TierHost)))
+		for _, k := range hs.diskKeys(i) {
+			hs.recErr(hs.table.Evict(k, offload.TierHost))
+		}
 	}
 	hs.releaseLoaded(i)
 }
@@ -657,28 +715,34 @@ func (hs *hostState) releaseLoaded(i int) {
 	}
 }
 
-// writeBack queues the store of layer i's updated moments to the disk
-// tier and returns: their buffer goes back to the pool, and the table
-// records them on disk only, once both writes have landed. A failed write
-// is the layer's storeErr (reported by waitUpdates and by the layer's
-// next update) and poisons the tier's files for every later read.
+// writeBack queues the store of layer i's updated moments (and master) to
+// the disk tier and returns: their buffer goes back to the pool, and the
+// table records them on disk only, once every write has landed. A failed
+// write is the layer's storeErr (reported by waitUpdates and by the
+// layer's next update) and poisons the tier's files for every later read.
 func (hs *hostState) writeBack(ctx context.Context, i int) {
 	h := &hs.host[i]
 	np := int64(hs.m.Layers[i].NumParams())
 	buf := h.buf
 	h.buf = nil
-	km, kv := offload.Key{Layer: i, Class: offload.AdamM}, offload.Key{Layer: i, Class: offload.AdamV}
+	keys, bufs := hs.diskKeys(i), hs.diskSlices(buf, np)
 	t := hs.table
-	for _, k := range []offload.Key{km, kv} {
+	for _, k := range keys {
 		hs.recErr(errors.Join(t.Modified(k, offload.TierHost), t.BeginCopy(k, offload.TierHost, offload.TierDisk)))
 	}
 	stored := make(chan struct{})
 	h.stored, h.storeErr = stored, nil
-	om, ov := hs.diskStore(ctx, km, buf.m[:4*np]), hs.diskStore(ctx, kv, buf.v[:4*np])
+	var ops []*offload.Op
+	for j, k := range keys {
+		ops = append(ops, hs.diskStore(ctx, k, bufs[j]))
+	}
 	go func() {
 		defer close(stored)
-		err := errors.Join(om.Wait(context.Background()), ov.Wait(context.Background()))
-		for _, k := range []offload.Key{km, kv} {
+		var err error
+		for _, op := range ops {
+			err = errors.Join(err, op.Wait(context.Background()))
+		}
+		for _, k := range keys {
 			if err != nil {
 				// The file may be torn, and the host copy goes back to
 				// the pool: the layer's moments are lost to this run.
@@ -689,7 +753,7 @@ func (hs *hostState) writeBack(ctx context.Context, i int) {
 		}
 		hs.bufs <- buf
 		if err != nil {
-			h.storeErr = fmt.Errorf("engine: host optimizer, layer %s: writing back its moments: %w", hs.m.Layers[i].Name(), err)
+			h.storeErr = fmt.Errorf("engine: host optimizer, layer %s: writing back its optimizer state: %w", hs.m.Layers[i].Name(), err)
 			hs.diskMu.Lock()
 			if hs.diskErr == nil {
 				hs.diskErr = h.storeErr
@@ -697,8 +761,28 @@ func (hs *hostState) writeBack(ctx context.Context, i int) {
 			hs.diskMu.Unlock()
 			return
 		}
-		hs.countDisk(8 * np)
+		hs.countDisk(4 * np * int64(len(keys)))
 	}()
+}
+
+// diskKeys are the tensors of layer i on the disk tier: its moments and,
+// with DiskMaster, its master.
+func (hs *hostState) diskKeys(i int) []offload.Key {
+	k := []offload.Key{{Layer: i, Class: offload.AdamM}, {Layer: i, Class: offload.AdamV}}
+	if hs.mdisk {
+		k = append(k, offload.Key{Layer: i, Class: offload.Master})
+	}
+	return k
+}
+
+// diskSlices are buf's slices for a layer of np parameters, in the order
+// of diskKeys.
+func (hs *hostState) diskSlices(buf *diskBuf, np int64) [][]byte {
+	b := [][]byte{buf.m[:4*np], buf.v[:4*np]}
+	if hs.mdisk {
+		b = append(b, buf.master[:4*np])
+	}
+	return b
 }
 
 func (hs *hostState) countDisk(n int64) {
@@ -735,14 +819,28 @@ func (hs *hostState) setMaster(i int, fill func(master []float32)) error {
 		return hs.setDeviceMaster(i, fill)
 	}
 	h := &hs.host[i]
-	fill(offload.F32s(h.master))
+	master := h.master
+	if master == nil {
+		// On disk: filled in one of the disk tier's buffers (nothing
+		// else uses them between steps) and stored.
+		buf := <-hs.bufs
+		defer func() { hs.bufs <- buf }()
+		master = buf.master[:4*hs.m.Layers[i].NumParams()]
+	}
+	fill(offload.F32s(master))
 	switch {
 	case hs.m.DType == kernels.F32:
-		if len(h.weights) > 0 && &h.weights[0] != &h.master[0] {
-			copy(h.weights, h.master)
+		if len(h.weights) > 0 && &h.weights[0] != &master[0] {
+			copy(h.weights, master)
 		}
 	default:
-		cpu.StoreF32(h.weights, hs.m.DType, offload.F32s(h.master))
+		cpu.StoreF32(h.weights, hs.m.DType, offload.F32s(master))
+	}
+	if h.master == nil {
+		ctx := context.Background()
+		if err := hs.disk.Store(ctx, offload.Key{Layer: i, Class: offload.Master}, master).Wait(ctx); err != nil {
+			return fmt.Errorf("engine: layer %s: storing its master weights: %w", hs.m.Layers[i].Name(), err)
+		}
 	}
 	for _, cl := range []offload.Class{offload.Weights, offload.Master} {
 		k := offload.Key{Layer: i, Class: cl}
@@ -778,13 +876,17 @@ func (hs *hostState) optim(ctx context.Context, i int) (master, m, v []byte, err
 		return hs.deviceOptim(ctx, i)
 	}
 	h := &hs.host[i]
-	master = append([]byte(nil), h.master...)
 	if hs.tier[i] == offload.TierHost {
-		return master, append([]byte(nil), h.m...), append([]byte(nil), h.v...), nil
+		return append([]byte(nil), h.master...), append([]byte(nil), h.m...), append([]byte(nil), h.v...), nil
 	}
-	m, v = offload.NewF32Bytes(int64(len(master))), offload.NewF32Bytes(int64(len(master)))
-	err = errors.Join(hs.disk.Load(ctx, offload.Key{Layer: i, Class: offload.AdamM}, m).Wait(ctx),
-		hs.disk.Load(ctx, offload.Key{Layer: i, Class: offload.AdamV}, v).Wait(ctx))
+	n := 4 * int64(hs.m.Layers[i].NumParams())
+	master, m, v = offload.NewF32Bytes(n), offload.NewF32Bytes(n), offload.NewF32Bytes(n)
+	if h.master != nil {
+		copy(master, h.master)
+	}
+	for j, k := range hs.diskKeys(i) {
+		err = errors.Join(err, hs.disk.Load(ctx, k, [][]byte{m, v, master}[j]).Wait(ctx))
+	}
 	return master, m, v, err
 }
 

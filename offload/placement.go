@@ -99,7 +99,11 @@ type Placement struct {
 	Optimizer       Tier   `json:"optimizer"`
 	OptimizerLayers [3]int `json:"optimizer_layers"`
 	OptimizerWhy    string `json:"optimizer_why,omitempty"`
-	PrefetchDepth   int    `json:"prefetch_depth"`
+	// MasterOnDisk says the disk layers keep their fp32 master weights on
+	// disk with their moments (mixed precision or a delayed update only:
+	// the host then holds their compute-dtype weights and gradients).
+	MasterOnDisk  bool `json:"master_on_disk,omitempty"`
+	PrefetchDepth int  `json:"prefetch_depth"`
 	// Keep, Offload and Recompute count the layers of each activation
 	// policy; Layers gives each layer's.
 	Keep      int `json:"act_keep"`

@@ -40,8 +40,12 @@ func TestPlanGolden(t *testing.T) {
 			"--host-memory", "100GiB", "--disk-dir", disk, "--disk-memory", "60GiB"}},
 		{"gpt2-13b-disk", []string{"--model", "gpt2-13b", "--seq-len", "1024", "--batch", "8", "--device-memory", "40GiB",
 			"--host-memory", "120GiB", "--disk-dir", disk, "--disk-memory", "1TiB"}},
-		{"gpt2-13b-host-short-infeasible", []string{"--model", "gpt2-13b", "--seq-len", "1024", "--batch", "8", "--device-memory", "40GiB",
+		// 64 GiB of host: only with the disk layers' master weights on
+		// disk too.
+		{"gpt2-13b-disk-master", []string{"--model", "gpt2-13b", "--seq-len", "1024", "--batch", "8", "--device-memory", "40GiB",
 			"--host-memory", "64GiB", "--disk-dir", disk, "--disk-memory", "1TiB"}},
+		{"gpt2-13b-host-short-infeasible", []string{"--model", "gpt2-13b", "--seq-len", "1024", "--batch", "8", "--device-memory", "40GiB",
+			"--host-memory", "48GiB", "--disk-dir", disk, "--disk-memory", "1TiB"}},
 		{"custom-fp32-json", []string{"--layers", "4", "--embd", "256", "--heads", "4", "--vocab", "1000", "--max-seq", "128",
 			"--model", "gpt2-124m", "--seq-len", "128", "--batch", "4", "--precision", "fp32", "--device-memory", "3GiB",
 			"--host-memory", "8GiB", "--disk-memory", "1GiB", "--disk-dir", disk, "--json"}},

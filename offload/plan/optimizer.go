@@ -123,8 +123,12 @@ func (pl *planner) optimizerWhy(c *cand) string {
 		s += fmt.Sprintf("; %d layers (%s) on the host", host, bytes(params[1]))
 	}
 	if c.nDisk > 0 {
-		s += fmt.Sprintf("; the last %d layers' moments (%s) on disk, read ahead and written back around the host AdamW: without, the host would be short", c.nDisk,
-			kernels.FormatBytes(8*params[2]))
+		what, per := "moments", int64(8)
+		if c.mdisk {
+			what, per = "master weights and moments", 12
+		}
+		s += fmt.Sprintf("; the last %d layers' %s (%s) on disk, read ahead and written back around the host AdamW: without, the host would be short", c.nDisk,
+			what, kernels.FormatBytes(per*params[2]))
 	}
 	return s
 }

@@ -132,6 +132,9 @@ type cand struct {
 	// device (the first nDev) and on disk (the last nDisk); the others'
 	// is on the host. Out-of-core candidates only.
 	nDev, nDisk int
+	// mdisk: the disk layers keep their master weights on disk too
+	// (CanMasterOnDisk).
+	mdisk bool
 
 	p        *offload.Placement
 	step     float64
@@ -336,17 +339,38 @@ func (pl *planner) devicePeak(c *cand) (int64, map[offload.Class]int64, error) {
 	return v.peak, v.by, v.err
 }
 
+// DiskBuffers is how many layers' optimizer state the disk tier holds in
+// host memory at once: one read ahead, one being updated, two being
+// written back. The trainer allocates min(DiskBuffers, layers on disk)
+// buffers, each of the largest disk layer's size, with the rest of the
+// host state (HostState counts them).
+const DiskBuffers = 4
+
+// CanMasterOnDisk says whether the layers whose optimizer state is on
+// disk may keep their fp32 master weights there too, read ahead and
+// written back with the moments: when the master is a buffer of its own
+// (mixed precision, or a delayed update, which updates a second copy of
+// the weights). In fp32 without a delayed update the master is the
+// compute-dtype copy that the fetches read: it stays on the host, and
+// moving it would save no host memory.
+func CanMasterOnDisk(mixed, delayed bool) bool { return mixed || delayed }
+
 // HostState is the host memory an out-of-core trainer holds for the
 // layers' state, by class: per layer whose optimizer state is not on the
-// device (optimizer[i], nil: all on the host) the fp32 master, the
-// compute-dtype weights fetches read (the master itself in fp32 without a
-// delayed update), the gradients' landing buffer, the Adam moments unless
-// they are on disk, and with a delayed update a second copy of the
-// weights and of the gradients; nothing for a layer updated on the
-// device. slots are the host slots of the program (offloaded activations,
-// tied gradients), by class.
-func HostState(params []int64, elem int64, mixed, delayed bool, optimizer []offload.Tier, slots map[offload.Class]int64) map[offload.Class]int64 {
+// device (optimizer[i], nil: all on the host) the fp32 master unless the
+// layer's is on disk (masterDisk: the disk layers' masters are there,
+// which CanMasterOnDisk must allow), the compute-dtype weights fetches read (the
+// master itself in fp32 without a delayed update), the gradients' landing
+// buffer, the Adam moments unless they are on disk, and with a delayed
+// update a second copy of the weights and of the gradients; nothing for a
+// layer updated on the device. The disk tier's buffers (DiskBuffers of
+// the largest disk layer's moments and, on disk, master) are counted
+// under their classes. slots are the host slots of the program
+// (offloaded activations, tied gradients), by class.
+func HostState(params []int64, elem int64, mixed, delayed, masterDisk bool, optimizer []offload.Tier, slots map[offload.Class]int64) map[offload.Class]int64 {
 	by := map[offload.Class]int64{}
+	var ndisk int
+	var maxDisk int64
 	for i, np := range params {
 		tier := offload.TierHost
 		if optimizer != nil {
@@ -356,7 +380,9 @@ func HostState(params []int64, elem int64, mixed, delayed bool, optimizer []offl
 			continue
 		}
 		cb := np * elem
-		by[offload.Master] += 4 * np
+		if tier != offload.TierDisk || !masterDisk {
+			by[offload.Master] += 4 * np
+		}
 		if mixed || delayed {
 			by[offload.Weights] += cb
 		}
@@ -368,6 +394,16 @@ func HostState(params []int64, elem int64, mixed, delayed bool, optimizer []offl
 		if tier != offload.TierDisk {
 			by[offload.AdamM] += 4 * np
 			by[offload.AdamV] += 4 * np
+		} else {
+			ndisk++
+			maxDisk = max(maxDisk, np)
+		}
+	}
+	if nb := int64(min(ndisk, DiskBuffers)); nb > 0 {
+		by[offload.AdamM] += nb * 4 * maxDisk
+		by[offload.AdamV] += nb * 4 * maxDisk
+		if masterDisk {
+			by[offload.Master] += nb * 4 * maxDisk
 		}
 	}
 	for c, n := range slots {
@@ -376,6 +412,24 @@ func HostState(params []int64, elem int64, mixed, delayed bool, optimizer []offl
 	for k, v := range by {
 		if v == 0 {
 			delete(by, k)
+		}
+	}
+	return by
+}
+
+// DiskState is what the disk tier holds for the layers whose optimizer
+// state is on disk, by class: their moments and, with masterDisk, their
+// master weights.
+func DiskState(params []int64, masterDisk bool, optimizer []offload.Tier) map[offload.Class]int64 {
+	by := map[offload.Class]int64{}
+	for i, np := range params {
+		if optimizer == nil || optimizer[i] != offload.TierDisk {
+			continue
+		}
+		by[offload.AdamM] += 4 * np
+		by[offload.AdamV] += 4 * np
+		if masterDisk {
+			by[offload.Master] += 4 * np
 		}
 	}
 	return by
@@ -429,26 +483,33 @@ func (pl *planner) hostDisk(c *cand) {
 			}
 		}
 	}
+	// As few of the last layers on disk as make the host fit (the disk
+	// tier's buffers make the first few save less than their state),
+	// counted incrementally from HostState's figure with none on disk.
+	mixed := pl.m.Precision.Mixed()
 	c.nDisk = 0
-	by := HostState(params, pl.s, pl.m.Precision.Mixed(), pl.req.DelayedUpdate, pl.optTiers(c), slots)
 	if c.o == offload.TierDisk {
 		var total int64
-		for _, v := range by {
+		for _, v := range HostState(params, pl.s, mixed, pl.req.DelayedUpdate, c.mdisk, pl.optTiers(c), slots) {
 			total += v
 		}
-		over := total + pl.hw.HostReserve - pl.req.Budgets.Host
-		if pl.req.Optimizer == offload.TierDisk {
-			over = 1 << 62
+		per := int64(8) // bytes a parameter of a disk layer's buffers
+		if c.mdisk {
+			per = 12
 		}
-		for c.nDisk < n-c.nDev && over > 0 {
+		var maxDisk int64
+		for c.nDisk < n-c.nDev && (pl.req.Optimizer == offload.TierDisk || total+pl.hw.HostReserve > pl.req.Budgets.Host) {
 			np := params[n-1-c.nDisk]
-			over -= 8 * np
-			by[offload.AdamM] -= 4 * np
-			by[offload.AdamV] -= 4 * np
-			c.disk[offload.AdamM] += 4 * np
-			c.disk[offload.AdamV] += 4 * np
+			total -= per * np
+			total -= int64(min(c.nDisk, DiskBuffers)) * per * maxDisk
 			c.nDisk++
+			maxDisk = max(maxDisk, np)
+			total += int64(min(c.nDisk, DiskBuffers)) * per * maxDisk
 		}
+	}
+	by := HostState(params, pl.s, mixed, pl.req.DelayedUpdate, c.mdisk, pl.optTiers(c), slots)
+	for cl, v := range DiskState(params, c.mdisk, pl.optTiers(c)) {
+		c.disk[cl] = v
 	}
 	for cl, v := range by {
 		c.host[cl] = v
@@ -619,7 +680,11 @@ func (pl *planner) timeOf(c *cand) {
 			x = max(x, s*np/hw.H2D)
 		}
 		if tiers[i] == offload.TierDisk {
-			d := 8*np/hw.DiskRead + 8*np/hw.DiskWrite
+			b := 8.0 // the moments, read and written
+			if c.mdisk {
+				b += 4 // and the master
+			}
+			d := b*np/hw.DiskRead + b*np/hw.DiskWrite
 			disk += d
 			x = max(x, d)
 		}
@@ -746,12 +811,21 @@ func (pl *planner) candidates() []*cand {
 							depths = append(depths, d)
 						}
 					}
+					// On disk, the moments alone or the master weights
+					// too (they save the host 4 bytes a parameter and
+					// cost the disk as much again).
+					mdisks := []bool{false}
+					if o == offload.TierDisk && CanMasterOnDisk(pl.m.Precision.Mixed(), pl.req.DelayedUpdate) {
+						mdisks = append(mdisks, true)
+					}
 					for _, grp := range groups {
 						for _, d := range depths {
 							for _, ro := range grid {
-								out = append(out, &cand{w: w, g: g, o: o, mb: mb, grp: grp, depth: d, rec: ro[0], off: ro[1]})
-								if ro[0] > 0 && grp > 1 {
-									out = append(out, &cand{w: w, g: g, o: o, mb: mb, grp: grp, depth: d, rec: ro[0], off: ro[1], ckptHost: true})
+								for _, md := range mdisks {
+									out = append(out, &cand{w: w, g: g, o: o, mb: mb, grp: grp, depth: d, rec: ro[0], off: ro[1], mdisk: md})
+									if ro[0] > 0 && grp > 1 {
+										out = append(out, &cand{w: w, g: g, o: o, mb: mb, grp: grp, depth: d, rec: ro[0], off: ro[1], ckptHost: true, mdisk: md})
+									}
 								}
 							}
 						}
@@ -788,6 +862,7 @@ func (pl *planner) placement(c *cand) *offload.Placement {
 			p.Optimizer = offload.TierDisk
 		}
 		p.OptimizerLayers = [3]int{c.nDev, len(m.Layers) - c.nDev - c.nDisk, c.nDisk}
+		p.MasterOnDisk = c.nDisk > 0 && c.mdisk
 		p.OptimizerWhy = pl.optimizerWhy(c)
 	}
 	return p
@@ -910,6 +985,13 @@ func (pl *planner) search() (*offload.Placement, error) {
 		f := shortfall(pk, budget)
 		if c.o == offload.TierDevice {
 			f += 1e30
+		}
+		if budget[2] > 0 && c.nDisk == 0 {
+			// With a disk tier, the refusal names the disk's shortfall
+			// too: a candidate that leaves it unused may be short by
+			// less in all (the disk tier's buffers take host memory),
+			// but says nothing of what the disk would need.
+			f += 1e20
 		}
 		if f < closestF {
 			closest, closestF = c, f

@@ -296,7 +296,7 @@ func TestPlanSplitsOptimizer(t *testing.T) {
 	// The device peak is the compiled program's, split included.
 	pl := newPlanner(&req)
 	c := &cand{w: p.Weights, g: p.Grads, o: p.Optimizer, mb: p.MicroBatch, grp: p.Group, depth: p.PrefetchDepth,
-		rec: p.Recompute, off: p.Offload, ckptHost: p.CheckpointsOnHost, nDev: n[0], nDisk: n[2]}
+		rec: p.Recompute, off: p.Offload, ckptHost: p.CheckpointsOnHost, nDev: n[0], nDisk: n[2], mdisk: p.MasterOnDisk}
 	prog, err := schedule.Compile(pl.spec(c))
 	if err != nil {
 		t.Fatal(err)
