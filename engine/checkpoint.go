@@ -1,8 +1,11 @@
 package engine
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -15,6 +18,7 @@ import (
 	"strings"
 
 	"github.com/spill-ml/spill/dataset"
+	"github.com/spill-ml/spill/kernels"
 )
 
 // A checkpoint is a directory CheckpointDir/step-00000123/ holding
@@ -103,12 +107,13 @@ func SaveCheckpoint(dir string, ck *Checkpoint, keep int) (path string, err erro
 
 	ck.State.FormatVersion = checkpointFormat
 	ck.State.Files = map[string]string{}
+	var scratch []byte // the tensors read as they are written (Fill) go through it
 	for _, f := range []struct {
 		name string
 		ts   []NamedTensor
 	}{{CheckpointModelFile, ck.Weights}, {CheckpointOptimFile, ck.Optim}} {
 		sum, err := writeSyncedFile(filepath.Join(tmp, f.name), func(w io.Writer) error {
-			return EncodeSafetensors(w, f.ts, map[string]string{"format": "pt", "step": strconv.Itoa(ck.State.Step)})
+			return encodeSafetensors(w, f.ts, map[string]string{"format": "pt", "step": strconv.Itoa(ck.State.Step)}, &scratch)
 		})
 		if err != nil {
 			return "", fmt.Errorf("checkpoint %s: %w", filepath.Join(final, f.name), err)
@@ -425,4 +430,198 @@ func CheckResume(saved *TrainState, cur *Config) error {
 		return nil
 	}
 	return fmt.Errorf("cannot resume: %s", strings.Join(problems, "; "))
+}
+
+// Checkpoints of a model larger than the host's memory are written and
+// read tensor by tensor. CheckpointTensors gives SaveCheckpoint the
+// trainer's tensors without gathering them: a tensor in host memory is
+// written from where it lives, one on the device or the disk tier is read
+// into the encoder's one buffer only when its turn comes. RestoreCheckpoint
+// reads the files in one pass, each tensor into one reused buffer and on
+// to its tier, hashing as it goes. Either way the extra host memory is
+// one tensor (the largest) and the files' I/O buffers.
+
+// ckptSuffix names a checkpoint tensor of each kind after its parameter.
+var ckptSuffix = [3]string{"", ".exp_avg", ".exp_avg_sq"}
+
+// CheckpointTensors returns the tensors SaveTensors returns, as
+// SaveCheckpoint writes them without gathering them in host memory: each
+// is a view of the host memory that holds it or is read from the device
+// or the disk tier when it is written (NamedTensor.Fill). They are valid
+// until the trainer's next step: save them before it.
+func (t *Trainer) CheckpointTensors(ctx context.Context) (weights, optim []NamedTensor, err error) {
+	if t.off != nil {
+		if err := t.off.host.waitUpdates(); err != nil {
+			return nil, nil, err
+		}
+	} else if err := t.q.Synchronize(ctx); err != nil {
+		return nil, nil, err
+	}
+	for i, l := range t.model.Layers {
+		for _, ps := range l.Params() {
+			for kind, suffix := range ckptSuffix {
+				nt := NamedTensor{Name: ps.Name + suffix, DType: "F32", Shape: append([]int(nil), ps.Shape...)}
+				nt.Data, nt.Fill = t.tensorSource(ctx, i, kind, ps)
+				if kind == ckptMaster {
+					weights = append(weights, nt)
+				} else {
+					optim = append(optim, nt)
+				}
+			}
+		}
+	}
+	return weights, optim, nil
+}
+
+// tensorSource is hostState.tensorSource for any trainer.
+func (t *Trainer) tensorSource(ctx context.Context, i, kind int, ps ParamSpec) ([]byte, func([]byte) error) {
+	if t.off != nil {
+		return t.off.host.tensorSource(ctx, i, kind, ps)
+	}
+	s := t.st.Layers[i]
+	x := param([3]kernels.Tensor{s.Master, s.M, s.V}[kind], ps)
+	return nil, func(dst []byte) error {
+		t.be.CopyToHost(t.q, dst, x)
+		return t.q.Synchronize(ctx)
+	}
+}
+
+// setTensor is hostState.setTensor for any trainer.
+func (t *Trainer) setTensor(ctx context.Context, i, kind int, ps ParamSpec, data []byte) error {
+	if t.off != nil {
+		return t.off.host.setTensor(ctx, i, kind, ps, data)
+	}
+	s := t.st.Layers[i]
+	t.be.CopyToDevice(t.q, param([3]kernels.Tensor{s.Master, s.M, s.V}[kind], ps), data)
+	if kind == ckptMaster && s.Weights.Buf != s.Master.Buf {
+		t.be.Cast(t.q, param(s.Weights, ps), param(s.Master, ps))
+	}
+	return t.q.Synchronize(ctx) // data must outlive the copy
+}
+
+// RestoreCheckpoint loads the checkpoint directory path into the trainer
+// tensor by tensor (see CheckpointTensors) and returns its state: the
+// master weights (and from them the compute copy) and the Adam moments of
+// every parameter, which must all be present with their exact shapes.
+// Each file is checked against the SHA-256 in state.json as it is read:
+// a corrupted file is refused only once its tensors have been loaded, so
+// after an error the trainer's state is undefined (load another
+// checkpoint or start over).
+func (t *Trainer) RestoreCheckpoint(ctx context.Context, path string) (*TrainState, error) {
+	st, err := readState(path)
+	if err != nil {
+		return nil, err
+	}
+	type dest struct {
+		layer, kind int
+		ps          ParamSpec
+		done        bool
+	}
+	want := map[string]*dest{}
+	for i, l := range t.model.Layers {
+		for _, ps := range l.Params() {
+			for kind, suffix := range ckptSuffix {
+				want[ps.Name+suffix] = &dest{layer: i, kind: kind, ps: ps}
+			}
+		}
+	}
+	if t.off != nil {
+		if err := t.off.host.waitUpdates(); err != nil {
+			return nil, err
+		}
+	}
+	var scratch []byte // every tensor of both files goes through it
+	for _, f := range []string{CheckpointModelFile, CheckpointOptimFile} {
+		sum, ok := st.Files[f]
+		if !ok {
+			return nil, fmt.Errorf("checkpoint %s: state.json lists no checksum for %s", path, f)
+		}
+		err := streamSafetensors(path, f, sum, &scratch, func(nt *NamedTensor) error {
+			d := want[nt.Name]
+			if d == nil {
+				return nil // not the model's (another file's layout): ignored, as LoadTensors does
+			}
+			if nt.DType != "F32" || !sameShape(nt.Shape, d.ps.Shape) {
+				return fmt.Errorf("tensor %q is %s %v, the model needs F32 %v", nt.Name, nt.DType, nt.Shape, d.ps.Shape)
+			}
+			d.done = true
+			return t.setTensor(ctx, d.layer, d.kind, d.ps, nt.Data)
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	var missing []string
+	for name, d := range want {
+		if !d.done {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		sort.Strings(missing)
+		return nil, fmt.Errorf("checkpoint %s: %d tensors missing (%s)", path, len(missing), strings.Join(missing[:min(3, len(missing))], ", "))
+	}
+	return st, nil
+}
+
+// streamSafetensors reads the safetensors file name of the checkpoint
+// directory path in one pass and calls each with every tensor, in file
+// order, its Data valid only during the call (*scratch, grown to the
+// largest tensor, serves them all). The file's SHA-256 must be sum.
+func streamSafetensors(path, name, sum string, scratch *[]byte, each func(*NamedTensor) error) error {
+	file := filepath.Join(path, filepath.Base(name))
+	f, err := os.Open(file)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	size := fi.Size()
+	h := sha256.New()
+	r := bufio.NewReaderSize(io.TeeReader(f, h), safetensorsIOBuf)
+	bad := func(err error) error {
+		return fmt.Errorf("checkpoint %s: %w; %s", file, err, resumeHint(path))
+	}
+	var nb [8]byte
+	if _, err := io.ReadFull(r, nb[:]); err != nil {
+		return bad(fmt.Errorf("reading the header length: %w (truncated?)", err))
+	}
+	n := binary.LittleEndian.Uint64(nb[:])
+	if n > maxSafetensorsHeader || int64(n) > size-8 {
+		return bad(fmt.Errorf("header length %d does not fit the %d-byte file (corrupted or truncated)", n, size))
+	}
+	hdr := make([]byte, n)
+	if _, err := io.ReadFull(r, hdr); err != nil {
+		return bad(fmt.Errorf("reading the header: %w", err))
+	}
+	spans, _, err := parseSafetensorsHeader(hdr, size-8-int64(n))
+	if err != nil {
+		return bad(err)
+	}
+	var largest int64
+	for _, s := range spans {
+		largest = max(largest, s.end-s.begin)
+	}
+	if int64(cap(*scratch)) < largest {
+		*scratch = make([]byte, largest)
+	}
+	buf := (*scratch)[:cap(*scratch)]
+	for _, s := range spans { // in file order, back to back
+		data := buf[:s.end-s.begin]
+		if _, err := io.ReadFull(r, data); err != nil {
+			return bad(fmt.Errorf("reading tensor %q: %w", s.name, err))
+		}
+		nt := NamedTensor{Name: s.name, DType: s.dtype, Shape: s.shape, Data: data}
+		if err := each(&nt); err != nil {
+			return fmt.Errorf("checkpoint %s: %w", file, err)
+		}
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != sum {
+		return fmt.Errorf("checkpoint %s: checksum mismatch (file is corrupted or truncated: %d bytes, sha256 %s, state.json expects %s); %s",
+			file, size, got[:12], sum[:min(12, len(sum))], resumeHint(path))
+	}
+	return nil
 }

@@ -907,3 +907,88 @@ func (hs *hostState) setOptim(ctx context.Context, i int, m, v []byte) error {
 	return errors.Join(hs.disk.Store(ctx, offload.Key{Layer: i, Class: offload.AdamM}, m).Wait(ctx),
 		hs.disk.Store(ctx, offload.Key{Layer: i, Class: offload.AdamV}, v).Wait(ctx))
 }
+
+// Checkpoint tensors: a checkpoint streams each parameter's master and
+// moments one tensor at a time from (and back to) the tier that holds
+// them, so that saving or resuming takes at most one tensor's worth of
+// extra host memory (engine/checkpoint.go). The caller has waited for the
+// updates (waitUpdates) and runs no step meanwhile.
+
+// ckptMaster, ckptM and ckptV are the tensors a checkpoint keeps of each
+// parameter.
+const (
+	ckptMaster = iota
+	ckptM
+	ckptV
+)
+
+// ckptClass is the class of a checkpoint tensor kind.
+var ckptClass = [3]offload.Class{offload.Master, offload.AdamM, offload.AdamV}
+
+// tensorSource is parameter ps of layer i's tensor of kind (ckptMaster,
+// ckptM, ckptV) for a checkpoint: data, a view of the host memory that
+// holds it, or fill, which reads it from the device or the disk tier.
+func (hs *hostState) tensorSource(ctx context.Context, i, kind int, ps ParamSpec) (data []byte, fill func([]byte) error) {
+	lo, hi := 4*int64(ps.Offset), 4*int64(ps.Offset+ps.Elems())
+	switch {
+	case hs.tier[i] == offload.TierDevice:
+		return nil, func(dst []byte) error {
+			hs.dev.mu.Lock()
+			defer hs.dev.mu.Unlock()
+			d := hs.devLayer(i)
+			hs.dev.be.CopyToHost(hs.dev.q, dst, param([3]kernels.Tensor{d.master, d.m, d.v}[kind], ps))
+			return hs.dev.q.Synchronize(ctx)
+		}
+	case hs.tier[i] == offload.TierDisk && (kind != ckptMaster || hs.mdisk):
+		k := offload.Key{Layer: i, Class: ckptClass[kind]}
+		return nil, func(dst []byte) error { return hs.disk.ReadAt(ctx, k, dst, lo) }
+	}
+	h := &hs.host[i]
+	return [3][]byte{h.master, h.m, h.v}[kind][lo:hi], nil
+}
+
+// setTensor stores data as parameter ps of layer i's tensor of kind where
+// the layer keeps it; a master also sets the compute-dtype weights (rounded
+// as the device Cast rounds), whose device copies become stale.
+func (hs *hostState) setTensor(ctx context.Context, i, kind int, ps ParamSpec, data []byte) error {
+	lo, hi := 4*int64(ps.Offset), 4*int64(ps.Offset+ps.Elems())
+	if hs.tier[i] == offload.TierDevice {
+		hs.dev.mu.Lock()
+		defer hs.dev.mu.Unlock()
+		d := hs.devLayer(i)
+		be, q := hs.dev.be, hs.dev.q
+		be.CopyToDevice(q, param([3]kernels.Tensor{d.master, d.m, d.v}[kind], ps), data)
+		if kind == ckptMaster && d.weights.Buf != d.master.Buf {
+			be.Cast(q, param(d.weights, ps), param(d.master, ps))
+		}
+		return q.Synchronize(ctx) // data must outlive the copy
+	}
+	h := &hs.host[i]
+	if hs.tier[i] == offload.TierDisk && (kind != ckptMaster || hs.mdisk) {
+		if err := hs.disk.WriteAt(ctx, offload.Key{Layer: i, Class: ckptClass[kind]}, data, lo); err != nil {
+			return err
+		}
+	} else {
+		copy([3][]byte{h.master, h.m, h.v}[kind][lo:hi], data)
+	}
+	if kind != ckptMaster {
+		return nil
+	}
+	es := int64(hs.m.DType.Size())
+	w := h.weights[lo/4*es : hi/4*es]
+	switch {
+	case hs.m.DType != kernels.F32:
+		cpu.StoreF32(w, hs.m.DType, offload.F32s(data))
+	case h.master == nil || &w[0] != &h.master[lo]:
+		copy(w, data)
+	}
+	for _, cl := range []offload.Class{offload.Weights, offload.Master} {
+		k := offload.Key{Layer: i, Class: cl}
+		if r, _ := hs.table.Get(k); r.Valid.Has(offload.TierHost) {
+			if err := hs.table.Modified(k, offload.TierHost); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

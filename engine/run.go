@@ -234,19 +234,22 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 	resumed := false
 	if cfg.Resume {
 		if path := cfg.ResumeFrom; path != "" { // see ResolveResume
-			ck, err := LoadCheckpoint(path)
+			saved, err := ReadCheckpointState(path)
 			if err != nil {
 				return nil, err
 			}
-			if err := CheckResume(&ck.State, &cfg); err != nil {
+			if err := CheckResume(saved, &cfg); err != nil {
 				return nil, fmt.Errorf("engine: checkpoint %s: %w", path, err)
 			}
-			if err := tr.LoadTensors(ctx, ck.Weights, ck.Optim); err != nil {
-				return nil, fmt.Errorf("engine: checkpoint %s: %w", path, err)
+			// Tensor by tensor into the trainer's tiers, checksums
+			// checked on the way.
+			st, err := tr.RestoreCheckpoint(ctx, path)
+			if err != nil {
+				return nil, fmt.Errorf("engine: %w", err)
 			}
-			tr.Step = ck.State.Step
-			tr.Scaler.Scale, tr.Scaler.Good = ck.State.LossScale, ck.State.GoodSteps
-			tokens, cursor, resumed = ck.State.Tokens, ck.State.Cursor, true
+			tr.Step = st.Step
+			tr.Scaler.Scale, tr.Scaler.Good = st.LossScale, st.GoodSteps
+			tokens, cursor, resumed = st.Tokens, st.Cursor, true
 			logf("resumed from %s at step %d", path, tr.Step)
 		} else {
 			logf("no checkpoint in %s: starting from scratch", cfg.CheckpointDir)
@@ -295,7 +298,8 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		if cfg.CheckpointDir == "" || saved == tr.Step {
 			return nil
 		}
-		w, o, err := tr.SaveTensors(context.Background())
+		// Streamed from each tensor's tier as it is written.
+		w, o, err := tr.CheckpointTensors(context.Background())
 		if err != nil {
 			return err
 		}

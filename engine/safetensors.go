@@ -37,6 +37,11 @@ type NamedTensor struct {
 	DType string // "F32", "BF16", "F16", "I32", ... (safetensors spelling)
 	Shape []int
 	Data  []byte
+	// Fill, if set and Data is nil, writes the tensor's bytes into dst
+	// (exactly its size) when EncodeSafetensors reaches it: a tensor read
+	// from where it lives (device, disk) only when it is written, into a
+	// buffer the encoder reuses for every such tensor.
+	Fill func(dst []byte) error
 }
 
 // Elements is the number of elements Shape describes.
@@ -128,7 +133,7 @@ func buildSafetensorsHeader(ts []NamedTensor, meta map[string]string) ([]byte, [
 		if err != nil {
 			return nil, nil, fmt.Errorf("tensor %q: %w", t.Name, err)
 		}
-		if n != int64(len(t.Data)) {
+		if (t.Data != nil || t.Fill == nil) && n != int64(len(t.Data)) {
 			return nil, nil, fmt.Errorf("tensor %q: shape %v of %s needs %d bytes, data has %d", t.Name, t.Shape, t.DType, n, len(t.Data))
 		}
 		shape := t.Shape
@@ -165,21 +170,55 @@ func shapeBytes(shape []int, size int) (int64, error) {
 	return int64(n), nil
 }
 
-// EncodeSafetensors writes ts and meta in safetensors format to w.
+// safetensorsIOBuf is the size of the buffers that safetensors files are
+// written and streamed through.
+const safetensorsIOBuf = 256 << 10
+
+// EncodeSafetensors writes ts and meta in safetensors format to w. The
+// tensors with Fill are filled one after the other into one buffer of the
+// largest one's size: that buffer (and a write buffer of
+// safetensorsIOBuf) is all the memory it takes besides the header.
 func EncodeSafetensors(w io.Writer, ts []NamedTensor, meta map[string]string) error {
+	return encodeSafetensors(w, ts, meta, new([]byte))
+}
+
+// encodeSafetensors is EncodeSafetensors filling the tensors with Fill
+// into *scratch, grown as needed (several files share one buffer).
+func encodeSafetensors(w io.Writer, ts []NamedTensor, meta map[string]string, scratch *[]byte) error {
 	hdr, order, err := buildSafetensorsHeader(ts, meta)
 	if err != nil {
 		return err
 	}
-	bw := bufio.NewWriterSize(w, 1<<20)
+	var fill int64
+	for _, t := range order {
+		if t.Data == nil && t.Fill != nil {
+			n, _ := shapeBytes(t.Shape, safetensorsDTypeSize[t.DType]) // checked by the header
+			fill = max(fill, n)
+		}
+	}
+	if int64(cap(*scratch)) < fill {
+		*scratch = make([]byte, fill)
+	}
+	buf := (*scratch)[:cap(*scratch)]
+	bw := bufio.NewWriterSize(w, safetensorsIOBuf)
 	var n [8]byte
 	binary.LittleEndian.PutUint64(n[:], uint64(len(hdr)))
 	bw.Write(n[:])
 	bw.Write(hdr)
 	for _, t := range order {
-		bw.Write(t.Data)
+		data := t.Data
+		if data == nil && t.Fill != nil {
+			nb, _ := shapeBytes(t.Shape, safetensorsDTypeSize[t.DType])
+			data = buf[:nb]
+			if err := t.Fill(data); err != nil {
+				return fmt.Errorf("tensor %q: %w", t.Name, err)
+			}
+		}
+		if _, err := bw.Write(data); err != nil {
+			return err
+		}
 	}
-	return bw.Flush() // bufio keeps the first error
+	return bw.Flush()
 }
 
 // WriteSafetensors writes ts (in any order; the file lists them sorted by

@@ -250,9 +250,10 @@ func failed(err error) *Op {
 	return o
 }
 
-// io runs a Store (write) or Load of buf, the whole file df, as requests
-// of at most Chunk bytes on the workers, and returns at once.
-func (d *Disk) io(ctx context.Context, df *diskFile, buf []byte, write bool) *Op {
+// io runs a write or read of buf at offset base of df (a Store or Load:
+// the whole file) as requests of at most Chunk bytes on the workers, and
+// returns at once.
+func (d *Disk) io(ctx context.Context, df *diskFile, buf []byte, base int64, write bool) *Op {
 	if err := ctx.Err(); err != nil {
 		return failed(err)
 	}
@@ -270,12 +271,13 @@ func (d *Disk) io(ctx context.Context, df *diskFile, buf []byte, write bool) *Op
 			}
 			mu.Unlock()
 		}
-		for off := int64(0); off < df.size; off += d.cfg.Chunk {
+		size := int64(len(buf))
+		for off := int64(0); off < size; off += d.cfg.Chunk {
 			if err := d.workers.Acquire(ctx, 1); err != nil {
 				setErr(err)
 				break
 			}
-			end := min(off+d.cfg.Chunk, df.size)
+			end := min(off+d.cfg.Chunk, size)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -284,7 +286,7 @@ func (d *Disk) io(ctx context.Context, df *diskFile, buf []byte, write bool) *Op
 					setErr(err)
 					return
 				}
-				if err := df.request(buf[off:end], off, write); err != nil {
+				if err := df.request(buf[off:end], base+off, write); err != nil {
 					op := "reading"
 					if write {
 						op = "writing"
@@ -341,7 +343,7 @@ func (d *Disk) Store(ctx context.Context, k Key, src []byte) *Op {
 	if int64(len(src)) != df.size {
 		return failed(fmt.Errorf("offload: storing %d bytes into %s of %d", len(src), df.path, df.size))
 	}
-	return d.io(ctx, df, src, true)
+	return d.io(ctx, df, src, 0, true)
 }
 
 // Load reads k's file into dst (exactly the file's size) asynchronously.
@@ -354,7 +356,33 @@ func (d *Disk) Load(ctx context.Context, k Key, dst []byte) *Op {
 	if int64(len(dst)) != df.size {
 		return failed(fmt.Errorf("offload: loading %s of %d bytes into %d", df.path, df.size, len(dst)))
 	}
-	return d.io(ctx, df, dst, false)
+	return d.io(ctx, df, dst, 0, false)
+}
+
+// ReadAt reads len(dst) bytes of k's file at offset off into dst and
+// waits for them: a part of a tensor (a checkpoint streams the tensors
+// of a layer's file one by one). The requests are Load's.
+func (d *Disk) ReadAt(ctx context.Context, k Key, dst []byte, off int64) error {
+	return d.rangeIO(ctx, k, dst, off, false)
+}
+
+// WriteAt writes src into k's file at offset off and waits for it.
+func (d *Disk) WriteAt(ctx context.Context, k Key, src []byte, off int64) error {
+	return d.rangeIO(ctx, k, src, off, true)
+}
+
+func (d *Disk) rangeIO(ctx context.Context, k Key, b []byte, off int64, write bool) error {
+	df, err := d.file(k)
+	if err != nil {
+		return err
+	}
+	if off < 0 || off+int64(len(b)) > df.size {
+		return fmt.Errorf("offload: bytes [%d, %d) outside %s of %d", off, off+int64(len(b)), df.path, df.size)
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	return d.io(ctx, df, b, off, write).Wait(ctx)
 }
 
 // Remove deletes k's file and returns its bytes to the budget. The caller

@@ -181,6 +181,47 @@ func TestDiskChunkedRequests(t *testing.T) {
 	}
 }
 
+// TestDiskRanges: ReadAt and WriteAt move parts of a file (at unaligned
+// offsets too, across chunks) and refuse ranges outside it.
+func TestDiskRanges(t *testing.T) {
+	d, err := OpenDisk(DiskConfig{Dir: t.TempDir(), Budget: MiB, Chunk: DiskAlign})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	k := Key{Layer: 1, Class: Master}
+	const n = 5*DiskAlign + 12
+	if err := d.Create(k, n); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, n)
+	for _, r := range [][2]int64{{0, n}, {4, 3 * DiskAlign}, {DiskAlign, DiskAlign}, {n - 8, 8}, {17, 0}} {
+		src := make([]byte, r[1])
+		for j := range src {
+			src[j] = byte(j*13 + int(r[0]))
+		}
+		if err := d.WriteAt(ctx, k, src, r[0]); err != nil {
+			t.Fatal(err)
+		}
+		copy(want[r[0]:], src)
+		got := make([]byte, n)
+		if err := d.Load(ctx, k, got).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("after writing %v: the file differs", r)
+		}
+		part := make([]byte, r[1])
+		if err := d.ReadAt(ctx, k, part, r[0]); err != nil || !bytes.Equal(part, want[r[0]:r[0]+r[1]]) {
+			t.Fatalf("reading %v back: %v", r, err)
+		}
+	}
+	if err := d.ReadAt(ctx, k, make([]byte, 16), n-8); err == nil {
+		t.Error("a read past the end: no error")
+	}
+}
+
 // TestMeasureDisk: the disk test writes and reads through the tier and
 // leaves nothing behind.
 func TestMeasureDisk(t *testing.T) {
