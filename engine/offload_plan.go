@@ -253,6 +253,9 @@ type PlanRequest struct {
 	// GlobalNorm: the step clips gradients or scales the loss, so the host
 	// optimizer waits for the global norm (plan.Request.GlobalNorm).
 	GlobalNorm bool
+	// HostExtra is the run's host memory besides the layer state
+	// (plan.Request.HostExtra; RunHostExtra).
+	HostExtra int64
 }
 
 // TrainerPlan is a placement and what the engine builds from it.
@@ -270,6 +273,10 @@ type TrainerPlan struct {
 	// (Model.SetLeanActivations): on for every plan that does not fit
 	// the device as it is.
 	Lean bool
+	// HostNote, when not "", says that the system had less host memory
+	// free than the configured budget and the plan needed, and that the
+	// run was planned again for what is free (governHost).
+	HostNote string
 }
 
 // PlanTrainer chooses how to train m within req's budgets with the one
@@ -346,7 +353,7 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 	pl, err := plan.Plan(plan.Request{
 		Model: PlanModel(req.Name, m, req.T), Batch: req.B * req.Accum, Budgets: budgets, Hardware: req.Hardware,
 		Allow: allow, DelayedUpdate: req.DelayedUpdate, MaxPrefetch: maxPrefetch, GlobalNorm: req.GlobalNorm,
-		Optimizer: req.Optimizer,
+		Optimizer: req.Optimizer, HostExtra: req.HostExtra,
 	})
 	if err != nil {
 		return nil, err
@@ -471,15 +478,46 @@ func deviceBudget(cfg *Config, be kernels.Backend) int64 {
 	return be.MemStats().Limit
 }
 
+// loaderBatches is how many batches the data loader of a run holds at
+// most (dataset.LoaderOptions.Prefetch for the 2 workers Run starts).
+const loaderBatches = 2*2 + 2
+
+// RunHostExtra is the host memory a run of m (micro-batches of at most B
+// rows of T positions, cfg.Accum of them a step) allocates besides the
+// layers' state, for the planner to count (PlanRequest.HostExtra): the
+// data loader's batches, the out-of-core trainer's batches of a step,
+// and, when the run checkpoints, the one tensor a checkpoint streams
+// through (the largest, in fp32) and the files' I/O buffers. The backend's
+// own host memory (the CPU backend's pool, CUDA's pinned staging) is not
+// counted: the hardware profile's HostReserve is for it.
+func RunHostExtra(cfg *Config, m *Model, B, T int) int64 {
+	row := ioBytes(m, 1, T, 1, false)
+	n := int64(loaderBatches*B+B*max(cfg.Accum, 1)+B) * row
+	if cfg.CheckpointDir != "" {
+		var largest int64
+		for _, l := range m.Layers {
+			for _, ps := range l.Params() {
+				largest = max(largest, 4*int64(ps.Elems()))
+			}
+		}
+		n += largest + 2*safetensorsIOBuf
+	}
+	return n
+}
+
 // HostMargin is what the default host budget leaves of MemAvailable to
 // the operating system, the page cache and the rest of the process: 5% of
 // it, at least 2 GiB (the hardware profile's HostReserve comes on top).
 func HostMargin(avail int64) int64 { return max(avail/20, 2<<30) }
 
+// readHostLimits reads the system's memory limits (offload.ReadLimits;
+// tests replace it).
+var readHostLimits = offload.ReadLimits
+
 // DefaultHostBudget is the host budget of a run with no host_memory:
 // MemAvailable less HostMargin (8 GiB when MemAvailable is unknown).
 func DefaultHostBudget() int64 {
-	if lim, err := offload.ReadLimits(); err == nil && lim.MemAvailable > 0 {
+	if lim, err := readHostLimits(); err == nil && lim.MemAvailable > 0 {
 		return max(lim.MemAvailable-HostMargin(lim.MemAvailable), 1<<30)
 	}
 	return 8 << 30
@@ -581,6 +619,7 @@ func (c *Config) hasOverrides() bool {
 func choosePlan(cfg *Config, device string, m *Model, B, T int, budget int64, hw *offload.Hardware) (*TrainerPlan, PlanRequest, error) {
 	residentPeak := byteClasses(ResidentDeviceBytes(m, B, T)).total()
 	req := planRequest(cfg, device, B, T, budget)
+	req.HostExtra = RunHostExtra(cfg, m, B, T)
 	if hw != nil {
 		req.Hardware = *hw
 	}
@@ -620,11 +659,61 @@ func choosePlan(cfg *Config, device string, m *Model, B, T int, budget int64, hw
 	return tp, req, nil
 }
 
-// newRunTrainer builds the trainer of the plan choosePlan decides. rec, if
-// not nil, is the out-of-core trainer's recorder (OffloadOptions.Recorder).
-func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *stream.Recorder) (*Trainer, *TrainerPlan, error) {
-	tp, req, err := choosePlan(cfg, be.Name(), m, B, T, deviceBudget(cfg, be), nil)
+// governHost is the host-memory governor of a run, applied to the plan
+// choosePlan made before anything is allocated. The plan counts every
+// large host allocation of the run (the layers' state, the disk tier's
+// buffers, the batches, the checkpoints' buffers: RunHostExtra) and its
+// hardware reserve; what the system can give the run is MemAvailable, read
+// now, less HostMargin for the operating system and the page cache. When
+// the plan needs more than that (a host_memory above what is free now),
+// governHost says so in the plan's HostNote and plans again for what is
+// left, moving optimizer state to disk where there is a disk tier; when
+// nothing fits that, it refuses the run, naming both figures and the
+// planner's shortfalls. A resident plan keeps nothing of the model on the
+// host and is left as it is.
+func governHost(cfg *Config, device string, m *Model, B, T int, budget int64, tp *TrainerPlan, req PlanRequest) (*TrainerPlan, PlanRequest, error) {
+	if tp.Resident || tp.Placement == nil {
+		return tp, req, nil
+	}
+	lim, err := readHostLimits()
+	if err != nil || lim.MemAvailable <= 0 {
+		return tp, req, nil // unknown: the configured budget stands
+	}
+	margin := HostMargin(lim.MemAvailable)
+	left := lim.MemAvailable - margin
+	need := tp.Placement.Memory[1].Peak
+	if need <= left {
+		return tp, req, nil
+	}
+	why := fmt.Sprintf("host memory: MemAvailable is %s; less %s for the system and the page cache, %s is left for this run, and the plan for a host budget of %s needs %s",
+		kernels.FormatBytes(lim.MemAvailable), kernels.FormatBytes(margin), kernels.FormatBytes(max(left, 0)),
+		kernels.FormatBytes(req.Budgets.Host), kernels.FormatBytes(need))
+	if left <= 0 {
+		return nil, req, fmt.Errorf("engine: %s: nothing is left to plan for", why)
+	}
+	c := *cfg
+	c.HostMemory = left
+	tp2, req2, err := choosePlan(&c, device, m, B, T, budget, &req.Hardware)
 	if err != nil {
+		return nil, req, fmt.Errorf("engine: %s; planning again for %s: %w", why, kernels.FormatBytes(left), err)
+	}
+	tp2.HostNote = why + "; planned again for " + kernels.FormatBytes(left)
+	if tp2.Placement != nil {
+		tp2.Placement.Notes = append(tp2.Placement.Notes, tp2.HostNote)
+	}
+	return tp2, req2, nil
+}
+
+// newRunTrainer builds the trainer of the plan choosePlan decides (and
+// governHost checks). rec, if not nil, is the out-of-core trainer's
+// recorder (OffloadOptions.Recorder).
+func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *stream.Recorder) (*Trainer, *TrainerPlan, error) {
+	budget := deviceBudget(cfg, be)
+	tp, req, err := choosePlan(cfg, be.Name(), m, B, T, budget, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	if tp, req, err = governHost(cfg, be.Name(), m, B, T, budget, tp, req); err != nil {
 		return nil, nil, err
 	}
 	to := trainerOptions(cfg, tp.B, T)
@@ -642,6 +731,9 @@ func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *str
 		return tr, tp, nil
 	}
 	tp.Options.Recorder = rec
+	if tp.Options.HostLimits == nil {
+		tp.Options.HostLimits = readHostLimits // the pool reads what the governor read
+	}
 	tr, err := NewOffloadTrainer(be, m, to, tp.Options)
 	if err != nil {
 		return nil, nil, err

@@ -222,6 +222,9 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 			_ = plan.Placement.WriteTable(opts.Log)
 		}
 	}
+	if plan.HostNote != "" {
+		logf("%s", plan.HostNote)
+	}
 	hostPinned, hostNote := tr.HostPinning()
 	if hostNote != "" {
 		logf("%s", hostNote)

@@ -112,6 +112,12 @@ type Request struct {
 	// Deadline bounds the search: past it, the fastest candidates checked
 	// so far decide (default 2 s).
 	Deadline time.Duration
+	// HostExtra is the host memory an out-of-core run allocates besides
+	// the layers' state (HostState): the data loader's and the step's
+	// batches, the checkpoints' buffers. It is counted as the host's
+	// workspace, so that the host budget bounds all of the run's large
+	// allocations.
+	HostExtra int64
 	// Optimizer, if not 0, pins every layer's optimizer state to one
 	// tier (device: the resident trainer); 0 lets the planner split it per
 	// layer: on the device for as many of the first layers as the device
@@ -489,7 +495,7 @@ func (pl *planner) hostDisk(c *cand) {
 	mixed := pl.m.Precision.Mixed()
 	c.nDisk = 0
 	if c.o == offload.TierDisk {
-		var total int64
+		total := pl.req.HostExtra
 		for _, v := range HostState(params, pl.s, mixed, pl.req.DelayedUpdate, c.mdisk, pl.optTiers(c), slots) {
 			total += v
 		}
@@ -514,6 +520,7 @@ func (pl *planner) hostDisk(c *cand) {
 	for cl, v := range by {
 		c.host[cl] = v
 	}
+	c.host[offload.Workspace] += pl.req.HostExtra
 }
 
 // estimate is a quick upper-ish estimate of c's device bytes, to skip
