@@ -27,7 +27,11 @@
 // state.json with the step, data cursor, loss scaler, config and file
 // checksums) through a temporary directory renamed into place, so a
 // checkpoint that has its final name is complete. LatestCheckpoint finds
-// the newest; LoadCheckpoint verifies the checksums. A run resumed from a
+// the newest; LoadCheckpoint verifies the checksums. A trainer saves and
+// resumes tensor by tensor from and to whichever tier holds each tensor
+// (Trainer.CheckpointTensors, Trainer.RestoreCheckpoint), with one tensor's
+// worth of extra host memory, so a checkpoint of a model larger than the
+// host's memory is written and read in place. A run resumed from a
 // checkpoint under a config with the same Config.Hash continues bit for bit
 // as if it had never stopped; CheckResume explains any difference.
 //

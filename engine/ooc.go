@@ -31,8 +31,9 @@ type OffloadOptions struct {
 	Grads offload.Tier
 	// Optimizer is where the fp32 master weights and the Adam moments live
 	// and where AdamW runs: TierHost (in RAM) or TierDisk (the moments in
-	// files under DiskDir, the master in RAM). The host optimizer is
-	// offload.HostAdamW, bitwise identical to the CPU backend's kernel.
+	// files under DiskDir, the master in RAM unless DiskMaster). The host
+	// optimizer is offload.HostAdamW, bitwise identical to the CPU
+	// backend's kernel.
 	Optimizer offload.Tier
 	// OptimizerTiers, if not nil, is each layer's optimizer tier and
 	// overrides Optimizer: TierDevice keeps the layer's master and moments
