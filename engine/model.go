@@ -1,10 +1,6 @@
 package engine
 
-import (
-	"fmt"
-
-	"github.com/spill-ml/spill/kernels"
-)
+import "github.com/spill-ml/spill/kernels"
 
 // Layer is the unit of a model that the engine runs and that the offload
 // scheduler moves between device, host and disk: a GPT's embedding, each
@@ -89,8 +85,9 @@ type LayerState struct {
 }
 
 // StateTable holds the per-layer state of a model, indexed by layer. It is
-// the only place where layer tensors live: the engine allocates it
-// (AllocState) and a future offload scheduler owns its residency.
+// the only place where layer tensors live: the trainer binds each entry
+// to the blocks its step program (offload/schedule) holds for the op being
+// enqueued.
 type StateTable struct {
 	Layers []LayerState
 }
@@ -163,13 +160,12 @@ type Pass struct {
 	// Backward starts from: lossScale / (targets in the whole optimizer step).
 	LossGrad float32
 	// DOut and DIn are the gradients of the current layer's output and
-	// input during Backward (compute dtype); the engine swaps them between
-	// layers.
+	// input during Backward (compute dtype), bound by the trainer; the
+	// same tensor for the layers of a family with InPlaceResidual in a
+	// resident trainer.
 	DOut, DIn kernels.Tensor
 	// Scratch is shared temporary space, at least the largest ScratchBytes.
 	Scratch kernels.Buffer
-
-	grad [2]kernels.Buffer // backing of DOut/DIn
 }
 
 // Out is the output of layer i: the first OutputElems elements of its
@@ -207,132 +203,6 @@ func (s *scratchAlloc) take(dt kernels.DType, n int) kernels.Tensor {
 
 func align(n int64) int64 { return (n + 255) &^ 255 }
 
-// Forward runs layers 0..n-1 on the pass.
-func (m *Model) Forward(q kernels.Queue, p *Pass) {
-	for i, l := range m.Layers {
-		l.Forward(q, p, i)
-	}
-}
-
-// Backward runs the layers' Backward from last to first, swapping DOut
-// and DIn between them.
-func (m *Model) Backward(q kernels.Queue, p *Pass) {
-	cur := 0
-	for i := len(m.Layers) - 1; i >= 0; i-- {
-		if i > 0 {
-			if m.Family.InPlaceResidual() {
-				// A transformer block's Backward updates the
-				// residual-stream gradient in place (DIn may alias
-				// DOut), so one buffer serves every layer.
-				cur = 0
-			}
-			n := m.Layers[i-1].OutputElems(p.B, p.T)
-			p.DIn = kernels.View(p.grad[cur], 0, m.DType, n)
-		} else {
-			p.DIn = kernels.Tensor{}
-		}
-		m.Layers[i].Backward(q, p, i)
-		p.DOut = p.DIn
-		cur ^= 1
-	}
-	p.DOut, p.DIn = kernels.Tensor{}, kernels.Tensor{}
-}
-
-// StateOptions says what AllocState allocates.
-type StateOptions struct {
-	Train bool // master weights (when not fp32), grads and moments
-	B, T  int  // micro-batch shape for activations and scratch
-}
-
-// AllocState allocates the per-layer state of m on be, plus the pass
-// buffers (scratch, activation gradients) for B×T micro-batches. On error
-// everything allocated so far is freed.
-func AllocState(be kernels.Backend, m *Model, o StateOptions) (st *StateTable, p *Pass, err error) {
-	var bufs []kernels.Buffer
-	alloc := func(n int64, tag string) kernels.Buffer {
-		if err != nil {
-			return nil
-		}
-		if n <= 0 {
-			n = 1
-		}
-		var b kernels.Buffer
-		b, err = be.Alloc(n, tag)
-		if err == nil {
-			bufs = append(bufs, b)
-		}
-		return b
-	}
-	tensor := func(n int, dt kernels.DType, tag string) kernels.Tensor {
-		b := alloc(int64(n)*int64(dt.Size()), tag)
-		if b == nil {
-			return kernels.Tensor{}
-		}
-		return kernels.View(b, 0, dt, n)
-	}
-	st = &StateTable{Layers: make([]LayerState, len(m.Layers))}
-	var scratch, grad int64
-	for i, l := range m.Layers {
-		s := &st.Layers[i]
-		n := l.NumParams()
-		s.Weights = tensor(n, m.DType, "weights")
-		if o.Train {
-			if m.DType == kernels.F32 {
-				s.Master = s.Weights
-			} else {
-				s.Master = tensor(n, kernels.F32, "master")
-			}
-			s.Grads = tensor(n, m.DType, "grads")
-			for _, t := range l.Tied() {
-				s.TiedGrads = append(s.TiedGrads, tensor(m.Layers[t].NumParams(), m.DType, "grads"))
-			}
-			s.M = tensor(n, kernels.F32, "optim")
-			s.V = tensor(n, kernels.F32, "optim")
-		}
-		s.Acts = alloc(l.ActivationBytes(o.B, o.T), "activations")
-		scratch = max(scratch, l.ScratchBytes(o.B, o.T))
-		grad = max(grad, int64(l.OutputElems(o.B, o.T))*int64(m.DType.Size()))
-	}
-	p = &Pass{Ops: be, Model: m, Table: st, B: o.B, T: o.T}
-	p.Scratch = alloc(scratch, "scratch")
-	if o.Train {
-		p.grad[0] = alloc(grad, "scratch")
-		p.grad[1] = alloc(grad, "scratch")
-	}
-	if err != nil {
-		for _, b := range bufs {
-			be.Free(b)
-		}
-		return nil, nil, fmt.Errorf("engine: allocating model state: %w", err)
-	}
-	return st, p, nil
-}
-
-// FreeState frees everything AllocState allocated (after the queues that
-// used it have been synchronized).
-func FreeState(be kernels.Backend, st *StateTable, p *Pass) {
-	for _, s := range st.Layers {
-		for _, t := range append([]kernels.Tensor{s.Weights, s.Grads, s.M, s.V}, s.TiedGrads...) {
-			if !t.IsZero() {
-				be.Free(t.Buf)
-			}
-		}
-		if !s.Master.IsZero() && s.Master.Buf != s.Weights.Buf {
-			be.Free(s.Master.Buf)
-		}
-		if s.Acts != nil {
-			be.Free(s.Acts)
-		}
-	}
-	if p != nil {
-		for _, b := range []kernels.Buffer{p.Scratch, p.grad[0], p.grad[1]} {
-			if b != nil {
-				be.Free(b)
-			}
-		}
-	}
-}
-
 // param returns the view of spec in a layer block t.
 func param(t kernels.Tensor, s ParamSpec) kernels.Tensor {
 	return t.Slice(s.Offset, s.Elems())
@@ -344,17 +214,4 @@ func paramOr(t kernels.Tensor, s ParamSpec) kernels.Tensor {
 		return t
 	}
 	return param(t, s)
-}
-
-// mergeTied enqueues, once the step's last backward has run, the addition
-// of every layer's TiedGrads into the gradients of the layers it is tied
-// to: for layer t when only is t, or every tied layer when only is -1.
-func (m *Model) mergeTied(q kernels.Queue, be kernels.Ops, st *StateTable, only int) {
-	for i, l := range m.Layers {
-		for j, t := range l.Tied() {
-			if only < 0 || t == only {
-				be.Add(q, st.Layers[t].Grads, st.Layers[i].TiedGrads[j])
-			}
-		}
-	}
 }

@@ -120,30 +120,16 @@ func (b byteClasses) total() int64 {
 }
 
 // ResidentDeviceBytes is what NewTrainer allocates on the device for m with
-// micro-batches of B rows of T positions, by class: the whole training
-// state plus the pass buffers. A resident trainer allocates nothing else,
-// so this is its exact device peak.
+// micro-batches of B rows of T positions, by class: its resident program's
+// persistent blocks (the whole training state, each layer's activations
+// and the output gradients) plus its fixed buffers. A resident trainer
+// allocates nothing else, whatever its accumulation, so this is its exact
+// device peak.
 func ResidentDeviceBytes(m *Model, B, T int) map[offload.Class]int64 {
-	by := byteClasses{}
-	es := int64(m.DType.Size())
-	var scratch, grad int64
-	for _, l := range m.Layers {
-		n := int64(l.NumParams())
-		by[offload.Weights] += max(n*es, 1)
-		if m.DType != kernels.F32 {
-			by[offload.Master] += max(4*n, 1)
-		}
-		by[offload.Grads] += max(n*es, 1)
-		for _, t := range l.Tied() {
-			by[offload.Grads] += max(int64(m.Layers[t].NumParams())*es, 1)
-		}
-		by[offload.AdamM] += max(4*n, 1)
-		by[offload.AdamV] += max(4*n, 1)
-		by[offload.Activations] += max(l.ActivationBytes(B, T), 1)
-		scratch = max(scratch, l.ScratchBytes(B, T))
-		grad = max(grad, int64(l.OutputElems(B, T))*es)
+	by, err := deviceBytes(m, B, T, 1, residentOptions(m, nil))
+	if err != nil {
+		panic(fmt.Sprintf("engine: compiling the resident program of a %d-layer model: %v", len(m.Layers), err))
 	}
-	by[offload.Workspace] += max(scratch, 1) + 2*max(grad, 1) + ioBytes(m, B, T, 1, false) + 8
 	return by
 }
 
@@ -172,18 +158,30 @@ func ioBytes(m *Model, B, T, micro int, round bool) int64 {
 // offloadFixedBytes is what NewOffloadTrainer allocates besides its
 // programs: scratch, the io buffers of accum micro-batches and the
 // gradient statistics.
-func offloadFixedBytes(m *Model, B, T, accum int) int64 {
+func offloadFixedBytes(m *Model, B, T, accum int) int64 { return fixedBytes(m, B, T, accum) }
+
+// fixedBytes is what a trainer allocates besides its programs: scratch,
+// the io buffers of slots micro-batches (ioSlots) and the gradient
+// statistics.
+func fixedBytes(m *Model, B, T, slots int) int64 {
 	var scratch int64
 	for _, l := range m.Layers {
 		scratch = max(scratch, l.ScratchBytes(B, T))
 	}
-	return schedule.RoundBlock(scratch) + ioBytes(m, B, T, accum, true) + schedule.RoundBlock(8*int64(len(m.Layers)))
+	return schedule.RoundBlock(scratch) + ioBytes(m, B, T, slots, true) + schedule.RoundBlock(8*int64(len(m.Layers)))
 }
 
 // OffloadDeviceBytes is the device peak of NewOffloadTrainer(be, m, to, o)
 // by class, computed from its compiled programs without allocating: the
 // same figure as the trainer's PredictedDevicePeak.
 func OffloadDeviceBytes(m *Model, B, T, accum int, o OffloadOptions) (map[offload.Class]int64, error) {
+	o.resident = false
+	return deviceBytes(m, B, T, accum, o)
+}
+
+// deviceBytes is the device peak by class of the trainer of placement o:
+// its programs' peak and its fixed buffers.
+func deviceBytes(m *Model, B, T, accum int, o OffloadOptions) (map[offload.Class]int64, error) {
 	o.Prefetch = max(o.Prefetch, 1)
 	o.Group = min(max(o.Group, 1), accum)
 	tp, tby, _, err := schedule.PeakOf(programSpec(m, B, T, accum, &o, true))
@@ -198,7 +196,7 @@ func OffloadDeviceBytes(m *Model, B, T, accum int, o OffloadOptions) (map[offloa
 	if ep > tp {
 		by = eby
 	}
-	by[offload.Workspace] += offloadFixedBytes(m, B, T, accum)
+	by[offload.Workspace] += fixedBytes(m, B, T, ioSlots(&o, accum))
 	for k, v := range by {
 		if v == 0 {
 			delete(by, k)
@@ -409,19 +407,11 @@ func (e *MemoryError) Error() string {
 // kernels.ErrOutOfMemory).
 func (e *MemoryError) Unwrap() error { return e.Err }
 
-// tagClass maps the resident trainer's buffer tags to tensor classes.
+// tagClass maps the tag of a device buffer of the offload cache
+// ("offload/<class>") to its tensor class.
 func tagClass(tag string) offload.Class {
-	switch tag {
-	case "weights":
-		return offload.Weights
-	case "master":
-		return offload.Master
-	case "grads":
-		return offload.Grads
-	case "optim":
-		return offload.AdamM // m and v share the tag
-	case "activations":
-		return offload.Activations
+	if c, err := offload.ParseClass(strings.TrimPrefix(tag, "offload/")); err == nil {
+		return c
 	}
 	return offload.Workspace
 }
@@ -434,9 +424,7 @@ func residentBudgetError(oom *kernels.OOMError, ms kernels.MemStats, hint string
 		Reserved: oom.Allocated, Allocated: oom.Allocated, ByClass: map[offload.Class]int64{}, Hint: hint,
 	}
 	for tag, n := range oom.ByTag {
-		for c, v := range splitTag(tag, n) {
-			be.ByClass[c] += v
-		}
+		be.ByClass[tagClass(tag)] += n
 	}
 	return &MemoryError{Err: be, Summary: residentSummary(kernels.MemStats{Limit: oom.Limit, Allocated: oom.Allocated,
 		Peak: ms.Peak, Allocs: ms.Allocs, Frees: ms.Frees, Failed: ms.Failed, ByTag: oom.ByTag})}
@@ -449,24 +437,14 @@ func residentSummary(ms kernels.MemStats) string {
 		PeakAllocated: ms.Peak, PeakReserved: ms.Peak, Allocs: ms.Allocs, Frees: ms.Frees, BudgetFailures: ms.Failed,
 		Source: "resident trainer (state allocated once; blocks not counted per class)"}
 	for tag, n := range ms.ByTag {
-		for c, v := range splitTag(tag, n) {
-			// The resident trainer allocates its state once and frees
-			// nothing before Close: what a class holds is its peak.
-			st.ByClass[c].Allocated += v
-			st.ByClass[c].Reserved += v
-			st.ByClass[c].Peak += v
-		}
+		// The resident trainer allocates its state once and frees
+		// nothing before Close: what a class holds is its peak.
+		c := tagClass(tag)
+		st.ByClass[c].Allocated += n
+		st.ByClass[c].Reserved += n
+		st.ByClass[c].Peak += n
 	}
 	return st.MemorySummary()
-}
-
-// splitTag maps a tag's bytes to classes: "optim" holds both Adam moments,
-// in equal parts.
-func splitTag(tag string, n int64) map[offload.Class]int64 {
-	if tag == "optim" {
-		return map[offload.Class]int64{offload.AdamM: n - n/2, offload.AdamV: n / 2}
-	}
-	return map[offload.Class]int64{tagClass(tag): n}
 }
 
 // deviceBudget is the device budget a run plans for: the configured one,
@@ -719,7 +697,7 @@ func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *str
 	to := trainerOptions(cfg, tp.B, T)
 	to.Accum = tp.Accum
 	if tp.Resident {
-		tr, err := NewTrainer(be, m, to)
+		tr, err := newTrainer(be, m, to, residentOptions(m, rec))
 		if err != nil {
 			var oom *kernels.OOMError
 			if errors.As(err, &oom) {

@@ -2,10 +2,8 @@ package engine
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 
 	"github.com/spill-ml/spill/kernels"
@@ -95,6 +93,11 @@ type OffloadOptions struct {
 	HostPinner offload.Pinner
 	// HostLimits, if set, replaces offload.ReadLimits (tests).
 	HostLimits func() (offload.Limits, error)
+
+	// resident marks NewTrainer's placement: the program in which
+	// everything is persistent (schedule.Spec.Resident), with the io
+	// buffers of one micro-batch.
+	resident bool
 }
 
 func (o *OffloadOptions) validate(m *Model) error {
@@ -157,7 +160,8 @@ func (o *OffloadOptions) optTier(l int) offload.Tier {
 // placement o.
 func programSpec(m *Model, B, T, accum int, o *OffloadOptions, train bool) schedule.Spec {
 	s := schedule.Spec{MicroBatches: accum, Group: o.Group, Weights: o.Weights, Grads: o.Grads,
-		Acts: o.Activations, Prefetch: o.Prefetch, Train: train}
+		Acts: o.Activations, Prefetch: o.Prefetch, Train: train, Resident: o.resident,
+		SharedDGrad: o.resident && m.Family.InPlaceResidual()}
 	if !train {
 		s.MicroBatches, s.Group, s.Acts = 1, 1, nil
 	}
@@ -182,42 +186,64 @@ func programSpec(m *Model, B, T, accum int, o *OffloadOptions, train bool) sched
 	return s
 }
 
-// offloadState is a Trainer's out-of-core machinery: the step's compiled
-// programs, the executor that runs them, the host state and the device
-// buffers outside the programs.
+// offloadState is a Trainer's machinery: the step's compiled programs,
+// the executor that runs them, the host state and the device buffers
+// outside the programs.
 type offloadState struct {
 	opts    OffloadOptions
 	cache   *offload.Cache
 	table   *offload.Table
 	streams *stream.Set
-	exec    *exec.Executor
-	host    *hostState
-	train   *schedule.Program
-	eval    *schedule.Program
-	fixed   []*offload.Block
+	// h2d, d2h and opt are the compute queue under the names of the
+	// trainer's own uploads, read-backs and device AdamW in traces.
+	h2d, d2h, opt *stream.Stream
+	exec          *exec.Executor
+	host          *hostState
+	train         *schedule.Program
+	eval          *schedule.Program
+	fixed         []*offload.Block
 	// predicted device bytes of the fixed buffers
 	fixedBytes int64
-	// Per micro-batch: the device input, targets and losses (views of one
-	// buffer each) and the host batch.
+	// The io buffers: slots micro-batches' device input, targets and
+	// losses (views of one buffer each; micro-batch k uses slot k %
+	// slots), and the step's host batches, losses and gradient
+	// statistics (page-locked where the backend can).
+	slots        int
 	in, tg, loss []kernels.Tensor
-	lossAll      kernels.Tensor
 	hbs          []HostBatch
+	evalHB       [1]HostBatch
 	lossHost     []byte
 	statBuf      []byte
+	// batches are the host batches of the program being run, filled from
+	// src (when not nil, with ctx) as the program reaches them; last is
+	// the training program's last op; names are the trace names of the io
+	// ops.
+	batches []HostBatch
+	src     BatchSource
+	ctx     context.Context
+	last    schedule.Op
+	names   ioNames
 	// dgrad is the gradient of each layer's output bound for the op
 	// being enqueued.
 	dgrad []kernels.Tensor
+	// tiedBy lists, for each layer, the layers tied to it and the index
+	// of their TiedGrads that accumulates its gradients.
+	tiedBy [][][2]int
 	// accessHook, if set, runs after each op of a program is enqueued and
 	// the blocks around it freed and allocated (tests).
 	accessHook func(j int)
 }
 
-// Residency is a snapshot of the out-of-core trainer's residency table:
+// ioNames are the trace names of a trainer's io ops, per micro-batch, and
+// of its device AdamW, per layer.
+type ioNames struct{ upload, losses, adamw []string }
+
+// Residency is a snapshot of an out-of-core trainer's residency table:
 // where each tensor of each layer has a valid copy (nil for a resident
-// trainer). Between steps activations have no entries; during a step
-// each live one has.
+// trainer, whose tensors never move). Between steps activations have no
+// entries; during a step each live one has.
 func (t *Trainer) Residency() []offload.Residency {
-	if t.off == nil {
+	if t.off.opts.resident {
 		return nil
 	}
 	return t.off.table.Snapshot()
@@ -226,9 +252,6 @@ func (t *Trainer) Residency() []offload.Residency {
 // ResidencyErr is the first residency transition the table refused (a
 // bookkeeping bug: the table no longer says where tensors are), or nil.
 func (t *Trainer) ResidencyErr() error {
-	if t.off == nil {
-		return nil
-	}
 	t.off.host.mu.Lock()
 	err := t.off.host.tabErr
 	t.off.host.mu.Unlock()
@@ -238,9 +261,10 @@ func (t *Trainer) ResidencyErr() error {
 // HostPinning reports how an out-of-core trainer holds its host state:
 // pinned is true when all of it is in the host pool's slabs (page-locked,
 // or on the CPU backend anonymous mappings off the Go heap); note says what
-// the pool decided and why. A resident trainer returns false, "".
+// the pool decided and why. A trainer without host state (a resident one)
+// returns false, "".
 func (t *Trainer) HostPinning() (pinned bool, note string) {
-	if t.off == nil {
+	if t.off.host.bytes == 0 {
 		return false, ""
 	}
 	return t.off.host.pinned, t.off.host.note
@@ -251,8 +275,18 @@ func (t *Trainer) HostPinning() (pinned bool, note string) {
 // NewTrainer's on the CPU backend, within a device budget that need not
 // hold the weights, gradients and optimizer state.
 func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o OffloadOptions) (t *Trainer, err error) {
+	o.resident = false
+	return newTrainer(be, m, to, o)
+}
+
+// newTrainer builds the trainer of placement o: NewTrainer's (resident)
+// or NewOffloadTrainer's.
+func newTrainer(be kernels.Backend, m *Model, to TrainerOptions, o OffloadOptions) (t *Trainer, err error) {
 	if to.B <= 0 || to.T <= 0 || to.Accum <= 0 {
 		return nil, fmt.Errorf("engine: trainer: batch %d, seq %d, accum %d must be positive", to.B, to.T, to.Accum)
+	}
+	if err := CheckBackend(be, m); err != nil {
+		return nil, err
 	}
 	if err := o.validate(m); err != nil {
 		return nil, err
@@ -260,13 +294,14 @@ func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o Offloa
 	o.Prefetch = max(o.Prefetch, 1)
 	o.Group = min(max(o.Group, 1), to.Accum)
 	B, T, A := to.B, to.T, to.Accum
-	st := &offloadState{opts: o, table: offload.NewTable()}
+	st := &offloadState{opts: o, table: offload.NewTable(), slots: ioSlots(&o, A)}
 	if st.train, err = schedule.Compile(programSpec(m, B, T, A, &o, true)); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	if st.eval, err = schedule.Compile(programSpec(m, B, T, A, &o, false)); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
+	st.last = st.train.Ops[len(st.train.Ops)-1]
 	st.cache = offload.NewCache(be, offload.CacheConfig{Limit: o.DeviceBudget, Whole: true})
 	t = &Trainer{be: be, model: m, opts: to, lossMul: 1, off: st}
 	t.Scaler = NewLossScaler(m.DType, to.LossScale, to.ScaleWindow)
@@ -280,9 +315,18 @@ func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o Offloa
 		return t, err
 	}
 	t.q = st.streams.Compute.Queue()
+	st.h2d = stream.Wrap(be, t.q, stream.H2D, o.Recorder)
+	st.d2h = stream.Wrap(be, t.q, stream.D2H, o.Recorder)
+	st.opt = stream.Wrap(be, t.q, stream.Optimizer, o.Recorder)
 	n := len(m.Layers)
 	t.st = &StateTable{Layers: make([]LayerState, n)}
 	st.dgrad = make([]kernels.Tensor, n)
+	st.tiedBy = make([][][2]int, n)
+	for i, l := range m.Layers {
+		for k, j := range l.Tied() {
+			st.tiedBy[j] = append(st.tiedBy[j], [2]int{i, k})
+		}
+	}
 	fixed := func(nb int64, cl offload.Class) kernels.Buffer {
 		if err != nil {
 			return nil
@@ -309,23 +353,23 @@ func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o Offloa
 		scratch = max(scratch, l.ScratchBytes(B, T))
 	}
 	p.Scratch = fixed(scratch, offload.Workspace)
-	// The io buffers of every micro-batch of the step: A times the
-	// resident trainer's, split into views.
-	all := func(nel int, dt kernels.DType) kernels.Tensor { return tensor(A*nel, dt) }
+	// The io buffers of slots micro-batches, split into views.
+	S := st.slots
+	all := func(nel int, dt kernels.DType) kernels.Tensor { return tensor(S*nel, dt) }
 	t.allocIO(m, p, B, T, all)
 	per := func(x kernels.Tensor) []kernels.Tensor {
 		var v []kernels.Tensor
 		if x.IsZero() {
 			return nil
 		}
-		for k := range A {
-			v = append(v, x.Slice(k*(x.N/A), x.N/A))
+		for k := range S {
+			v = append(v, x.Slice(k*(x.N/S), x.N/S))
 		}
 		return v
 	}
-	st.in, st.tg, st.loss, st.lossAll = per(p.Input), per(p.Targets), per(p.Losses), p.Losses
+	st.in, st.tg, st.loss = per(p.Input), per(p.Targets), per(p.Losses)
 	if !t.feat32.IsZero() {
-		t.feat32 = t.feat32.Slice(0, t.feat32.N/A)
+		t.feat32 = t.feat32.Slice(0, t.feat32.N/S)
 	}
 	t.stats = tensor(2*n, kernels.F32)
 	if err != nil {
@@ -342,63 +386,94 @@ func NewOffloadTrainer(be kernels.Backend, m *Model, to TrainerOptions, o Offloa
 		copier = st.host.stage
 	}
 	q := exec.Queues{Compute: st.streams.Compute, H2D: st.streams.H2D, D2H: st.streams.D2H}
-	st.exec, err = exec.New(exec.Config{Backend: be, Queues: q, Cache: st.cache, Table: st.table, Copier: copier,
-		HostAlloc: st.host.slotAlloc, AfterOp: func(j int) {
+	cfg := exec.Config{Backend: be, Queues: q, Cache: st.cache, Table: st.table, Copier: copier, HostAlloc: st.host.slotAlloc}
+	if !o.resident {
+		cfg.AfterOp = func(j int) {
 			if st.accessHook != nil {
 				st.accessHook(j)
 			}
-		}}, st.train, st.eval)
-	if err != nil {
+		}
+	}
+	if st.exec, err = exec.New(cfg, st.train, st.eval); err != nil {
 		return t, err
 	}
 	if err = st.host.attachDevice(be, t.q, st.exec); err != nil {
 		return t, err
 	}
-	inBytes := st.in[0].N * 4
+	inBytes, tgBytes := st.in[0].N*4, int(st.tg[0].Bytes()) // int32 tokens or float32 features
 	st.hbs = make([]HostBatch, A)
 	for k := range st.hbs {
-		st.hbs[k] = HostBatch{Input: make([]byte, inBytes), Targets: make([]byte, st.tg[0].Bytes())}
+		b, err := t.hostBytes(inBytes + tgBytes)
+		if err != nil {
+			return t, err
+		}
+		st.hbs[k] = HostBatch{Input: b[:inBytes:inBytes], Targets: b[inBytes:]}
+		st.names.upload = append(st.names.upload, fmt.Sprintf("upload micro-batch %d", k))
+		st.names.losses = append(st.names.losses, fmt.Sprintf("losses micro-batch %d", k))
 	}
-	t.hb = HostBatch{Input: make([]byte, inBytes), Targets: make([]byte, st.tg[0].Bytes())}
-	st.lossHost = make([]byte, st.lossAll.Bytes())
-	t.lossHost = st.lossHost[:st.loss[0].Bytes()]
-	st.statBuf = make([]byte, 8*n)
+	for _, l := range m.Layers {
+		st.names.adamw = append(st.names.adamw, "adamw "+l.Name())
+	}
+	t.hb = HostBatch{Input: make([]byte, inBytes), Targets: make([]byte, tgBytes)}
+	if st.lossHost, err = t.hostBytes(A * int(st.loss[0].Bytes())); err != nil {
+		return t, err
+	}
+	if st.statBuf, err = t.hostBytes(8 * n); err != nil {
+		return t, err
+	}
 	return t, nil
 }
 
-// bindIO points the pass's input, targets and losses at micro-batch k's.
+// ioSlots is how many micro-batches' io buffers a trainer of placement o
+// keeps on the device: one for the resident program (its micro-batches
+// run one after the other), every micro-batch's out of core.
+func ioSlots(o *OffloadOptions, accum int) int {
+	if o.resident {
+		return 1
+	}
+	return accum
+}
+
+// bindIO points the pass's input, targets and losses at micro-batch k's
+// slot.
 func (st *offloadState) bindIO(p *Pass, k int) {
+	k %= st.slots
 	p.Input, p.Targets, p.Losses = st.in[k], st.tg[k], st.loss[k]
+}
+
+// runProgram runs program p once over the host batches (one per
+// micro-batch of p), filled from src when it is not nil: each just before
+// its micro-batch's first forward is enqueued, so that the host reads a
+// micro-batch while the device computes the one before. The batches'
+// uploads, the losses' read-back and, for a training program, the
+// gradient statistics' read-back are part of the program's run: when it
+// returns they are on the host.
+func (t *Trainer) runProgram(ctx context.Context, p *schedule.Program, batches []HostBatch, src BatchSource) error {
+	st := t.off
+	st.batches, st.src, st.ctx = batches, src, ctx
+	defer func() { st.batches, st.src, st.ctx = nil, nil, nil }()
+	t.pass.LossGrad = float32(t.lossMul * t.Scaler.Scale / float64(t.TokensPerStep()))
+	if p.Spec.Train {
+		t.be.Zero(t.q, t.stats)
+	}
+	return st.exec.Run(ctx, p, (*oocModel)(t), st.host)
 }
 
 // PredictedDevicePeak is the device memory the trainer holds at most (live
 // blocks, as offload.CacheStats.PeakAllocated counts them), computed from
 // its programs before they run.
 func (t *Trainer) PredictedDevicePeak() int64 {
-	if t.off == nil {
-		return 0
-	}
 	tp, _ := t.off.train.Peak()
 	ep, _ := t.off.eval.Peak()
 	return t.off.fixedBytes + max(tp, ep)
 }
 
-// Cache is the device cache of an out-of-core trainer (nil otherwise).
-func (t *Trainer) Cache() *offload.Cache {
-	if t.off == nil {
-		return nil
-	}
-	return t.off.cache
-}
+// Cache is the trainer's device cache: every device block it holds.
+func (t *Trainer) Cache() *offload.Cache { return t.off.cache }
 
 // HostBytes is the host memory an out-of-core trainer holds for layer
 // state and offloaded activations (0 for a resident one).
-func (t *Trainer) HostBytes() int64 {
-	if t.off == nil {
-		return 0
-	}
-	return t.off.host.bytes
-}
+func (t *Trainer) HostBytes() int64 { return t.off.host.bytes }
 
 func (st *offloadState) close() {
 	if st.host != nil {
@@ -408,6 +483,11 @@ func (st *offloadState) close() {
 	}
 	if st.streams != nil {
 		_ = st.streams.Synchronize(context.Background())
+		for _, s := range []*stream.Stream{st.h2d, st.d2h, st.opt} {
+			if s != nil {
+				s.Close()
+			}
+		}
 		st.streams.Close()
 	}
 	if st.exec != nil {
@@ -476,140 +556,58 @@ func (mt *oocModel) Run(q kernels.Queue, op schedule.Op, final []int) {
 		p.DOut, p.DIn = kernels.Tensor{}, kernels.Tensor{}
 	}
 	for _, j := range final {
-		m.mergeTied(q, t.be, t.st, j) // the tied gradients end with the layer's last backward
+		// The tied gradients end with the layer's last backward: added
+		// once per step, in the same order whatever the schedule.
+		for _, tb := range st.tiedBy[j] {
+			t.be.Add(q, t.st.Layers[j].Grads, t.st.Layers[tb[0]].TiedGrads[tb[1]])
+		}
+	}
+	if len(final) > 0 && t.gradHook != nil {
+		t.gradHook(t.Step)
+	}
+	for _, j := range final {
 		g := t.st.Layers[j].Grads
 		t.be.SumSquares(q, t.stats.Slice(2*j, 1), g)
 		t.be.CheckFinite(q, t.stats.Slice(2*j+1, 1), g)
 	}
+	if op == st.last { // a training program's: every layer's are taken
+		t.be.CopyToHost(q, st.statBuf, t.stats) // every layer's are taken
+	}
+}
+
+// Feed implements exec.Feeder: micro-batch k is read from the source and
+// its input and targets go to its io slot before its first forward. (Its
+// host batch's last upload, a step ago, has passed: every Run ends with
+// the queues idle.)
+func (mt *oocModel) Feed(op schedule.Op) error {
+	t := (*Trainer)(mt)
+	st := t.off
+	if op.Kind != schedule.Forward || op.Layer != 0 {
+		return nil
+	}
+	if st.src != nil {
+		if err := st.src.Next(st.ctx, &st.batches[op.MB]); err != nil {
+			return err
+		}
+	}
+	st.bindIO(t.pass, op.MB)
+	return st.h2d.Enqueue(st.names.upload[op.MB], func(q kernels.Queue) { t.upload(q, &st.batches[op.MB]) })
+}
+
+// Drain implements exec.Feeder: micro-batch k's losses go to the host
+// once its last forward has written them.
+func (mt *oocModel) Drain(op schedule.Op) error {
+	t := (*Trainer)(mt)
+	st := t.off
+	if op.Kind != schedule.Forward || op.Layer != len(t.model.Layers)-1 {
+		return nil
+	}
+	st.bindIO(t.pass, op.MB)
+	nb := int(st.loss[0].Bytes())
+	return st.d2h.Enqueue(st.names.losses[op.MB], func(q kernels.Queue) {
+		t.be.CopyToHost(q, st.lossHost[op.MB*nb:(op.MB+1)*nb], t.pass.Losses)
+	})
 }
 
 // LayerName implements exec.Model.
 func (mt *oocModel) LayerName(l int) string { return mt.model.Layers[l].Name() }
-
-// offloadStep is TrainStep for an out-of-core trainer.
-//
-// Without gradient clipping, fp16 loss scaling or DelayedUpdate, each
-// layer's host AdamW starts as soon as its final gradients have landed on
-// the host, overlapped with the backward of the layers before it
-// (ZeRO-Offload); the arithmetic is the resident trainer's. Such an eager
-// update checks its layer's gradients first and leaves a layer whose
-// gradients are not finite unchanged, but it cannot wait for the other
-// layers' verdict: a step with non-finite gradients reports Skipped, as
-// the resident trainer does, yet the layers whose gradients were finite
-// have been updated. Otherwise the updates wait for the global norm, which
-// is ready when the last backward is done (each layer's sum of squares is
-// taken on the device as its gradients become final), and start in layer
-// order, the order the next forward fetches them in.
-func (t *Trainer) offloadStep(ctx context.Context, src BatchSource) (StepResult, error) {
-	st := t.off
-	hs := st.host
-	o := t.opts
-	r := StepResult{LR: o.Schedule.At(t.Step), LossScale: t.Scaler.Scale}
-	for k := range st.hbs {
-		if err := src.Next(ctx, &st.hbs[k]); err != nil {
-			return r, err
-		}
-	}
-	hp := kernels.AdamWParams{
-		LR: float32(r.LR), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2), Eps: float32(o.Eps),
-		Step: t.Step + 1, WeightDecay: float32(o.WeightDecay),
-	}
-	hs.eager = nil
-	if o.GradClip <= 0 && !t.Scaler.Enabled && !st.opts.DelayedUpdate {
-		e := hp
-		e.GradScale = float32(1 / r.LossScale)
-		hs.eager = &e
-	}
-	tr0, disk0 := st.exec.Traffic(), hs.diskBytes()
-	t.pass.LossGrad = float32(t.lossMul * t.Scaler.Scale / float64(t.TokensPerStep()))
-	t.be.Zero(t.q, t.stats)
-	for k := range st.hbs {
-		st.bindIO(t.pass, k)
-		t.upload(&st.hbs[k])
-	}
-	eager := hs.eager != nil
-	hs.launched = 0
-	err := st.exec.Run(ctx, st.train, (*oocModel)(t), hs)
-	hs.eager = nil
-	if hs.launched > 0 {
-		// Updates have started: the step counts, whatever happens next.
-		t.Step++
-	}
-	if err != nil {
-		return r, err
-	}
-	if eager && hs.launched == 0 {
-		t.Step++ // every layer is updated on the device
-	}
-	if st.opts.DelayedUpdate {
-		// The update of the last step ran during this one.
-		if err := hs.waitUpdates(); err != nil {
-			return r, err
-		}
-	}
-	t.be.CopyToHost(t.q, st.lossHost, st.lossAll)
-	t.be.CopyToHost(t.q, st.statBuf, t.stats)
-	if err := t.q.Synchronize(ctx); err != nil {
-		return r, err
-	}
-	var sum float64
-	for k := range st.hbs {
-		sum += t.sumLosses(st.lossHost[4*k*t.nLoss:])
-	}
-	r.Loss = sum / float64(t.TokensPerStep())
-	var ss float32
-	nonFinite := false
-	for i := range t.model.Layers {
-		ss += math.Float32frombits(binary.LittleEndian.Uint32(st.statBuf[8*i:]))
-		nonFinite = nonFinite || math.Float32frombits(binary.LittleEndian.Uint32(st.statBuf[8*i+4:])) != 0
-	}
-	sumsq := float64(ss)
-	overflow := nonFinite || math.IsNaN(sumsq) || math.IsInf(sumsq, 0)
-	r.GradNorm = math.Sqrt(sumsq) / t.Scaler.Scale
-	if overflow {
-		r.GradNorm = math.Inf(1)
-	}
-	r.Skipped = t.Scaler.Update(overflow)
-	tr := st.exec.Traffic()
-	r.H2DBytes, r.D2HBytes = tr.H2D-tr0.H2D, tr.D2H-tr0.D2H
-	r.DiskBytes = hs.diskBytes() - disk0 // of the updates finished so far
-	coef := 1.0
-	if o.GradClip > 0 && r.GradNorm > o.GradClip {
-		coef = o.GradClip / r.GradNorm
-	}
-	hp.GradScale = float32(coef / r.LossScale)
-	if !r.Skipped {
-		// The layers whose optimizer state is on the device, on the
-		// compute queue before the next step's forward.
-		hs.updateDevice(hp)
-	}
-	if eager { // the host updates are running
-		return r, nil
-	}
-	t.Step++
-	if r.Skipped {
-		return r, nil
-	}
-	for i := range hs.host {
-		hs.launchUpdate(ctx, i, hp, false)
-	}
-	return r, nil
-}
-
-// offloadMicroLoss runs one forward pass over hb through the eval program.
-func (t *Trainer) offloadMicroLoss(ctx context.Context, hb *HostBatch) (float64, error) {
-	st := t.off
-	if err := st.host.waitUpdates(); err != nil {
-		return 0, err
-	}
-	st.bindIO(t.pass, 0)
-	t.upload(hb)
-	if err := st.exec.Run(ctx, st.eval, (*oocModel)(t), st.host); err != nil {
-		return 0, err
-	}
-	t.be.CopyToHost(t.q, t.lossHost, st.loss[0])
-	if err := t.q.Synchronize(ctx); err != nil {
-		return 0, err
-	}
-	return t.sumLosses(t.lossHost) / float64(t.nLoss), nil
-}

@@ -7,6 +7,7 @@ import (
 	"github.com/spill-ml/spill/offload"
 	"github.com/spill-ml/spill/offload/exec"
 	"github.com/spill-ml/spill/offload/schedule"
+	"github.com/spill-ml/spill/stream"
 )
 
 // The layers whose optimizer state is on the device (OffloadOptions.
@@ -68,9 +69,10 @@ func (hs *hostState) devLayer(i int) devLayer {
 	return d
 }
 
-// updateDevice enqueues AdamW with hp on the compute queue for every layer
-// whose optimizer state is on the device.
-func (hs *hostState) updateDevice(hp kernels.AdamWParams) {
+// updateDevice enqueues AdamW with hp on s, a stream of the compute
+// queue, for every layer whose optimizer state is on the device (one op
+// per layer, named by names).
+func (hs *hostState) updateDevice(s *stream.Stream, names []string, hp kernels.AdamWParams) error {
 	hs.dev.mu.Lock()
 	defer hs.dev.mu.Unlock()
 	for i, t := range hs.tier {
@@ -78,18 +80,24 @@ func (hs *hostState) updateDevice(hp kernels.AdamWParams) {
 			continue
 		}
 		d := hs.devLayer(i)
-		for _, ps := range hs.m.Layers[i].Params() {
-			p := hp
-			if !ps.Decay {
-				p.WeightDecay = 0
+		err := s.Enqueue(names[i], func(q kernels.Queue) {
+			for _, ps := range hs.m.Layers[i].Params() {
+				p := hp
+				if !ps.Decay {
+					p.WeightDecay = 0
+				}
+				out := kernels.Tensor{}
+				if d.weights.Buf != d.master.Buf {
+					out = param(d.weights, ps)
+				}
+				hs.dev.be.AdamW(q, param(d.master, ps), param(d.grads, ps), param(d.m, ps), param(d.v, ps), out, p)
 			}
-			out := kernels.Tensor{}
-			if d.weights.Buf != d.master.Buf {
-				out = param(d.weights, ps)
-			}
-			hs.dev.be.AdamW(hs.dev.q, param(d.master, ps), param(d.grads, ps), param(d.m, ps), param(d.v, ps), out, p)
+		})
+		if err != nil {
+			return err
 		}
 	}
+	return nil
 }
 
 // setDeviceMaster is setMaster for a layer updated on the device: fill

@@ -134,3 +134,59 @@ func TestRefusedBeforeAllocation(t *testing.T) {
 		t.Errorf("%d device allocations before the refusal", ms.Allocs)
 	}
 }
+
+// TestGradientsStreamed: Gradients of a trainer that streams its weights
+// and gradients through a small device, layer-major, are the resident
+// trainer's, bit for bit, and update nothing.
+func TestGradientsStreamed(t *testing.T) {
+	ctx := context.Background()
+	m, err := NewGPT(oocShape, kernels.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := oocOptions()
+	res, err := NewTrainer(openCPU(t), m, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Close()
+	o := streamed()
+	o.Group = 2
+	ooc, check := newOOCModel(t, m, to, o)
+	for _, tr := range []*Trainer{res, ooc} {
+		if err := tr.InitWeights(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wl, wg, err := res.Gradients(ctx, oocFeed())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := ooc.MasterWeights(ctx)
+	gl, gg, err := ooc.Gradients(ctx, oocFeed())
+	if err != nil {
+		t.Fatal(err)
+	}
+	check()
+	if math.Float64bits(gl) != math.Float64bits(wl) {
+		t.Errorf("loss %v, resident %v", gl, wl)
+	}
+	for l := range wg {
+		for i := range wg[l] {
+			if math.Float32bits(gg[l][i]) != math.Float32bits(wg[l][i]) {
+				t.Fatalf("layer %d gradient %d: %v, resident %v", l, i, gg[l][i], wg[l][i])
+			}
+		}
+	}
+	after, _ := ooc.MasterWeights(ctx)
+	for l := range before {
+		for i := range before[l] {
+			if math.Float32bits(after[l][i]) != math.Float32bits(before[l][i]) {
+				t.Fatalf("Gradients changed layer %d weight %d", l, i)
+			}
+		}
+	}
+	if ooc.Step != 0 {
+		t.Errorf("step %d after Gradients", ooc.Step)
+	}
+}

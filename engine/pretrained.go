@@ -600,31 +600,14 @@ func (p *Pretrained) boundTo(m *Model) bool {
 }
 
 // LoadPretrained sets every layer's fp32 master weights (and compute
-// copy) from p, which Bind must have bound to the trainer's model: in
-// place in the out-of-core trainer's host state (the layers spread over
-// the cores), else layer by layer through one buffer of the largest
-// layer's size, uploaded and cast on the device.
+// copy) from p, which Bind must have bound to the trainer's model, the
+// layers spread over the cores.
 func (t *Trainer) LoadPretrained(ctx context.Context, p *Pretrained) error {
 	if !p.boundTo(t.model) {
 		return errors.New("engine: LoadPretrained: the checkpoint is not bound to a model of this one's parameters (Pretrained.Bind)")
 	}
-	if t.off != nil {
-		return t.off.host.setMasters(func(i int, master []float32) { p.fillLayer(i, master) })
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	n := 0
-	for _, l := range t.model.Layers {
-		n = max(n, l.NumParams())
-	}
-	buf := make([]float32, n)
-	for i, l := range t.model.Layers {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		b := buf[:l.NumParams()]
-		p.fillLayer(i, b)
-		if err := t.setLayerMaster(ctx, i, f32Bytes(b)); err != nil {
-			return err
-		}
-	}
-	return nil
+	return t.off.host.setMasters(func(i int, master []float32) { p.fillLayer(i, master) })
 }

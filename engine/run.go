@@ -190,7 +190,6 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 			return nil, err
 		}
 	}
-	tr.traceResident(rec)
 	var sum *Summary
 	if rec != nil {
 		// Runs after tr.Close, which waits for every traced op.

@@ -6,77 +6,18 @@ import (
 	"fmt"
 	"io"
 	"sort"
-	"strconv"
 	"time"
 
-	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/stream"
 )
 
 // Tracing (Config.Trace). Run creates a stream.Recorder and hands it to
-// the trainer: the out-of-core trainer times every op of its three
-// streams and its host optimizer itself (OffloadOptions.Recorder); the
-// resident trainer times its uploads, forward and backward passes, loss
-// read-backs, gradient statistics and AdamW updates as ops on its one
-// queue (residentTrace). Run adds a span per step and a loader span around
-// every batch the trainer waits for. With tracing off none of this runs:
-// the trainer's trace is nil and the batch source is not wrapped.
-
-// residentTrace is the resident trainer's tracing: four streams over the
-// trainer's single queue, one per category, so that each op lands in the
-// category the step breakdown needs. They share the queue's track in the
-// trace (the ops run in queue order, one at a time).
-type residentTrace struct {
-	h2d, compute, d2h, opt *stream.Stream
-}
-
-// traceResident makes a resident trainer record its ops into rec. It does
-// nothing for an out-of-core trainer (which takes its recorder in
-// OffloadOptions) or a nil rec. Call it before the first step; Close
-// stops the tracing after the ops enqueued so far have been stamped.
-func (t *Trainer) traceResident(rec *stream.Recorder) {
-	if rec == nil || t.off != nil || t.trace != nil {
-		return
-	}
-	t.trace = &residentTrace{
-		h2d:     stream.Wrap(t.be, t.q, stream.H2D, rec),
-		compute: stream.Wrap(t.be, t.q, stream.Compute, rec),
-		d2h:     stream.Wrap(t.be, t.q, stream.D2H, rec),
-		opt:     stream.Wrap(t.be, t.q, stream.Optimizer, rec),
-	}
-}
-
-// close stops the watchers after they have stamped every op.
-func (rt *residentTrace) close() {
-	for _, s := range []*stream.Stream{rt.h2d, rt.compute, rt.d2h, rt.opt} {
-		s.Close()
-	}
-}
-
-// tracedMicroBatch is accumulate's body for micro-batch k (staged in ring
-// slot slot) when tracing: the same work, enqueued as traced ops.
-func (t *Trainer) tracedMicroBatch(k, slot int, hb *HostBatch) error {
-	rt := t.trace
-	mb := strconv.Itoa(k)
-	if err := rt.h2d.Enqueue("upload micro-batch "+mb, func(kernels.Queue) { t.upload(hb) }); err != nil {
-		return err
-	}
-	ev, err := t.be.RecordEvent(t.q)
-	if err != nil {
-		return err
-	}
-	t.ringEv[slot] = ev
-	if err := rt.compute.Enqueue("forward micro-batch "+mb, func(q kernels.Queue) { t.model.Forward(q, t.pass) }); err != nil {
-		return err
-	}
-	nb := int(t.pass.Losses.Bytes())
-	if err := rt.d2h.Enqueue("losses micro-batch "+mb, func(q kernels.Queue) {
-		t.be.CopyToHost(q, t.stepHost[k*nb:(k+1)*nb], t.pass.Losses)
-	}); err != nil {
-		return err
-	}
-	return rt.compute.Enqueue("backward micro-batch "+mb, func(q kernels.Queue) { t.model.Backward(q, t.pass) })
-}
+// the trainer (OffloadOptions.Recorder), which times every op of its
+// three streams, its uploads, loss read-backs and device AdamW (as ops of
+// the compute queue under those categories) and its host optimizer. Run
+// adds a span per step and a loader span around every batch the trainer
+// waits for. With tracing off none of this runs: the streams have no
+// recorder and the batch source is not wrapped.
 
 // tracedSource is a BatchSource whose every Next is a loader span: the
 // time the trainer waited for a batch.

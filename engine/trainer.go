@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"github.com/spill-ml/spill/kernels"
+	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/stream"
 )
 
 // HostBatch is one micro-batch in host memory, in the layout the device
@@ -63,9 +65,18 @@ type StepResult struct {
 
 // Trainer runs training steps of a Model on a backend. It owns the
 // model's StateTable and the pass buffers. Methods are for one goroutine.
+//
+// Every trainer runs the same machinery: the step's program compiled from
+// a placement (offload/schedule), run by one executor (offload/exec) over
+// the model's layers, with the host state and optimizers of ooc_host.go.
+// NewTrainer's placement keeps everything on the device (the resident
+// program: no transfer, allocation or free during a step);
+// NewOffloadTrainer's streams what OffloadOptions say. The step semantics
+// (loss scaling, clipping, skipping a step whose gradients overflow) are
+// written once, in TrainStep.
 type Trainer struct {
 	be    kernels.Backend
-	q     kernels.Queue
+	q     kernels.Queue // the compute queue
 	model *Model
 	opts  TrainerOptions
 	st    *StateTable
@@ -75,35 +86,19 @@ type Trainer struct {
 	Step   int
 	Scaler LossScaler
 
-	ioBufs   []kernels.Buffer
-	feat32   kernels.Tensor // F32 staging for features in non-fp32 MLP runs
-	stats    kernels.Tensor // F32 [sum of squares, non-finite flag]
-	hb       HostBatch
-	lossHost []byte
-	nLoss    int     // losses per micro-batch
-	lossMul  float64 // reported loss = lossMul * mean(losses)
+	feat32  kernels.Tensor // F32 staging for features in non-fp32 MLP runs
+	stats   kernels.Tensor // F32 [sum of squares, non-finite flag] per layer
+	hb      HostBatch      // Evaluate's micro-batch
+	nLoss   int            // losses per micro-batch
+	lossMul float64        // reported loss = lossMul * mean(losses)
+	pinned  [][]byte       // page-locked host memory (hostBytes)
 
-	// Resident path only (NewTrainer): one host synchronization per step.
-	// stepHost receives, by copies enqueued behind each forward pass, the
-	// losses of every micro-batch of a step (micro-batch k at bytes
-	// [4*k*nLoss, 4*(k+1)*nLoss)) and then the two gradient statistics;
-	// nothing waits for them until stepStats. Micro-batches are staged
-	// through the two-slot ring, each slot reused only after the event
-	// recorded behind its previous upload has passed.
-	stepHost []byte
-	ring     [2]HostBatch
-	ringEv   [2]kernels.Event
-	pinned   [][]byte // page-locked blocks behind ring and stepHost
-
-	// off is the out-of-core machinery (NewOffloadTrainer), nil when the
-	// whole state is resident on the device.
+	// off is the machinery: programs, executor, host state.
 	off *offloadState
 
-	// trace, if not nil, times the resident trainer's ops (traceResident).
-	trace *residentTrace
-
-	// gradHook, if set, runs after the gradients of a step are complete
-	// and before they are checked (tests inject overflows with it).
+	// gradHook, if set, runs (on the compute queue's driver) once layers'
+	// gradients are final for the step, before their statistics are
+	// taken (tests inject overflows with it).
 	gradHook func(step int)
 }
 
@@ -132,56 +127,23 @@ func (t *Trainer) allocIO(m *Model, p *Pass, B, T int, tensor func(n int, dt ker
 	p.Losses = tensor(t.nLoss, kernels.F32)
 }
 
-// NewTrainer allocates the model's training state and pass buffers on be.
-// The weights are zero until InitWeights or LoadCheckpoint.
+// residentOptions is the placement of NewTrainer: every layer's weights,
+// gradients, master and moments on the device, every activation kept, one
+// micro-batch at a time.
+func residentOptions(m *Model, rec *stream.Recorder) OffloadOptions {
+	tiers := make([]offload.Tier, len(m.Layers))
+	for i := range tiers {
+		tiers[i] = offload.TierDevice
+	}
+	return OffloadOptions{Weights: offload.TierDevice, Grads: offload.TierDevice, OptimizerTiers: tiers,
+		Prefetch: 1, Group: 1, Recorder: rec, resident: true}
+}
+
+// NewTrainer allocates the model's training state and pass buffers on be,
+// all resident on the device: the program in which everything is
+// persistent. The weights are zero until InitWeights or LoadCheckpoint.
 func NewTrainer(be kernels.Backend, m *Model, o TrainerOptions) (*Trainer, error) {
-	if o.B <= 0 || o.T <= 0 || o.Accum <= 0 {
-		return nil, fmt.Errorf("engine: trainer: batch %d, seq %d, accum %d must be positive", o.B, o.T, o.Accum)
-	}
-	if err := CheckBackend(be, m); err != nil {
-		return nil, err
-	}
-	st, pass, err := AllocState(be, m, StateOptions{Train: true, B: o.B, T: o.T})
-	if err != nil {
-		return nil, err
-	}
-	t := &Trainer{be: be, q: be.DefaultQueue(), model: m, opts: o, st: st, pass: pass, lossMul: 1}
-	t.Scaler = NewLossScaler(m.DType, o.LossScale, o.ScaleWindow)
-	tensor := func(n int, dt kernels.DType) kernels.Tensor {
-		if err != nil {
-			return kernels.Tensor{}
-		}
-		var b kernels.Buffer
-		b, err = be.Alloc(int64(n)*int64(dt.Size()), "io")
-		if err != nil {
-			return kernels.Tensor{}
-		}
-		t.ioBufs = append(t.ioBufs, b)
-		return kernels.View(b, 0, dt, n)
-	}
-	t.allocIO(m, pass, o.B, o.T, tensor)
-	t.stats = tensor(2, kernels.F32)
-	if err != nil {
-		t.Close()
-		return nil, fmt.Errorf("engine: allocating trainer buffers: %w", err)
-	}
-	inBytes := pass.Input.N * 4 // int32 tokens or float32 features
-	tgBytes := int(pass.Targets.Bytes())
-	t.hb = HostBatch{Input: make([]byte, inBytes), Targets: make([]byte, tgBytes)}
-	t.lossHost = make([]byte, pass.Losses.Bytes())
-	for k := range t.ring {
-		b, err := t.hostBytes(inBytes + tgBytes)
-		if err != nil {
-			t.Close()
-			return nil, err
-		}
-		t.ring[k] = HostBatch{Input: b[:inBytes:inBytes], Targets: b[inBytes:]}
-	}
-	if t.stepHost, err = t.hostBytes(o.Accum*int(pass.Losses.Bytes()) + int(t.stats.Bytes())); err != nil {
-		t.Close()
-		return nil, err
-	}
-	return t, nil
+	return newTrainer(be, m, o, residentOptions(m, nil))
 }
 
 // hostBytes returns n bytes of host memory for copies: page-locked when the
@@ -204,28 +166,13 @@ func (t *Trainer) Close() {
 	if t.off != nil {
 		t.off.close()
 		t.off, t.st = nil, nil // the state table held views of the cache's blocks
-		return
 	}
-	if t.st == nil {
-		return
-	}
-	_ = t.q.Synchronize(context.Background())
-	if t.trace != nil {
-		t.trace.close()
-		t.trace = nil
-	}
-	FreeState(t.be, t.st, t.pass)
-	for _, b := range t.ioBufs {
-		t.be.Free(b)
-	}
-	t.ioBufs = nil
 	if pa, ok := t.be.(kernels.PinnedAllocator); ok {
 		for _, b := range t.pinned {
 			_ = pa.FreePinned(b)
 		}
 	}
-	t.pinned, t.ring, t.ringEv, t.stepHost = nil, [2]HostBatch{}, [2]kernels.Event{}, nil
-	t.st = nil
+	t.pinned = nil
 }
 
 // Model is the trained model.
@@ -238,167 +185,167 @@ func (t *Trainer) State() *StateTable { return t.st }
 func (t *Trainer) TokensPerStep() int64 { return int64(t.nLoss) * int64(t.opts.Accum) }
 
 // InitWeights initialises every layer deterministically from seed (GPT-2
-// init for GPTs) into the master weights and the compute copy.
+// init for GPTs) into the master weights and the compute copy, the layers
+// spread over the cores.
 func (t *Trainer) InitWeights(ctx context.Context, seed uint64) error {
-	if t.off != nil {
-		// In place in the host state, the layers spread over the cores.
-		return t.off.host.setMasters(func(i int, master []float32) {
-			InitParams(master, t.model.Layers[i].Params(), seed)
-		})
-	}
-	for i, l := range t.model.Layers {
-		vals := make([]float32, l.NumParams())
-		InitParams(vals, l.Params(), seed)
-		if err := t.setLayerMaster(ctx, i, f32Bytes(vals)); err != nil {
-			return err
-		}
-	}
-	return nil
+	return t.off.host.setMasters(func(i int, master []float32) {
+		InitParams(master, t.model.Layers[i].Params(), seed)
+	})
 }
 
-// setLayerMaster uploads a whole layer's fp32 master weights and derives
-// the compute copy.
+// setLayerMaster sets layer i's fp32 master weights from data (and
+// derives the compute copy).
 func (t *Trainer) setLayerMaster(ctx context.Context, i int, data []byte) error {
-	if t.off != nil {
-		return t.off.host.setMaster(i, func(m []float32) { copy(m, bytesF32(data)) })
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	s := t.st.Layers[i]
-	t.be.CopyToDevice(t.q, s.Master, data)
-	if s.Weights.Buf != s.Master.Buf {
-		t.be.Cast(t.q, s.Weights, s.Master)
-	}
-	return t.q.Synchronize(ctx) // data must outlive the copy
+	return t.off.host.setMaster(i, func(m []float32) { copy(m, bytesF32(data)) })
 }
 
-// upload copies a host micro-batch to the device.
-func (t *Trainer) upload(hb *HostBatch) {
+// upload enqueues the copy of a host micro-batch to the pass's input and
+// targets on q.
+func (t *Trainer) upload(q kernels.Queue, hb *HostBatch) {
 	p := t.pass
 	switch {
 	case t.model.Family.Input() == InputTokens || t.model.DType == kernels.F32:
-		t.be.CopyToDevice(t.q, p.Input, hb.Input)
+		t.be.CopyToDevice(q, p.Input, hb.Input)
 	default:
-		t.be.CopyToDevice(t.q, t.feat32, hb.Input)
-		t.be.Cast(t.q, p.Input, t.feat32)
+		t.be.CopyToDevice(q, t.feat32, hb.Input)
+		t.be.Cast(q, p.Input, t.feat32)
 	}
-	t.be.CopyToDevice(t.q, p.Targets, hb.Targets)
-}
-
-// forward runs the model on the uploaded micro-batch and returns the sum
-// of its losses (times lossMul).
-func (t *Trainer) forward(ctx context.Context) (float64, error) {
-	t.model.Forward(t.q, t.pass)
-	t.be.CopyToHost(t.q, t.lossHost, t.pass.Losses)
-	if err := t.q.Synchronize(ctx); err != nil {
-		return 0, err
-	}
-	return t.sumLosses(t.lossHost), nil
+	t.be.CopyToDevice(q, p.Targets, hb.Targets)
 }
 
 // MicroLoss runs a forward pass on hb and returns its mean loss.
 func (t *Trainer) MicroLoss(ctx context.Context, hb *HostBatch) (float64, error) {
-	if t.off != nil {
-		return t.offloadMicroLoss(ctx, hb)
+	st := t.off
+	if err := st.host.waitUpdates(); err != nil {
+		return 0, err
 	}
-	t.upload(hb)
-	s, err := t.forward(ctx)
-	return s / float64(t.nLoss), err
+	st.evalHB[0] = *hb
+	err := t.runProgram(ctx, st.eval, st.evalHB[:], nil)
+	st.evalHB[0] = HostBatch{}
+	if err != nil {
+		return 0, err
+	}
+	return t.sumLosses(st.lossHost) / float64(t.nLoss), nil
 }
 
-func (t *Trainer) zeroGrads() {
-	for _, s := range t.st.Layers {
-		t.be.Zero(t.q, s.Grads)
-		for _, g := range s.TiedGrads {
-			t.be.Zero(t.q, g)
+// TrainStep runs one optimizer step: Accum micro-batches from src, loss
+// scaling, global-norm clipping and AdamW. On an error (ctx cancelled, bad
+// data) before the update, the weights and Step are unchanged; the update
+// itself is not interruptible.
+//
+// The host reads each micro-batch from src just before it enqueues the
+// micro-batch's forward, while the device computes the one before, and
+// waits for the device once per step, when the step's program has run, and reads the losses and the gradient statistics that the
+// program copied back. The AdamW of the layers whose optimizer state is
+// on the device is enqueued and not waited for, so the host prepares the
+// next step's batches while it runs; an error it hits is returned by the
+// next call that waits on the queue (the next TrainStep, a read of the
+// weights, Close).
+//
+// Without gradient clipping, fp16 loss scaling or DelayedUpdate, each
+// host-optimizer layer's AdamW starts as soon as its final gradients have
+// landed on the host, overlapped with the backward of the layers before
+// it (ZeRO-Offload); the arithmetic is the same. Such an eager update
+// checks its layer's gradients first and leaves a layer whose gradients
+// are not finite unchanged, but it cannot wait for the other layers'
+// verdict: a step with non-finite gradients reports Skipped, yet the
+// host layers whose gradients were finite have been updated. Otherwise
+// the host updates wait for the global norm, which is ready when the last
+// backward is done (each layer's sum of squares is taken on the device as
+// its gradients become final), and start in layer order, the order the
+// next forward fetches them in.
+func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, error) {
+	st := t.off
+	hs := st.host
+	o := t.opts
+	r := StepResult{LR: o.Schedule.At(t.Step), LossScale: t.Scaler.Scale}
+	hp := kernels.AdamWParams{
+		LR: float32(r.LR), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2), Eps: float32(o.Eps),
+		Step: t.Step + 1, WeightDecay: float32(o.WeightDecay),
+	}
+	hs.eager = nil
+	if o.GradClip <= 0 && !t.Scaler.Enabled && !st.opts.DelayedUpdate {
+		e := hp
+		e.GradScale = float32(1 / r.LossScale)
+		hs.eager = &e
+	}
+	tr0, disk0 := st.exec.Traffic(), hs.diskBytes()
+	eager := hs.eager != nil
+	hs.launched = 0
+	err := t.runProgram(ctx, st.train, st.hbs, src)
+	hs.eager = nil
+	if hs.launched > 0 {
+		// Updates have started: the step counts, whatever happens next.
+		t.Step++
+	}
+	if err != nil {
+		return r, err
+	}
+	if eager && hs.launched == 0 {
+		t.Step++ // every layer is updated on the device
+	}
+	if st.opts.DelayedUpdate {
+		// The update of the last step ran during this one.
+		if err := hs.waitUpdates(); err != nil {
+			return r, err
 		}
 	}
+	loss, sumsq, overflow := t.stepStats()
+	r.Loss = loss
+	r.GradNorm = math.Sqrt(sumsq) / t.Scaler.Scale
+	if overflow {
+		r.GradNorm = math.Inf(1)
+	}
+	r.Skipped = t.Scaler.Update(overflow)
+	tr := st.exec.Traffic()
+	r.H2DBytes, r.D2HBytes = tr.H2D-tr0.H2D, tr.D2H-tr0.D2H
+	r.DiskBytes = hs.diskBytes() - disk0 // of the updates finished so far
+	coef := 1.0
+	if o.GradClip > 0 && r.GradNorm > o.GradClip {
+		coef = o.GradClip / r.GradNorm
+	}
+	hp.GradScale = float32(coef / r.LossScale)
+	if !r.Skipped {
+		// The layers whose optimizer state is on the device, on the
+		// compute queue before the next step's forward.
+		if err := hs.updateDevice(st.opt, st.names.adamw, hp); err != nil {
+			return r, err
+		}
+	}
+	if eager { // the host updates are running
+		return r, nil
+	}
+	t.Step++
+	if r.Skipped {
+		return r, nil
+	}
+	for i := range hs.host {
+		hs.launchUpdate(ctx, i, hp, false)
+	}
+	return r, nil
 }
 
-// accumulate enqueues forward and backward over Accum micro-batches from
-// src, leaving the (loss-scaled) gradients in the state table, and a copy
-// of micro-batch k's losses to its place in stepHost. It does not wait for
-// the device: the host only waits, before reusing a ring slot, for the
-// upload made from it two micro-batches earlier. stepStats reads the
-// results.
-func (t *Trainer) accumulate(ctx context.Context, src BatchSource) error {
-	t.zeroGrads()
-	t.pass.LossGrad = float32(t.lossMul * t.Scaler.Scale / float64(t.TokensPerStep()))
-	for k := 0; k < t.opts.Accum; k++ {
-		slot := k % len(t.ring)
-		if ev := t.ringEv[slot]; ev != nil {
-			// The slot's previous upload must have been copied before Next
-			// overwrites it (host memory handed to a copy stays unchanged).
-			if err := ev.Synchronize(ctx); err != nil {
-				return err
-			}
-			t.ringEv[slot] = nil
-		}
-		hb := &t.ring[slot]
-		if err := src.Next(ctx, hb); err != nil {
-			return err
-		}
-		if t.trace != nil {
-			if err := t.tracedMicroBatch(k, slot, hb); err != nil {
-				return err
-			}
-			continue
-		}
-		t.upload(hb)
-		ev, err := t.be.RecordEvent(t.q)
-		if err != nil {
-			return err
-		}
-		t.ringEv[slot] = ev
-		t.model.Forward(t.q, t.pass)
-		nb := int(t.pass.Losses.Bytes())
-		t.be.CopyToHost(t.q, t.stepHost[k*nb:(k+1)*nb], t.pass.Losses)
-		t.model.Backward(t.q, t.pass)
-	}
-	if t.trace != nil {
-		return t.trace.compute.Enqueue("merge tied gradients", func(q kernels.Queue) { t.model.mergeTied(q, t.be, t.st, -1) })
-	}
-	t.model.mergeTied(t.q, t.be, t.st, -1)
-	return nil
-}
-
-// stepStats waits for the work accumulate enqueued and returns, from one
-// read-back and one synchronization, the step's mean loss and, if grads,
-// the global sum of squares of the gradients and whether any was not
-// finite. The loss is summed on the host in float64 micro-batch by
-// micro-batch, in order, exactly as a per-micro-batch read-back would.
-func (t *Trainer) stepStats(ctx context.Context, grads bool) (loss, sumsq float64, nonFinite bool, err error) {
-	nl := t.opts.Accum * int(t.pass.Losses.Bytes())
-	if grads && t.trace != nil {
-		if err := t.trace.compute.Enqueue("gradient statistics", func(kernels.Queue) { t.gradStats(nl) }); err != nil {
-			return 0, 0, false, err
-		}
-	} else if grads {
-		t.gradStats(nl)
-	}
-	if err := t.q.Synchronize(ctx); err != nil {
-		return 0, 0, false, err
-	}
+// stepStats reads, from what the step's program copied back, the step's
+// mean loss, the global sum of squares of the gradients (the layers'
+// sums added in layer order) and whether any was not finite. The loss is
+// summed in float64 micro-batch by micro-batch, in order.
+func (t *Trainer) stepStats() (loss, sumsq float64, nonFinite bool) {
+	st := t.off
 	var sum float64
-	for k := 0; k < t.opts.Accum; k++ {
-		sum += t.sumLosses(t.stepHost[4*k*t.nLoss:])
+	for k := range st.hbs {
+		sum += t.sumLosses(st.lossHost[4*k*t.nLoss:])
 	}
 	loss = sum / float64(t.TokensPerStep())
-	if !grads {
-		return loss, 0, false, nil
+	var ss float32
+	for i := range t.model.Layers {
+		ss += math.Float32frombits(binary.LittleEndian.Uint32(st.statBuf[8*i:]))
+		nonFinite = nonFinite || math.Float32frombits(binary.LittleEndian.Uint32(st.statBuf[8*i+4:])) != 0
 	}
-	ss := float64(math.Float32frombits(binary.LittleEndian.Uint32(t.stepHost[nl:])))
-	flag := math.Float32frombits(binary.LittleEndian.Uint32(t.stepHost[nl+4:]))
-	return loss, ss, flag != 0 || math.IsNaN(ss) || math.IsInf(ss, 0), nil
-}
-
-// gradStats enqueues the global sum of squares and non-finite flag of the
-// gradients and their copy to stepHost[nl:].
-func (t *Trainer) gradStats(nl int) {
-	t.be.Zero(t.q, t.stats)
-	for _, s := range t.st.Layers {
-		t.be.SumSquares(t.q, t.stats.Slice(0, 1), s.Grads)
-		t.be.CheckFinite(t.q, t.stats.Slice(1, 1), s.Grads)
-	}
-	t.be.CopyToHost(t.q, t.stepHost[nl:], t.stats)
+	sumsq = float64(ss)
+	return loss, sumsq, nonFinite || math.IsNaN(sumsq) || math.IsInf(sumsq, 0)
 }
 
 // sumLosses is lossMul times the float64 sum of the nLoss F32 losses at
@@ -411,101 +358,33 @@ func (t *Trainer) sumLosses(b []byte) float64 {
 	return sum * t.lossMul
 }
 
-// TrainStep runs one optimizer step: Accum micro-batches from src, loss
-// scaling, global-norm clipping and AdamW. On an error (ctx cancelled, bad
-// data) before the update, the weights and Step are unchanged; the update
-// itself is not interruptible.
-//
-// On the resident path the host waits for the device once per step, to
-// read the losses and gradient statistics together; the AdamW update is
-// enqueued and not waited for, so the host prepares the next step's
-// batches while it runs. An error the update hits is returned by the next
-// call that waits on the queue (the next TrainStep, a read of the weights,
-// Close).
-func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, error) {
-	if t.off != nil {
-		return t.offloadStep(ctx, src)
-	}
-	o := t.opts
-	r := StepResult{LR: o.Schedule.At(t.Step), LossScale: t.Scaler.Scale}
-	if err := t.accumulate(ctx, src); err != nil {
-		return r, err
-	}
-	if t.gradHook != nil {
-		t.gradHook(t.Step)
-	}
-	loss, sumsq, overflow, err := t.stepStats(ctx, true)
-	if err != nil {
-		return r, err
-	}
-	r.Loss = loss
-	r.GradNorm = math.Sqrt(sumsq) / t.Scaler.Scale
-	if overflow {
-		r.GradNorm = math.Inf(1)
-	}
-	if r.Skipped = t.Scaler.Update(overflow); r.Skipped {
-		t.Step++
-		return r, nil
-	}
-	coef := 1.0
-	if o.GradClip > 0 && r.GradNorm > o.GradClip {
-		coef = o.GradClip / r.GradNorm
-	}
-	t.Step++
-	for i, l := range t.model.Layers {
-		if t.trace != nil {
-			if err := t.trace.opt.Enqueue("adamw "+l.Name(), func(kernels.Queue) { t.adamWLayer(i, l, r, coef) }); err != nil {
-				return r, err
-			}
-			continue
-		}
-		t.adamWLayer(i, l, r, coef)
-	}
-	return r, nil
-}
-
-// adamWLayer enqueues the AdamW update of layer i.
-func (t *Trainer) adamWLayer(i int, l Layer, r StepResult, coef float64) {
-	o := t.opts
-	s := t.st.Layers[i]
-	for _, ps := range l.Params() {
-		p := kernels.AdamWParams{
-			LR: float32(r.LR), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2), Eps: float32(o.Eps),
-			Step: t.Step, GradScale: float32(coef / r.LossScale),
-		}
-		if ps.Decay {
-			p.WeightDecay = float32(o.WeightDecay)
-		}
-		out := kernels.Tensor{}
-		if s.Weights.Buf != s.Master.Buf {
-			out = param(s.Weights, ps)
-		}
-		t.be.AdamW(t.q, param(s.Master, ps), param(s.Grads, ps), param(s.M, ps), param(s.V, ps), out, p)
-	}
-}
-
 // Gradients computes the fp32 gradients of the mean loss over Accum
 // micro-batches from src without updating anything, for gradient checks:
 // one []float32 per layer, laid out as the layer's block.
 func (t *Trainer) Gradients(ctx context.Context, src BatchSource) (loss float64, grads [][]float32, err error) {
-	if t.off != nil {
-		return 0, nil, fmt.Errorf("engine: Gradients needs a resident trainer")
+	if t.model.DType != kernels.F32 {
+		return 0, nil, fmt.Errorf("engine: Gradients needs an fp32 model")
 	}
-	if err = t.accumulate(ctx, src); err != nil {
+	st := t.off
+	hs := st.host
+	if err := hs.waitUpdates(); err != nil {
 		return 0, nil, err
 	}
-	if loss, _, _, err = t.stepStats(ctx, false); err != nil {
+	hs.eager = nil // no update
+	if err := t.runProgram(ctx, st.train, st.hbs, src); err != nil {
 		return 0, nil, err
 	}
-	for _, s := range t.st.Layers {
-		b := make([]byte, s.Grads.N*4)
-		g := s.Grads
-		if g.DType != kernels.F32 {
-			return 0, nil, fmt.Errorf("engine: Gradients needs an fp32 model")
-		}
-		t.be.CopyToHost(t.q, b, g)
-		if err := t.q.Synchronize(ctx); err != nil {
-			return 0, nil, err
+	loss, _, _ = t.stepStats()
+	for i, l := range t.model.Layers {
+		var b []byte
+		if hs.tier[i] == offload.TierDevice {
+			b = make([]byte, 4*l.NumParams())
+			t.be.CopyToHost(t.q, b, hs.devLayer(i).grads)
+			if err := t.q.Synchronize(ctx); err != nil {
+				return 0, nil, err
+			}
+		} else {
+			b = hs.host[i].grads // landed: the program's run waited for every queue
 		}
 		v := bytesF32(b)
 		for j := range v {
@@ -516,29 +395,12 @@ func (t *Trainer) Gradients(ctx context.Context, src BatchSource) (loss float64,
 	return loss, grads, nil
 }
 
-// layerHost copies tensor x of a layer (F32) to the host.
-func (t *Trainer) layerHost(ctx context.Context, x kernels.Tensor) ([]byte, error) {
-	b := make([]byte, x.Bytes())
-	t.be.CopyToHost(t.q, b, x)
-	return b, t.q.Synchronize(ctx)
-}
-
 // MasterWeights returns the fp32 master weights of every layer as host
 // floats (block layout).
 func (t *Trainer) MasterWeights(ctx context.Context) ([][]float32, error) {
 	var out [][]float32
-	if t.off != nil {
-		for i := range t.model.Layers {
-			b, _, _, err := t.off.host.optim(ctx, i)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, bytesF32(b))
-		}
-		return out, nil
-	}
-	for _, s := range t.st.Layers {
-		b, err := t.layerHost(ctx, s.Master)
+	for i := range t.model.Layers {
+		b, _, _, err := t.off.host.optim(ctx, i)
 		if err != nil {
 			return nil, err
 		}
@@ -597,18 +459,9 @@ func (t *Trainer) Evaluate(ctx context.Context, src BatchSource, n int) (float64
 // as "<name>.exp_avg" and "<name>.exp_avg_sq".
 func (t *Trainer) SaveTensors(ctx context.Context) (weights, optim []NamedTensor, err error) {
 	for i, l := range t.model.Layers {
-		s := t.st.Layers[i]
 		var host [3][]byte
-		if t.off != nil {
-			if host[0], host[1], host[2], err = t.off.host.optim(ctx, i); err != nil {
-				return nil, nil, err
-			}
-		} else {
-			for j, x := range []kernels.Tensor{s.Master, s.M, s.V} {
-				if host[j], err = t.layerHost(ctx, x); err != nil {
-					return nil, nil, err
-				}
-			}
+		if host[0], host[1], host[2], err = t.off.host.optim(ctx, i); err != nil {
+			return nil, nil, err
 		}
 		for _, ps := range l.Params() {
 			lo, hi := 4*ps.Offset, 4*(ps.Offset+ps.Elems())
@@ -643,7 +496,6 @@ func (t *Trainer) LoadTensors(ctx context.Context, weights, optim []NamedTensor)
 		return nt.Data, nil
 	}
 	for i, l := range t.model.Layers {
-		s := t.st.Layers[i]
 		var host [3][]byte
 		for j := range host {
 			host[j] = make([]byte, 4*l.NumParams())
@@ -660,13 +512,10 @@ func (t *Trainer) LoadTensors(ctx context.Context, weights, optim []NamedTensor)
 				copy(host[j][4*ps.Offset:], d)
 			}
 		}
-		if optim != nil && t.off != nil {
+		if optim != nil {
 			if err := t.off.host.setOptim(ctx, i, host[1], host[2]); err != nil {
 				return err
 			}
-		} else if optim != nil {
-			t.be.CopyToDevice(t.q, s.M, host[1])
-			t.be.CopyToDevice(t.q, s.V, host[2])
 		}
 		if err := t.setLayerMaster(ctx, i, host[0]); err != nil {
 			return err

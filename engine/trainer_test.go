@@ -260,3 +260,41 @@ func TestInitDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// TestResidentStepHoldsStill: the resident trainer's program allocates
+// its blocks once; a step allocates, frees and moves nothing, and the
+// device peak is ResidentDeviceBytes, whatever the accumulation.
+func TestResidentStepHoldsStill(t *testing.T) {
+	ctx := context.Background()
+	for _, accum := range []int{1, 3} {
+		be := openCPU(t)
+		m := tinyGPT(t, kernels.BF16)
+		tr := newTestTrainer(t, be, m, 2, accum, 1)
+		in, tg := randomRows(2 * 6 * accum)
+		feed := &rowsFeed{in: in, tg: tg, T: 6, perBatch: 2}
+		if _, err := tr.TrainStep(ctx, feed); err != nil {
+			t.Fatal(err)
+		}
+		before := tr.Cache().Stats()
+		for range 2 {
+			r, err := tr.TrainStep(ctx, feed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.H2DBytes != 0 || r.D2HBytes != 0 {
+				t.Errorf("accum %d: a resident step moved %d and %d bytes", accum, r.H2DBytes, r.D2HBytes)
+			}
+		}
+		after := tr.Cache().Stats()
+		if after.Allocs != before.Allocs || after.Frees != before.Frees {
+			t.Errorf("accum %d: a step allocated %d and freed %d blocks", accum, after.Allocs-before.Allocs, after.Frees-before.Frees)
+		}
+		want := byteClasses(ResidentDeviceBytes(m, 2, 6)).total()
+		if after.PeakAllocated != want || tr.PredictedDevicePeak() != want {
+			t.Errorf("accum %d: device peak %d, predicted %d, ResidentDeviceBytes %d", accum, after.PeakAllocated, tr.PredictedDevicePeak(), want)
+		}
+		if tr.Residency() != nil || tr.HostBytes() != 0 {
+			t.Errorf("accum %d: residency %v, host bytes %d", accum, tr.Residency(), tr.HostBytes())
+		}
+	}
+}

@@ -18,15 +18,19 @@
 //		if err := ex.Run(ctx, prog, model, host); err != nil { ... }
 //	}
 //
-// A program in which everything is persistent runs with no transfers but
-// the final gradients; the engine's out-of-core trainer runs every
-// placement, resident weights and gradients included, through one Executor.
+// A program in which everything is persistent (schedule.Spec.Resident)
+// runs with no allocation, transfer, free or host wait: per op the
+// executor binds the op's blocks and enqueues it, nothing else. The
+// engine's trainers, resident and out of core, run every placement
+// through one Executor.
 package exec
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -69,6 +73,17 @@ type Model interface {
 	LayerName(l int) string
 }
 
+// Feeder is an optional upgrade of Model for a model that moves its own
+// inputs and outputs with the ops (a trainer uploads a micro-batch before
+// its first forward and copies its losses back after its last): Feed is
+// called before op is enqueued, Drain right after, both on the goroutine
+// that called Run and outside the op's span. What they enqueue must be
+// ordered with the compute queue.
+type Feeder interface {
+	Feed(op schedule.Op) error
+	Drain(op schedule.Op) error
+}
+
 // Host holds the host copies of the layers' streamed state.
 type Host interface {
 	// Weights returns layer l's compute-dtype weights to copy to the
@@ -101,7 +116,8 @@ type Config struct {
 	Cache *offload.Cache
 	// Table is the residency table the executor records every move in;
 	// the layers' weights and gradients must have been added to it
-	// (valid on the host) before the first Run.
+	// (valid on the host) before the first Run. Persistent activations and output gradients (a resident program's)
+	// are workspace: never recorded.
 	Table *offload.Table
 	// Copier, nil for direct copies.
 	Copier Copier
@@ -122,11 +138,13 @@ type Traffic struct {
 // Traffic and Err.
 type Executor struct {
 	cfg Config
-	// persistent blocks by (class, layer), shared by every program
+	// persistent blocks by (class, Interval.Block), shared by every program
 	persistent map[[2]int]*offload.Block
 	slots      map[*schedule.Program][][]byte
 	devRefs    map[offload.Key]int
-	h2d, d2h   atomic.Int64
+	// runs is each program's run state, reused by every Run of it
+	runs     map[*schedule.Program]*run
+	h2d, d2h atomic.Int64
 
 	mu     sync.Mutex
 	tabErr error
@@ -143,26 +161,42 @@ func New(cfg Config, progs ...*schedule.Program) (*Executor, error) {
 		cfg.HostAlloc = func(n int64) []byte { return offload.NewF32Bytes(n) }
 	}
 	e := &Executor{cfg: cfg, persistent: map[[2]int]*offload.Block{}, slots: map[*schedule.Program][][]byte{},
-		devRefs: map[offload.Key]int{}}
+		devRefs: map[offload.Key]int{}, runs: map[*schedule.Program]*run{}}
+	// Each persistent block, sized for the largest of its intervals in
+	// any program.
+	size := map[[2]int]int64{}
+	var order []*schedule.Interval
 	for _, p := range progs {
 		for i := range p.Intervals {
 			iv := &p.Intervals[i]
-			k := [2]int{int(iv.Class), iv.Layer}
-			if !iv.Persistent || e.persistent[k] != nil {
+			k := [2]int{int(iv.Class), iv.Block}
+			if !iv.Persistent {
 				continue
 			}
-			b, err := cfg.Cache.Alloc(iv.Bytes, iv.Class.Offload())
-			if err != nil {
-				e.Close()
-				return nil, fmt.Errorf("exec: allocating resident %s of layer %d: %w", iv.Class.Offload(), iv.Layer, err)
+			if _, ok := size[k]; !ok {
+				order = append(order, iv)
 			}
-			e.persistent[k] = b
+			size[k] = max(size[k], iv.Bytes)
 		}
+	}
+	// Layer by layer, as a trainer without a scheduler allocates them.
+	slices.SortStableFunc(order, func(a, b *schedule.Interval) int { return cmp.Compare(a.Layer, b.Layer) })
+	for _, iv := range order {
+		k := [2]int{int(iv.Class), iv.Block}
+		b, err := cfg.Cache.Alloc(size[k], iv.Class.Offload())
+		if err != nil {
+			e.Close()
+			return nil, fmt.Errorf("exec: allocating resident %s of layer %d: %w", iv.Class.Offload(), iv.Layer, err)
+		}
+		e.persistent[k] = b
+	}
+	for _, p := range progs {
 		var slots [][]byte
 		for _, n := range p.HostSlots {
 			slots = append(slots, cfg.HostAlloc(4*((n+3)/4)))
 		}
 		e.slots[p] = slots
+		e.runs[p] = newRun(e, p)
 	}
 	return e, nil
 }
@@ -175,10 +209,10 @@ func (e *Executor) Close() {
 	}
 }
 
-// Resident is the persistent block of class c of layer l (nil if no
-// program holds one): what a caller that updates state on the device
-// outside the programs (a device optimizer, checkpoints) works on while
-// the queues are idle or ordered after the programs' work.
+// Resident is the persistent block of class c of layer l (Interval.Block;
+// nil if no program holds one): what a caller that updates state on the
+// device outside the programs (a device optimizer, checkpoints) works on
+// while the queues are idle or ordered after the programs' work.
 func (e *Executor) Resident(c schedule.Class, l int) *offload.Block {
 	return e.persistent[[2]int{int(c), l}]
 }
@@ -209,12 +243,17 @@ func (e *Executor) rec(err error) {
 }
 
 // key is the residency table's key of an interval's tensor; ok is false
-// for output gradients, which the table does not track (pass workspace).
+// for output gradients and persistent activations, which the table does
+// not track (pass workspace).
 func key(iv *schedule.Interval) (offload.Key, bool) {
 	k := offload.Key{Layer: iv.Layer, Class: iv.Class.Offload()}
-	switch iv.Class {
-	case schedule.DGrad, schedule.TGrads:
+	switch {
+	case iv.Class == schedule.DGrad, iv.Class == schedule.TGrads:
 		return k, false
+	case iv.Persistent && (iv.Class == schedule.Acts || iv.Class == schedule.Ckpt):
+		return k, false
+	}
+	switch iv.Class {
 	case schedule.Ckpt:
 		k.Part, k.MB = offload.PartCheckpoint, iv.MB
 	case schedule.Acts:
@@ -286,13 +325,14 @@ func (e *Executor) offDevice(iv *schedule.Interval) {
 	}
 }
 
-// run is the state of one Run.
+// run is the state of the Runs of one program, reset by each.
 type run struct {
 	e       *Executor
 	ctx     context.Context
 	p       *schedule.Program
 	m       Model
 	h       Host
+	feed    Feeder // m's, or nil
 	blocks  []*offload.Block
 	fetchEv []kernels.Event
 	evictEv []kernels.Event
@@ -301,20 +341,68 @@ type run struct {
 	pendEv  []kernels.Event
 	landEnd []offload.Key // copies of persistent gradients to the host
 	final   []int
+
+	// What the op being enqueued runs (compute, one closure for every
+	// op, so that enqueueing allocates nothing).
+	cur     schedule.Op
+	ckpts   []int // checkpoints the op fills, from the activations acts
+	acts    []int
+	compute func(q kernels.Queue)
+	// names[j] is op j's name in traces; needEv[j] whether anything that
+	// ends at op j waits for its event (an eviction or a free).
+	names  []string
+	needEv []bool
+}
+
+func newRun(e *Executor, p *schedule.Program) *run {
+	r := &run{e: e, p: p,
+		blocks:  make([]*offload.Block, len(p.Intervals)),
+		fetchEv: make([]kernels.Event, len(p.Intervals)),
+		evictEv: make([]kernels.Event, len(p.Intervals)),
+		gradEv:  map[int]kernels.Event{},
+		names:   make([]string, len(p.Ops)),
+		needEv:  make([]bool, len(p.Ops)),
+	}
+	r.compute = r.runOp
+	for j := range p.Ends {
+		for _, i := range p.Ends[j] {
+			if iv := &p.Intervals[i]; !iv.Persistent || iv.Evict {
+				r.needEv[j] = true
+			}
+		}
+	}
+	return r
+}
+
+// runOp enqueues r.cur on the compute queue q.
+func (r *run) runOp(cq kernels.Queue) {
+	r.m.Run(cq, r.cur, r.final)
+	p := r.p
+	for n, c := range r.ckpts {
+		out := kernels.View(r.blocks[r.acts[n]].Buffer(), 0, kernels.U8, int(p.Intervals[c].Bytes))
+		r.e.cfg.Backend.CopyDevice(cq, r.view(c, kernels.U8), out)
+	}
 }
 
 // Run executes program p once: it binds and enqueues every op of p on the
 // compute queue, with the fetches, evictions, allocations and frees the
 // program lays out. When p trains, each layer's final gradients are sent
 // to h.Grads and reported to h.GradsOut. On return every queue has
-// finished; on error every non-persistent block has been freed.
+// finished; on error every non-persistent block has been freed. p must be
+// one of the programs the executor was made for.
 func (e *Executor) Run(ctx context.Context, p *schedule.Program, m Model, h Host) (err error) {
-	r := &run{e: e, ctx: ctx, p: p, m: m, h: h,
-		blocks:  make([]*offload.Block, len(p.Intervals)),
-		fetchEv: make([]kernels.Event, len(p.Intervals)),
-		evictEv: make([]kernels.Event, len(p.Intervals)),
-		gradEv:  map[int]kernels.Event{},
+	r := e.runs[p]
+	if r == nil {
+		return fmt.Errorf("exec: Run of a program the executor was not made for")
 	}
+	r.ctx, r.m, r.h = ctx, m, h
+	r.feed, _ = m.(Feeder)
+	clear(r.blocks)
+	clear(r.fetchEv)
+	clear(r.evictEv)
+	clear(r.gradEv)
+	r.pending, r.pendEv, r.landEnd = r.pending[:0], r.pendEv[:0], r.landEnd[:0]
+	defer func() { r.ctx, r.m, r.h, r.feed = nil, nil, nil, nil }()
 	q := e.cfg.Queues
 	defer func() {
 		if err == nil {
@@ -401,7 +489,7 @@ func (r *run) view(i int, dt kernels.DType) kernels.Tensor {
 func (r *run) allocate(i int) error {
 	e, iv := r.e, &r.p.Intervals[i]
 	if iv.Persistent {
-		r.blocks[i] = e.persistent[[2]int{int(iv.Class), iv.Layer}]
+		r.blocks[i] = e.persistent[[2]int{int(iv.Class), iv.Block}]
 	} else {
 		b, err := e.cfg.Cache.Alloc(iv.Bytes, iv.Class.Offload())
 		if err != nil {
@@ -475,7 +563,7 @@ func (r *run) op(j int, op schedule.Op) error {
 	e, p := r.e, r.p
 	q := e.cfg.Queues
 	r.final = r.final[:0]
-	var ckpts []int
+	ckpts := r.ckpts[:0]
 	for _, i := range p.Uses[j] {
 		iv := &p.Intervals[i]
 		r.m.Bind(iv, r.blocks[i].Buffer())
@@ -494,7 +582,7 @@ func (r *run) op(j int, op schedule.Op) error {
 	}
 	// The activations a checkpoint copies from: the layer's own, bound
 	// for this op.
-	var acts []int
+	acts := r.acts[:0]
 	for _, c := range ckpts {
 		for _, i := range p.Uses[j] {
 			if a := &p.Intervals[i]; a.Class == schedule.Acts && a.Layer == p.Intervals[c].Layer && a.MB == p.Intervals[c].MB {
@@ -502,17 +590,26 @@ func (r *run) op(j int, op schedule.Op) error {
 			}
 		}
 	}
-	name := [...]string{"fwd ", "recompute ", "bwd "}[op.Kind] + r.m.LayerName(op.Layer)
-	be := e.cfg.Backend
-	err := q.Compute.Enqueue(name, func(cq kernels.Queue) {
-		r.m.Run(cq, op, r.final)
-		for n, c := range ckpts {
-			out := kernels.View(r.blocks[acts[n]].Buffer(), 0, kernels.U8, int(p.Intervals[c].Bytes))
-			be.CopyDevice(cq, r.view(c, kernels.U8), out)
+	r.ckpts, r.acts = ckpts, acts
+	if r.names[j] == "" {
+		r.names[j] = [...]string{"fwd ", "recompute ", "bwd "}[op.Kind] + r.m.LayerName(op.Layer)
+	}
+	if r.feed != nil {
+		if err := r.feed.Feed(op); err != nil {
+			return err
 		}
-	})
-	if err != nil {
+	}
+	r.cur = op
+	if err := q.Compute.Enqueue(r.names[j], r.compute); err != nil {
 		return err
+	}
+	if r.feed != nil {
+		if err := r.feed.Drain(op); err != nil {
+			return err
+		}
+	}
+	if !r.needEv[j] {
+		return nil // nothing ends here but persistent blocks that stay put
 	}
 	ev, err := q.Compute.Record()
 	if err != nil {

@@ -33,6 +33,12 @@
 // step's gradients are final. The other layers' state is the host's
 // concern (host memory or disk): their weights and gradients stream or
 // stay as Spec.Weights and Spec.Grads say.
+//
+// The resident program (Spec.Resident) is the one in which everything is
+// persistent: every layer's weights, gradients and optimizer state, and
+// the activations and output gradients too, in blocks that the
+// micro-batches reuse in turn. An executor allocates it once and then
+// only enqueues ops: no allocation, transfer or free during a step.
 package schedule
 
 import (
@@ -162,6 +168,22 @@ type Spec struct {
 	// gradients, master and moments resident whatever Weights and Grads
 	// say; host and disk are the host's concern and compile alike.
 	Optimizer []offload.Tier
+	// Resident compiles the program in which everything is persistent,
+	// the resident trainer's: it needs Weights and Grads on the device,
+	// every layer's optimizer state on the device, every activation kept
+	// and one micro-batch at a time (Group 1). Each layer's activations
+	// then live in one persistent block that every micro-batch (and the
+	// evaluation pass) reuses in turn, and the output gradients in two
+	// persistent blocks that consecutive layers' backwards alternate
+	// between (Interval.Block), as a trainer without a scheduler would
+	// allocate them.
+	Resident bool
+	// SharedDGrad, with Resident, keeps every output gradient in one
+	// block (Block 0): for layers whose backward accepts the same tensor
+	// as the gradient of its output and of its input (a residual stream
+	// whose gradient each block updates in place, as GPT and Llama blocks
+	// do), which then need no copy between the two.
+	SharedDGrad bool
 }
 
 // OptOnDevice reports whether layer l's optimizer state is on the device.
@@ -189,10 +211,16 @@ type Interval struct {
 	FetchAt int
 
 	Persistent bool
-	Fetch      bool // copied in from the host: weights, accumulated grads, offloaded acts
-	Zero       bool // zeroed before its first use: the first run of a layer's grads
-	Evict      bool // copied to the host after op End: grads, offloaded acts
-	Final      bool // grads: after op End they hold the step's whole gradient
+	// Block identifies a persistent interval's block: persistent
+	// intervals of one Class and Block share one block (sized for the
+	// largest) in every program an executor runs. It is the Layer, except
+	// for the output gradients of a resident program, which alternate
+	// between blocks 0 and 1.
+	Block int
+	Fetch bool // copied in from the host: weights, accumulated grads, offloaded acts
+	Zero  bool // zeroed before its first use: the first run of a layer's grads
+	Evict bool // copied to the host after op End: grads, offloaded acts
+	Final bool // grads: after op End they hold the step's whole gradient
 	// CkptOf marks a Ckpt interval that op Start fills by copying the
 	// layer's output out of its activations.
 	CkptOf bool
@@ -262,6 +290,13 @@ func compile(s Spec, uses bool) (*Program, error) {
 			return nil, fmt.Errorf("schedule: layer %d's optimizer on %s", i, t)
 		}
 	}
+	if s.Resident {
+		if err := s.checkResident(); err != nil {
+			return nil, err
+		}
+	} else if s.SharedDGrad {
+		return nil, fmt.Errorf("schedule: shared output gradients need a resident program")
+	}
 	for i, l := range s.Layers {
 		for _, t := range l.Tied {
 			if t < 0 || t >= n || t == i {
@@ -293,6 +328,34 @@ func compile(s Spec, uses bool) (*Program, error) {
 		c.spans()
 	}
 	return c.p, nil
+}
+
+// dgradBlock is the block of the gradient of layer l's output in a
+// resident program.
+func (s *Spec) dgradBlock(l int) int {
+	if s.SharedDGrad {
+		return 0
+	}
+	return l % 2
+}
+
+// checkResident reports why s cannot be compiled as the resident program.
+func (s *Spec) checkResident() error {
+	if s.Weights != offload.TierDevice || s.Grads != offload.TierDevice {
+		return fmt.Errorf("schedule: a resident program keeps weights and grads on the device, not %s and %s", s.Weights, s.Grads)
+	}
+	for l := range s.Layers {
+		if !s.OptOnDevice(l) {
+			return fmt.Errorf("schedule: a resident program keeps every layer's optimizer state on the device (layer %d's is not)", l)
+		}
+		if s.policy(l) != offload.Keep {
+			return fmt.Errorf("schedule: a resident program keeps every layer's activations (layer %d: %s)", l, s.policy(l))
+		}
+	}
+	if s.Group > 1 && s.MicroBatches > 1 {
+		return fmt.Errorf("schedule: a resident program runs one micro-batch at a time, not groups of %d", s.Group)
+	}
+	return nil
 }
 
 // policy is layer l's activation policy: Keep for the first and the last.
@@ -371,6 +434,9 @@ func (c *compiler) add(iv Interval, lookahead int) int {
 	}
 	if iv.Class != TGrads {
 		iv.Of = -1
+	}
+	if iv.Class != DGrad || !iv.Persistent {
+		iv.Block = iv.Layer
 	}
 	i := len(c.p.Intervals)
 	c.p.Intervals = append(c.p.Intervals, iv)
@@ -528,13 +594,13 @@ func (c *compiler) acts() {
 				if l+1 < n {
 					end = at(c.fwd, l+1, k)
 				}
-				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: f, End: end}, 0)
+				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: f, End: end, Persistent: s.Resident}, 0)
 				continue
 			}
 			b := at(c.bwd, l, k)
 			switch s.policy(l) {
 			case offload.Keep:
-				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: f, End: b}, 0)
+				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: f, End: b, Persistent: s.Resident}, 0)
 			case offload.Recompute:
 				// The forward writes the activations and copies its output
 				// into the checkpoint, the next layer's input until that
@@ -582,7 +648,8 @@ func (c *compiler) acts() {
 			if l > 0 {
 				// The gradient of layer l-1's output: written by layer l's
 				// backward, read by layer l-1's.
-				c.add(Interval{Class: DGrad, Layer: l - 1, MB: k, Bytes: s.Layers[l-1].OutBytes, Start: b, End: at(c.bwd, l-1, k)}, 0)
+				c.add(Interval{Class: DGrad, Layer: l - 1, MB: k, Bytes: s.Layers[l-1].OutBytes, Start: b, End: at(c.bwd, l-1, k),
+					Persistent: s.Resident, Block: s.dgradBlock(l - 1)}, 0)
 			}
 		}
 	}
@@ -714,13 +781,20 @@ func RoundBlock(n int64) int64 { return (max(n, 1) + 511) &^ 511 }
 func (p *Program) Peak() (int64, map[offload.Class]int64) {
 	// delta[it][class]: bytes allocated minus bytes freed at iteration it.
 	delta := make([][numClasses]int64, len(p.Ops)+2)
+	persistent := map[[2]int]int64{} // (class, block) -> bytes
 	for i := range p.Intervals {
 		iv := &p.Intervals[i]
 		b := RoundBlock(iv.Bytes)
-		delta[iv.AllocAt+1][iv.Class] += b
-		if !iv.Persistent {
-			delta[min(iv.End+2, len(p.Ops)+1)][iv.Class] -= b
+		if iv.Persistent {
+			k := [2]int{int(iv.Class), iv.Block}
+			persistent[k] = max(persistent[k], b)
+			continue
 		}
+		delta[iv.AllocAt+1][iv.Class] += b
+		delta[min(iv.End+2, len(p.Ops)+1)][iv.Class] -= b
+	}
+	for k, b := range persistent {
+		delta[0][k[0]] += b // allocated before the first op
 	}
 	var live, peak int64
 	var liveBy, peakBy [numClasses]int64
@@ -810,6 +884,9 @@ func (p *Program) String() string {
 		}
 		if iv.Slot >= 0 {
 			fmt.Fprintf(&b, " slot %d", iv.Slot)
+		}
+		if iv.Block != iv.Layer {
+			fmt.Fprintf(&b, " block %d", iv.Block)
 		}
 		b.WriteByte('\n')
 	}

@@ -437,3 +437,94 @@ func BenchmarkCompile(b *testing.B) {
 		}
 	}
 }
+
+// residentSpec is fourLayers with everything on the device: the resident
+// program's spec.
+func residentSpec(mb int, shared bool) Spec {
+	s := fourLayers(mb, 1, offload.Keep)
+	s.Weights, s.Grads, s.Resident, s.SharedDGrad = offload.TierDevice, offload.TierDevice, true, shared
+	s.Optimizer = []offload.Tier{offload.TierDevice, offload.TierDevice, offload.TierDevice, offload.TierDevice}
+	for i := range s.Layers {
+		s.Layers[i].MasterBytes, s.Layers[i].MomentBytes = 2000, 2000
+	}
+	return s
+}
+
+// TestResidentProgram: in the resident program every interval is
+// persistent (nothing is allocated, moved or freed during a step), each
+// layer's activations and the output gradients live in blocks every
+// micro-batch reuses, and its peak is those blocks once, whatever the
+// accumulation; consecutive backwards get distinct output-gradient
+// blocks unless they are shared.
+func TestResidentProgram(t *testing.T) {
+	var want int64
+	for _, shared := range []bool{false, true} {
+		for _, A := range []int{1, 3, 8} {
+			name := fmt.Sprintf("shared %v, %d micro-batches", shared, A)
+			p, err := Compile(residentSpec(A, shared))
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkInvariants(t, name, p)
+			blocks := map[[2]int]int64{}
+			for _, iv := range p.Intervals {
+				if !iv.Persistent || iv.Fetch || iv.Evict || iv.AllocAt != -1 {
+					t.Fatalf("%s: %s is not a persistent block that stays put", name, iv.name())
+				}
+				blocks[[2]int{int(iv.Class), iv.Block}] = RoundBlock(iv.Bytes)
+			}
+			var sum int64
+			for _, b := range blocks {
+				sum += b
+			}
+			peak, by := p.Peak()
+			if peak != sum {
+				t.Errorf("%s: peak %d, the blocks take %d", name, peak, sum)
+			}
+			if tr := p.Traffic(); tr != (Traffic{}) {
+				t.Errorf("%s: traffic %+v", name, tr)
+			}
+			if a := by[offload.Activations]; a != 4*RoundBlock(4000) {
+				t.Errorf("%s: activations %d, want one micro-batch's", name, a)
+			}
+			dgrad := 2
+			if shared {
+				dgrad = 1
+			}
+			if w := by[offload.Workspace]; w != int64(dgrad)*RoundBlock(512) {
+				t.Errorf("%s: output gradients %d, want %d blocks", name, w, dgrad)
+			}
+			if A == 1 {
+				want = peak
+			} else if peak != want {
+				t.Errorf("%s: peak %d, %d with one micro-batch", name, peak, want)
+			}
+			for j, op := range p.Ops {
+				var in, out = -1, -1
+				for _, i := range p.Uses[j] {
+					if iv := &p.Intervals[i]; iv.Class == DGrad && op.Kind == Backward {
+						if iv.Layer == op.Layer {
+							out = iv.Block
+						} else {
+							in = iv.Block
+						}
+					}
+				}
+				if in >= 0 && out >= 0 && (in == out) != shared {
+					t.Errorf("%s: %s reads output-gradient block %d and writes block %d", name, op, out, in)
+				}
+			}
+		}
+	}
+	for _, s := range []Spec{
+		func() Spec { s := residentSpec(2, false); s.Weights = offload.TierHost; return s }(),
+		func() Spec { s := residentSpec(2, false); s.Optimizer[1] = offload.TierHost; return s }(),
+		func() Spec { s := residentSpec(2, false); s.Acts[1] = offload.Recompute; return s }(),
+		func() Spec { s := residentSpec(2, false); s.Group = 2; return s }(),
+		func() Spec { s := fourLayers(2, 1, offload.Keep); s.SharedDGrad = true; return s }(),
+	} {
+		if _, err := Compile(s); err == nil {
+			t.Errorf("Compile(%+v): no error", s)
+		}
+	}
+}
