@@ -657,3 +657,46 @@ func TestLoaderResumeWithEpochLimit(t *testing.T) {
 		t.Fatalf("cursor JSON %s, want %s", js, want)
 	}
 }
+
+// TestLoaderRanksMatchOneBigBatch is what data parallelism needs of the
+// sharding: with DropLast, the batches of step s of W ranks with batch B
+// together hold exactly the samples of step s of one rank with batch W*B,
+// every epoch; and a rank's stream does not depend on its worker count.
+func TestLoaderRanksMatchOneBigBatch(t *testing.T) {
+	const n, bs = 103, 4
+	for _, w := range []int{2, 3, 4} {
+		one := newLoader(t, newFakeSource(n, 8, false), LoaderOptions{BatchSize: w * bs, Shuffle: true, Seed: 9, DropLast: true, Epochs: 3})
+		want, _ := drain(t, one, -1)
+		per := make([][][]int64, w)
+		for r := range w {
+			var again [][]int64
+			for _, workers := range []int{1, 3} {
+				l := newLoader(t, newFakeSource(n, 8, false), LoaderOptions{
+					BatchSize: bs, Shuffle: true, Seed: 9, DropLast: true, Epochs: 3, Rank: r, WorldSize: w, Workers: workers,
+				})
+				got, _ := drain(t, l, -1)
+				if again != nil && !slices.EqualFunc(again, got, slices.Equal) {
+					t.Fatalf("w=%d rank %d: the stream depends on the worker count", w, r)
+				}
+				again = got
+			}
+			per[r] = again
+		}
+		for r := range w {
+			if len(per[r]) != len(want) {
+				t.Fatalf("w=%d: rank %d has %d steps, one rank with batch %d has %d", w, r, len(per[r]), w*bs, len(want))
+			}
+		}
+		for s := range want {
+			var union []int64
+			for r := range w {
+				union = append(union, per[r][s]...)
+			}
+			slices.Sort(union)
+			ref := slices.Sorted(slices.Values(want[s]))
+			if !slices.Equal(union, ref) {
+				t.Fatalf("w=%d step %d: the ranks read %v, one big batch %v", w, s, union, ref)
+			}
+		}
+	}
+}

@@ -114,6 +114,9 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if err := checkLaunch(); err != nil {
+		return nil, err
+	}
 	dataDir := cfg.Data
 	if dataDir == "" {
 		var err error

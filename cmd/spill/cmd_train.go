@@ -221,6 +221,7 @@ type trainOptions struct {
 	memoryReport  bool
 	planJSON      string
 	cpuProfile    string
+	nprocPerNode  int
 }
 
 // parseTrainArgs parses the arguments of spill train into a resolved and
@@ -235,6 +236,7 @@ func parseTrainArgs(args []string, stderr io.Writer) (engine.Config, trainOption
 	fs.BoolVar(&opts.memoryReport, "memory-report", false, "print the device memory summary and the plan-versus-measured table at the end")
 	fs.StringVar(&opts.planJSON, "plan-json", "", "write the plan the run trains with to this file, as spill plan --json prints it")
 	fs.StringVar(&opts.cpuProfile, "cpu-profile", "", "write a Go CPU profile of the whole run to this file (go tool pprof)")
+	fs.IntVar(&opts.nprocPerNode, "nproc-per-node", 0, nprocUsage)
 	cf := newConfigFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return engine.Config{}, opts, err
@@ -293,6 +295,9 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) (err
 	}
 	if opts.printConfig {
 		return cfg.WriteTOML(stdout)
+	}
+	if opts.nprocPerNode != 0 {
+		return launchTrain(ctx, opts.nprocPerNode, args, stdout, stderr)
 	}
 	if opts.cpuProfile != "" {
 		stop, err := startCPUProfile(opts.cpuProfile)

@@ -83,6 +83,20 @@
 // chains (matmul, GELU, attention, cross-entropy) can write their input
 // gradient instead of accumulating into a zeroed buffer.
 //
+// # Several GPUs
+//
+// The backend implements kernels.CommOpener on NCCL (nccl.go): NewCommID
+// is ncclGetUniqueId, OpenComm ncclCommInitRank, and the kernels.Comm's
+// collectives run on the stream of the queue they are enqueued on, issued
+// from its goroutine (NCCL groups are per thread, so GroupStart and
+// GroupEnd go there too). NCCL is opened at run time (dlopen of
+// SPILL_NCCL_LIBRARY, else libnccl.so.2), so that neither the build nor a
+// single-GPU run needs it; tools/cuda/env.sh points SPILL_NCCL_LIBRARY at
+// the NCCL of PyTorch's wheel when there is one and puts its nccl.h on the
+// include path, against which the build checks the binding's declarations.
+// NCCL_NVLS_ENABLE is set to 0 before NCCL's first use unless the user set
+// it: NVLink multicast stays off.
+//
 // Copies accept any host memory. Pageable memory makes a copy synchronous
 // for the queue's goroutine (the driver stages it) but keeps the order;
 // memory from AllocPinned (page-locked, cuMemHostAlloc) makes copies truly

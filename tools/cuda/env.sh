@@ -15,3 +15,20 @@ export CGO_CFLAGS="-I$_spill_root/kernels/cuda/compat -I$CUDA_HOME/include ${CGO
 export CGO_LDFLAGS="-L$CUDA_HOME/lib64 ${CGO_LDFLAGS:-}"
 export PATH="$CUDA_HOME/bin:$PATH"
 unset _spill_root
+# NCCL, for several GPUs (kernels/cuda/nccl.go opens libnccl.so.2 at run
+# time; neither building nor single-GPU runs need it). Unless
+# SPILL_NCCL_LIBRARY is set already, point it at the NCCL that comes with
+# PyTorch's wheel (nvidia/nccl/ in python3's site-packages), if there is
+# one, and put that NCCL's nccl.h on the include path, against which the
+# build then checks its declarations. Without either, libnccl.so.2 is
+# looked up by the dynamic linker (LD_LIBRARY_PATH, the system's libnccl2).
+if [ -z "${SPILL_NCCL_LIBRARY:-}" ] && command -v python3 >/dev/null 2>&1; then
+  _spill_nccl=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+  if [ -n "$_spill_nccl" ] && [ -f "$_spill_nccl/lib/libnccl.so.2" ]; then
+    export SPILL_NCCL_LIBRARY="$_spill_nccl/lib/libnccl.so.2"
+    if [ -f "$_spill_nccl/include/nccl.h" ]; then
+      export CGO_CFLAGS="$CGO_CFLAGS -I$_spill_nccl/include"
+    fi
+  fi
+  unset _spill_nccl
+fi
