@@ -20,6 +20,11 @@ type Hardware struct {
 	// HalfEfficiencyTokens is the micro-batch size, in tokens, at which
 	// the device reaches half of Efficiency (small batches underuse it).
 	HalfEfficiencyTokens float64 `json:"half_efficiency_tokens"`
+	// OpOverhead is the device time an op of the step program costs
+	// beyond its FLOPs (its kernels' launches and tails, the executor's
+	// binding and events), seconds: what makes many small micro-batches
+	// slower than few large ones beyond the GEMMs' efficiency.
+	OpOverhead float64 `json:"op_overhead_s,omitempty"`
 	// DeviceBandwidth is device memory bandwidth, bytes/s (device optimizer).
 	DeviceBandwidth float64 `json:"device_bytes_per_s"`
 	// HostAdam is the host optimizer's rate in parameters per second.
@@ -37,15 +42,18 @@ type Hardware struct {
 // H200 is the profile of the lent H200 box, as `spill doctor` measured it
 // there (2026-12-03, tools/bench/results/doctor_h200.json): pinned copies
 // at 54.7 GB/s each way and 101 GB/s both at once (PCIe Gen5 x16); bf16
-// GEMM at 787 TFLOP/s, of which a GPT training step in VRAM achieves about
-// 0.68 (gpt2-1.3b: 63k tokens/s); the host AdamW at 3.85e9 parameters/s on
-// 16 threads over pinned memory, taken as 3.5e9 for the copies it shares
-// the memory bus with. Disk rates are assumptions.
+// GEMM at 787 TFLOP/s; the host AdamW at 3.85e9 parameters/s on 16
+// threads over pinned memory, taken as 3.5e9 for the copies it shares the
+// memory bus with. Efficiency and OpOverhead are fitted to the step times
+// of four runs measured there the same day (engine/testdata/h200: in VRAM,
+// streamed with activation offload, 6.7b with a split optimizer, 8
+// sequences per step), which the model then predicts within 11%
+// (TestTimeModelH200). Disk rates are assumptions.
 func H200() Hardware {
 	return Hardware{
 		Name: "nvidia-h200 (defaults)",
 		H2D:  54e9, D2H: 54e9, Duplex: 100e9,
-		FLOPS16: 787e12, FLOPS32: 60e12, Efficiency: 0.68, HalfEfficiencyTokens: 256,
+		FLOPS16: 787e12, FLOPS32: 60e12, Efficiency: 0.72, HalfEfficiencyTokens: 256, OpOverhead: 1e-4,
 		DeviceBandwidth: 4.8e12,
 		HostAdam:        3.5e9,
 		DiskRead:        1.4e9, DiskWrite: 1e9,

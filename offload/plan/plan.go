@@ -589,7 +589,9 @@ func (pl *planner) timeOf(c *cand) {
 	tok := float64(int64(c.mb) * pl.T)
 	rate := peak * hw.Efficiency * tok / (tok + hw.HalfEfficiencyTokens)
 	tcMB := tok * (3*pl.allFlops + pl.recFlops[c.rec]) / rate
-	compute := float64(A) * tcMB
+	nl := float64(len(pl.m.Layers))
+	fwdOps, bwdOps := float64(A)*nl, float64(A)*(nl+float64(c.rec))
+	compute := float64(A)*tcMB + (fwdOps+bwdOps)*hw.OpOverhead
 	tiers := pl.optTiers(c)
 	// Layers whose optimizer state is on the device keep their weights
 	// and gradients there: only the others' stream.
@@ -613,16 +615,27 @@ func (pl *planner) timeOf(c *cand) {
 			}
 		}
 	}
-	h2d := float64(A) * actOff
-	d2h := float64(A) * actOff
+	// The step runs in phases: each group's forward, then its backward
+	// (with the recomputation). A copy overlaps the compute of its own
+	// phase only: activations go out during the forward and come back
+	// during the backward, where the ops they belong to are (an op cannot
+	// run far ahead of its copies: the device memory is the budget's).
+	// The groups are alike, so the phases of the step add up to the
+	// sums below, each taken as the slowest of its compute and copies.
 	ng := float64(ngroups)
+	fwdC := float64(A)*tok*pl.allFlops/rate + fwdOps*hw.OpOverhead
+	bwdC := compute - fwdC
+	h2dF, d2hF := 0.0, float64(A)*actOff // activations (and checkpoints) out
+	h2dB, d2hB := float64(A)*actOff, 0.0 // and back
 	if c.w == offload.TierHost {
-		h2d += ng * 2 * s * Poff
+		h2dF += ng * s * Poff
+		h2dB += ng * s * Poff
 	}
 	if c.g == offload.TierHost {
-		d2h += ng * s * Poff
-		h2d += (ng - 1) * s * Poff
+		d2hB += ng * s * Poff
+		h2dB += (ng - 1) * s * Poff
 	}
+	h2d, d2h := h2dF+h2dB, d2hF+d2hB
 	var optH2D, optD2H float64
 	if c.o != offload.TierDevice {
 		if c.g == offload.TierDevice {
@@ -632,7 +645,33 @@ func (pl *planner) timeOf(c *cand) {
 			optH2D = s * Poff / hw.H2D
 		}
 	}
-	core := max(compute, h2d/hw.H2D, d2h/hw.D2H, (h2d+d2h)/hw.Duplex)
+	phase := func(comp, in, out float64) float64 {
+		return max(comp, in/hw.H2D, out/hw.D2H, (in+out)/hw.Duplex)
+	}
+	// Activations cross PCIe in lockstep with their own layer's ops: an
+	// op cannot run far ahead of its copies (the device memory is the
+	// budget's), so a layer whose activations take longer to copy than
+	// its ops take to compute holds the compute back by the difference.
+	var exF, exB float64
+	for i, pol := range pl.policies(c) {
+		var b float64
+		switch {
+		case pol == offload.OffloadTo:
+			b = float64(sh[i].ActBytes)
+		case pol == offload.RecomputeHost:
+			b = float64(sh[i].OutBytes)
+		default:
+			continue
+		}
+		f := float64(A) * (tok*pl.m.Layers[i].FwdFLOPs/rate + hw.OpOverhead)
+		bw := 2 * f
+		if pol.Recomputes() {
+			bw = 3 * f
+		}
+		exF += max(0, float64(A)*b/hw.D2H-f)
+		exB += max(0, float64(A)*b/hw.H2D-bw)
+	}
+	core := phase(fwdC+exF, h2dF, d2hF) + phase(bwdC+exB, h2dB, d2hB)
 	if c.w == offload.TierHost {
 		// Fetching in lockstep with compute loses what a layer's fetch
 		// exceeds its compute by; prefetching d layers ahead hides all but
