@@ -68,7 +68,7 @@ def load_run(d, name):
         h = plan["memory"][1]
         r["planned_host_bytes"] = h["peak"] - h.get("reserve", 0)
         r["plan"] = {k: plan.get(k) for k in ("micro_batch", "accum", "group", "weights", "grads", "optimizer",
-                                               "prefetch_depth", "act_keep", "act_offload", "act_recompute",
+                                               "prefetch_depth", "act_keep", "act_offload", "act_recompute", "optimizer_layers", "checkpoints_on_host", "notes",
                                                "step_time_s", "tokens_per_s", "bottleneck")}
         if r.get("host_rss_max_bytes") and r["planned_host_bytes"] > 0:
             r["rss_over_planned_host"] = r["host_rss_max_bytes"] / r["planned_host_bytes"]
