@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -71,7 +72,7 @@ func ExchangeID(ctx context.Context, cfg Config, id []byte, timeout time.Duratio
 
 // serve is rank 0's side: accept the other ranks, check their hellos and,
 // once all are there, send each the id.
-func serve(ctx context.Context, ln net.Listener, cfg Config, id []byte, timeout time.Duration) error {
+func serve(ctx context.Context, ln net.Listener, cfg Config, id []byte, timeout time.Duration) (err error) {
 	type hello struct {
 		conn net.Conn
 		rank int
@@ -80,9 +81,19 @@ func serve(ctx context.Context, ln net.Listener, cfg Config, id []byte, timeout 
 	hellos := make(chan hello)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	// Run in reverse: stop accepting, unblock the readers, wait for them.
+	// failure is why the rendezvous failed, for the ranks whose hellos
+	// were read but not yet taken when it did: they are told too.
+	var failure atomic.Pointer[string]
+	// Run in reverse: stop accepting, note the failure, unblock the
+	// readers, wait for them.
 	defer wg.Wait()
 	defer close(stop)
+	defer func() {
+		if err != nil {
+			msg := err.Error()
+			failure.Store(&msg)
+		}
+	}()
 	defer ln.Close()
 	go func() {
 		select {
@@ -112,6 +123,10 @@ func serve(ctx context.Context, ln net.Listener, cfg Config, id []byte, timeout 
 				select {
 				case hellos <- h:
 				case <-stop:
+					if m := failure.Load(); m != nil && h.err == nil {
+						conn.SetDeadline(time.Now().Add(time.Second))
+						_ = writeReply(context.Background(), conn, 1, []byte(*m))
+					}
 					conn.Close()
 				}
 			})
