@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -179,6 +180,41 @@ func TestRunResumeAcrossPlacementFP32(t *testing.T) {
 	for _, s := range []int{3, 4} {
 		if math.Float64bits(got[s]) != math.Float64bits(want[s]) {
 			t.Errorf("step %d: resumed loss %v, uninterrupted %v", s, got[s], want[s])
+		}
+	}
+}
+
+// TestRunSamplesStepTraces: without a trace file, a run out of core times
+// the second step and every tenth after it, and only those: their metrics
+// carry the breakdown (the exposed transfer time), the summary their
+// mean; a resident run times none.
+func TestRunSamplesStepTraces(t *testing.T) {
+	data := writeTokens(t, 32, 16, 4000)
+	cfg := tinyConfig(data)
+	cfg.Layers, cfg.Steps, cfg.Warmup = 4, 13, 1
+	for _, ooc := range []bool{true, false} {
+		c := cfg
+		if ooc {
+			c.OffloadWeights, c.OffloadGrads = "host", "host"
+		}
+		traced := map[int]bool{}
+		sum, err := Run(context.Background(), c, RunOptions{Reporter: ReporterFunc(func(m StepMetrics) {
+			if m.Trace != nil {
+				traced[m.Step] = m.Trace.Wall > 0
+			}
+		})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[int]bool{}
+		if ooc {
+			want = map[int]bool{2: true, 12: true}
+		}
+		if !maps.Equal(traced, want) {
+			t.Errorf("out of core %v: timed steps %v, want %v", ooc, traced, want)
+		}
+		if got := sum.MeanTrace != nil; got != ooc || len(sum.Breakdowns) != len(want) || sum.Trace != "" {
+			t.Errorf("out of core %v: summary mean trace %v, %d breakdowns, trace file %q", ooc, sum.MeanTrace, len(sum.Breakdowns), sum.Trace)
 		}
 	}
 }

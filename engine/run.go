@@ -179,13 +179,21 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 	if !cfg.tokens() {
 		T = 1
 	}
-	var rec *stream.Recorder // nil: no tracing
-	if cfg.Trace != "" {
-		rec = stream.NewRecorder()
+	// With cfg.Trace every op is timed; without, a run out of core still
+	// times a few sampled steps (sampledStep) for the breakdown its
+	// metrics report (the exposed transfer time), at the cost of one
+	// atomic load per op in the other steps. A resident run samples none.
+	rec := stream.NewRecorder()
+	sampled := cfg.Trace == ""
+	if sampled {
+		rec.SetActive(false)
 	}
 	tr, plan, err := newRunTrainer(&cfg, be, model, B, T, rec)
 	if err != nil {
 		return nil, err
+	}
+	if sampled && plan.Resident {
+		rec = nil
 	}
 	if opts.OnPlan != nil {
 		if err := opts.OnPlan(plan); err != nil {
@@ -194,7 +202,14 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		}
 	}
 	var sum *Summary
-	if rec != nil {
+	if rec != nil && sampled {
+		defer func() {
+			if sum != nil && len(sum.Breakdowns) > 0 {
+				mt := MeanStepTrace(sum.Breakdowns)
+				sum.MeanTrace = &mt
+			}
+		}()
+	} else if rec != nil {
 		// Runs after tr.Close, which waits for every traced op.
 		defer func() {
 			spans := rec.Spans()
@@ -351,9 +366,16 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 			return interrupted(err)
 		}
 		t0 := time.Now()
+		sample := sampled && sampledStep(tr.Step+1)
+		if sample {
+			rec.SetActive(true)
+		}
 		endStep := rec.BeginStep(tr.Step + 1)
 		r, err := tr.TrainStep(ctx, src)
 		endStep()
+		if sample {
+			rec.SetActive(false)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return interrupted(ctx.Err())
@@ -390,7 +412,13 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 			m.PredictedStepTime = plan.Placement.StepTime
 			m.StepTimeError = relErr(m.PredictedStepTime, dt)
 		}
-		if rec != nil {
+		switch {
+		case sample:
+			if m.Trace = lastStepTrace(rec, tr.Step); m.Trace != nil {
+				sum.Breakdowns = append(sum.Breakdowns, stepBreakdowns(rec.Spans(), func(s int) bool { return s == tr.Step })...)
+			}
+			rec.DropThrough(tr.Step)
+		case rec != nil && !sampled:
 			m.Trace = lastStepTrace(rec, tr.Step)
 		}
 		if dt > 0 {
@@ -502,6 +530,11 @@ func resolveData(cfg *Config, ds *dataset.Dataset, dir string) error {
 	}
 	return nil
 }
+
+// sampledStep says whether a run without a trace file times step n for
+// its metrics: the second step (the first after start-up) and every tenth
+// after it.
+func sampledStep(n int) bool { return n >= 2 && (n-2)%10 == 0 }
 
 // describeShape is the model's shape for the log, as its family says it:
 // a GPT's transformer blocks ("4 blocks", the embedding and head not

@@ -72,7 +72,7 @@ func (s *Stream) Queue() kernels.Queue { return s.q }
 // enqueue, on the queue it is given) and, when tracing, records the work
 // as one span named op.
 func (s *Stream) Enqueue(op string, fn func(q kernels.Queue)) error {
-	if s.rec == nil {
+	if !s.rec.Active() {
 		fn(s.q)
 		return nil
 	}

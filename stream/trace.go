@@ -12,6 +12,7 @@ import (
 	"io"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -60,7 +61,9 @@ type Recorder struct {
 	t0   time.Time
 	now  func() time.Time
 	wall bool // now is time.Now
-	mu   struct {
+	// off pauses the recording of new ops and host spans (SetActive).
+	off atomic.Bool
+	mu  struct {
 		sync.Mutex
 		spans []Span
 		step  int
@@ -72,6 +75,39 @@ func NewRecorder() *Recorder {
 	r := &Recorder{t0: time.Now(), now: time.Now, wall: true}
 	r.mu.step = -1
 	return r
+}
+
+// SetActive starts (true, the default) or pauses the timing of new ops
+// and host spans: while paused, streams enqueue their work untimed and
+// Begin records nothing, at no cost beyond one atomic load per op. Steps
+// are still opened and closed. A run that samples a few steps' breakdowns
+// (the exposed transfer time) turns it on for those steps only.
+func (r *Recorder) SetActive(on bool) {
+	if r != nil {
+		r.off.Store(!on)
+	}
+}
+
+// Active reports whether r times new ops (false for a nil r).
+func (r *Recorder) Active() bool { return r != nil && !r.off.Load() }
+
+// DropThrough forgets the spans of steps up to and including step n (and
+// those of no step): what a run that keeps no trace file does once it has
+// taken their breakdowns, so that the recorder does not grow.
+func (r *Recorder) DropThrough(n int) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	keep := r.mu.spans[:0]
+	for _, s := range r.mu.spans {
+		if s.Step > n {
+			keep = append(keep, s)
+		}
+	}
+	clear(r.mu.spans[len(keep):])
+	r.mu.spans = keep
+	r.mu.Unlock()
 }
 
 // Now is the time since the recorder's start.
@@ -93,7 +129,7 @@ func (r *Recorder) Add(s Span) {
 //
 //	defer rec.Begin("optimizer", stream.Optimizer, "adamw layer 3")()
 func (r *Recorder) Begin(track string, cat Category, name string) (end func()) {
-	if r == nil {
+	if !r.Active() {
 		return func() {}
 	}
 	start := r.Now()

@@ -458,8 +458,13 @@ func printTrainSummary(w io.Writer, s *engine.Summary, state string) {
 		fmt.Fprintf(w, "  first step    %s after start\n", engine.FormatDuration(s.FirstStepAt))
 	}
 	if s.MeanTrace != nil {
-		fmt.Fprintf(w, "  trace         %s (%d steps; open in https://ui.perfetto.dev)\n", s.Trace, len(s.Breakdowns))
-		fmt.Fprintf(w, "  mean per step %s\n", engine.FormatStepTrace(*s.MeanTrace))
+		if s.Trace != "" {
+			fmt.Fprintf(w, "  trace         %s (%d steps; open in https://ui.perfetto.dev)\n", s.Trace, len(s.Breakdowns))
+			fmt.Fprintf(w, "  mean per step %s\n", engine.FormatStepTrace(*s.MeanTrace))
+		} else {
+			fmt.Fprintf(w, "  timed steps   %d sampled (the 2nd and every 10th after; --trace times all): mean %s\n",
+				len(s.Breakdowns), engine.FormatStepTrace(*s.MeanTrace))
+		}
 	}
 	if s.Skipped > 0 {
 		fmt.Fprintf(w, "  skipped steps %d (non-finite gradients)\n", s.Skipped)
