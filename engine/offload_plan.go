@@ -737,9 +737,10 @@ func PlanConfig(ctx context.Context, cfg Config, device string, deviceLimit int6
 		return nil, nil, err
 	}
 	var schema dataset.Schema
-	if p, ok := LookupPreset(cfg.Model); cfg.Data == "" && ok && p.Vocab != 0 {
-		// No data for a full-size preset: plan for token sequences of
-		// seq_len (default the model's context).
+	p, ok := LookupPreset(cfg.Model)
+	if cfg.Data == "" && ((ok && p.Vocab != 0) || (cfg.InitFrom != "" && cfg.Vocab > 0)) {
+		// No data for a full-size preset or a checkpoint's shape: plan
+		// for token sequences of seq_len (default the model's context).
 		if cfg.Vocab == 0 {
 			cfg.Vocab = p.Vocab
 		}

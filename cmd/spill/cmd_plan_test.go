@@ -183,3 +183,18 @@ func TestPlanLlama(t *testing.T) {
 		t.Errorf("plan: model %s, %d layers, device peak %d", p.Model, len(p.Layers), p.Memory[0].Peak)
 	}
 }
+
+// spill plan --init-from with no --data plans the checkpoint's shape for
+// token sequences (it fell back to the embedded dataset, whose vocabulary
+// did not match).
+func TestPlanInitFromNoData(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := runMain(context.Background(), []string{"plan", "--init-from", filepath.Join("..", "..", "engine", "testdata", "hf-tiny-llama"),
+		"--device", "cpu", "--device-memory", "1MiB"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "seq 64") || !strings.Contains(out.String(), "placement") {
+		t.Errorf("plan output:\n%s", out.String())
+	}
+}
