@@ -72,7 +72,7 @@ def load_run(d, name):
                                                "step_time_s", "tokens_per_s", "bottleneck")}
         if r.get("host_rss_max_bytes") and r["planned_host_bytes"] > 0:
             r["rss_over_planned_host"] = r["host_rss_max_bytes"] / r["planned_host_bytes"]
-    tw = [m for m in steady if "trace_wall_s" in m]
+    tw = [m for m in ms if "trace_wall_s" in m and m.get("step", 0) >= 2]  # timed steps (every run samples some)
     if tw:
         r["exposed_transfer_share"] = statistics.median(m["trace_exposed_transfer_s"] / m["trace_wall_s"] for m in tw)
         r["trace_compute_share"] = statistics.median(m["trace_compute_s"] / m["trace_wall_s"] for m in tw)
