@@ -123,12 +123,12 @@ func runRank(ctx context.Context, c ddpCase, be kernels.Backend, id []byte, r in
 
 // runSingle trains one rank on the whole global batch of each step: the
 // same micro-batches, in global order, accumulated.
-func runSingle(t *testing.T, c ddpCase, in, tg []int32) ([]float64, [][]float32) {
+func runSingle(t *testing.T, be kernels.Backend, c ddpCase, in, tg []int32) ([]float64, [][]float32) {
 	t.Helper()
 	ctx := context.Background()
 	to := c.options()
 	to.Accum = c.ranks * c.accum
-	tr, err := c.newTrainer(openCPU(t), tinyGPT(t, kernels.F32), to)
+	tr, err := c.newTrainer(be, tinyGPT(t, kernels.F32), to)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestDataParallelMatchesSingleRank(t *testing.T) {
 					}
 				}
 			}
-			wantL, wantW := runSingle(t, c, in, tg)
+			wantL, wantW := runSingle(t, openCPU(t), c, in, tg)
 			if c.accum == 1 && res[0].losses[0] != wantL[0] {
 				t.Errorf("step 0: loss %v, single rank %v (want bitwise)", res[0].losses[0], wantL[0])
 			}
@@ -251,4 +251,40 @@ func TestDataParallelMismatch(t *testing.T) {
 		}
 	}
 	t.Logf("rank 0: %v", res[0].err)
+}
+
+// checkWorldSize1 trains the tiny GPT on open() twice, without a
+// communicator and as the only rank of one (the collectives run, over
+// one rank), and wants the same losses and weights bit for bit: a sum
+// over one rank is the identity. engine/ddp_cuda_test.go runs it on NCCL.
+func checkWorldSize1(t *testing.T, open func() kernels.Backend) {
+	ctx := context.Background()
+	c := ddpCase{ranks: 1, accum: 2, steps: 3, clip: 1}
+	in, tg := randomRows(c.steps * c.accum * ddpB * ddpT)
+	be := open()
+	wantL, wantW := runSingle(t, be, c, in, tg)
+	id, err := be.(kernels.CommOpener).NewCommID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := runRank(ctx, c, be, id, 0, tinyGPT(t, kernels.F32), in, tg)
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	for s := range wantL {
+		if got.losses[s] != wantL[s] {
+			t.Errorf("step %d: loss %v with a communicator of one rank, %v without", s, got.losses[s], wantL[s])
+		}
+	}
+	for l := range wantW {
+		for i := range wantW[l] {
+			if math.Float32bits(got.weights[l][i]) != math.Float32bits(wantW[l][i]) {
+				t.Fatalf("layer %d weight %d: %v with a communicator of one rank, %v without", l, i, got.weights[l][i], wantW[l][i])
+			}
+		}
+	}
+}
+
+func TestDataParallelWorldSize1(t *testing.T) {
+	checkWorldSize1(t, func() kernels.Backend { return openCPU(t) })
 }
