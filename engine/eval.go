@@ -88,7 +88,7 @@ func Eval(ctx context.Context, cfg Config, log io.Writer) (*EvalResult, error) {
 	// The trainer (resident or out of core, as a run would plan it)
 	// evaluates one micro-batch of B rows at a time.
 	cfg.Accum = 1
-	tr, plan, err := newRunTrainer(&cfg, be, model, B, T, nil)
+	tr, plan, err := newRunTrainer(&cfg, be, model, B, T, nil, nil)
 	if err != nil {
 		return nil, err
 	}

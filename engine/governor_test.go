@@ -53,7 +53,7 @@ func TestHostGovernor(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer be.Close()
-	tr, tp, err := newRunTrainer(&cfg, be, m, oocB, oocT, nil)
+	tr, tp, err := newRunTrainer(&cfg, be, m, oocB, oocT, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestHostGovernor(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer be2.Close()
-	_, _, err = newRunTrainer(&cfg, be2, m, oocB, oocT, nil)
+	_, _, err = newRunTrainer(&cfg, be2, m, oocB, oocT, nil, nil)
 	var ie *offload.InfeasibleError
 	if !errors.As(err, &ie) {
 		t.Fatalf("error %v, want an *offload.InfeasibleError", err)

@@ -684,8 +684,9 @@ func governHost(cfg *Config, device string, m *Model, B, T int, budget int64, tp
 
 // newRunTrainer builds the trainer of the plan choosePlan decides (and
 // governHost checks). rec, if not nil, is the out-of-core trainer's
-// recorder (OffloadOptions.Recorder).
-func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *stream.Recorder) (*Trainer, *TrainerPlan, error) {
+// recorder (OffloadOptions.Recorder); comm, if not nil, makes it a rank
+// of a data-parallel job (TrainerOptions.Comm). The plan is per rank.
+func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *stream.Recorder, comm kernels.Comm) (*Trainer, *TrainerPlan, error) {
 	budget := deviceBudget(cfg, be)
 	tp, req, err := choosePlan(cfg, be.Name(), m, B, T, budget, nil)
 	if err != nil {
@@ -696,6 +697,7 @@ func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *str
 	}
 	to := trainerOptions(cfg, tp.B, T)
 	to.Accum = tp.Accum
+	to.Comm = comm
 	if tp.Resident {
 		tr, err := newTrainer(be, m, to, residentOptions(m, rec))
 		if err != nil {

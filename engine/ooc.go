@@ -372,6 +372,13 @@ func newTrainer(be kernels.Backend, m *Model, to TrainerOptions, o OffloadOption
 		t.feat32 = t.feat32.Slice(0, t.feat32.N/S)
 	}
 	t.stats = tensor(2*n, kernels.F32)
+	if to.Comm != nil && err == nil {
+		// Its buffers come from tensor: a failed allocation is err below.
+		var e error
+		if t.dp, e = newDataParallel(be, to.Comm, o.Recorder, tensor); e != nil {
+			return t, e
+		}
+	}
 	if err != nil {
 		return t, fmt.Errorf("engine: allocating trainer buffers: %w", err)
 	}
@@ -421,6 +428,11 @@ func newTrainer(be kernels.Backend, m *Model, to TrainerOptions, o OffloadOption
 	if st.statBuf, err = t.hostBytes(8 * n); err != nil {
 		return t, err
 	}
+	if t.dp != nil {
+		if err = t.handshake(context.Background()); err != nil {
+			return t, err
+		}
+	}
 	return t, nil
 }
 
@@ -456,7 +468,18 @@ func (t *Trainer) runProgram(ctx context.Context, p *schedule.Program, batches [
 	if p.Spec.Train {
 		t.be.Zero(t.q, t.stats)
 	}
-	return st.exec.Run(ctx, p, (*oocModel)(t), st.host)
+	err := st.exec.Run(ctx, p, (*oocModel)(t), st.host)
+	if dp := t.dp; dp != nil {
+		// The compute queue waited for the comm queue at the last op;
+		// after a failure, the comm queue must be idle too before the
+		// next run reuses the buffers.
+		err = errors.Join(err, dp.err)
+		if e := dp.s.Synchronize(context.Background()); e != nil && err == nil {
+			err = fmt.Errorf("engine: data parallel, rank %d of %d: %w", dp.comm.Rank(), dp.comm.Size(), e)
+		}
+		dp.err, dp.pending = nil, false
+	}
+	return err
 }
 
 // PredictedDevicePeak is the device memory the trainer holds at most (live
@@ -565,12 +588,24 @@ func (mt *oocModel) Run(q kernels.Queue, op schedule.Op, final []int) {
 	if len(final) > 0 && t.gradHook != nil {
 		t.gradHook(t.Step)
 	}
-	for _, j := range final {
-		g := t.st.Layers[j].Grads
-		t.be.SumSquares(q, t.stats.Slice(2*j, 1), g)
-		t.be.CheckFinite(q, t.stats.Slice(2*j+1, 1), g)
+	switch {
+	case len(final) > 0 && t.dp != nil:
+		// Summed over the ranks on the comm queue, statistics included
+		// (engine/ddp.go).
+		t.reduceGrads(q, final)
+	default:
+		for _, j := range final {
+			g := t.st.Layers[j].Grads
+			t.be.SumSquares(q, t.stats.Slice(2*j, 1), g)
+			t.be.CheckFinite(q, t.stats.Slice(2*j+1, 1), g)
+		}
 	}
 	if op == st.last { // a training program's: every layer's are taken
+		if t.dp != nil {
+			if err := t.waitComm(q); err != nil && t.dp.err == nil {
+				t.dp.err = err
+			}
+		}
 		t.be.CopyToHost(q, st.statBuf, t.stats) // every layer's are taken
 	}
 }

@@ -120,7 +120,7 @@ func TestRefusedBeforeAllocation(t *testing.T) {
 	cfg.Model, cfg.Layers, cfg.Heads, cfg.Embd, cfg.Vocab, cfg.MaxSeq = "custom", oocShape.Layers, oocShape.Heads, oocShape.Embd, oocShape.Vocab, oocShape.MaxSeq
 	cfg.DeviceMemory, cfg.HostMemory = 64<<10, 64<<10
 	cfg.DiskDir, cfg.DiskMemory = t.TempDir(), 64<<10
-	_, _, err := newRunTrainer(&cfg, be, m, oocB, oocT, nil)
+	_, _, err := newRunTrainer(&cfg, be, m, oocB, oocT, nil, nil)
 	var ie *offload.InfeasibleError
 	if !errors.As(err, &ie) {
 		t.Fatalf("error %v, want an *offload.InfeasibleError", err)

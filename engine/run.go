@@ -114,7 +114,8 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := checkLaunch(); err != nil {
+	world, err := checkLaunch(cfg.Device)
+	if err != nil {
 		return nil, err
 	}
 	dataDir := cfg.Data
@@ -163,7 +164,7 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 	if pre != nil {
 		defer pre.Close()
 	}
-	be, note, err := OpenDevice(cfg.Device, kernels.Config{MemoryLimit: cfg.DeviceMemory, Threads: cfg.Threads})
+	be, note, err := OpenDevice(cfg.Device, kernels.Config{MemoryLimit: cfg.DeviceMemory, Threads: cfg.Threads, Device: world.LocalRank})
 	if err != nil {
 		return nil, err
 	}
@@ -174,6 +175,16 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 	cfg.Device = be.Name()
 	if err := CheckBackend(be, model); err != nil {
 		return nil, err
+	}
+	// Data parallel (engine/ddp.go): every rank trains on its own share
+	// of each global batch of WORLD_SIZE x Batch x Accum rows.
+	comm, err := openComm(ctx, world, be)
+	if err != nil {
+		return nil, err
+	}
+	if comm != nil {
+		defer comm.Close() // after the trainer's Close (deferred later)
+		logf("data parallel: rank %d of %d on device %d", world.Rank, world.WorldSize, world.LocalRank)
 	}
 	B, T := cfg.Batch, cfg.SeqLen
 	if !cfg.tokens() {
@@ -188,7 +199,7 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 	if sampled {
 		rec.SetActive(false)
 	}
-	tr, plan, err := newRunTrainer(&cfg, be, model, B, T, rec)
+	tr, plan, err := newRunTrainer(&cfg, be, model, B, T, rec, comm)
 	if err != nil {
 		return nil, err
 	}
@@ -226,6 +237,16 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		}()
 	}
 	defer tr.Close()
+	if comm != nil {
+		// Runs before tr.Close: a rank that fails makes the others'
+		// collectives fail instead of waiting for it (and its own
+		// pending ones, so that Close does not wait).
+		defer func() {
+			if err != nil {
+				_ = comm.Abort()
+			}
+		}()
+	}
 	logf("model %s: %s, %.2fM parameters, %s on %s", cfg.Model, describeShape(model),
 		float64(model.NumParams())/1e6, cfg.Precision, be.DeviceName())
 	if plan.Placement != nil {
@@ -289,7 +310,7 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 
 	loader, err := dataset.NewLoader(ctx, trainSrc, dataset.LoaderOptions{
 		BatchSize: B, Shuffle: true, Seed: cfg.Seed, DropLast: true, Start: cursor,
-		Workers: min(2, runtime.GOMAXPROCS(0)),
+		Workers: min(2, runtime.GOMAXPROCS(0)), Rank: world.Rank, WorldSize: world.WorldSize,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("engine: data %s: %w", dataDir, err)
@@ -315,7 +336,8 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		saved = tr.Step // the checkpoint we resumed from
 	}
 	save := func() error {
-		if cfg.CheckpointDir == "" || saved == tr.Step {
+		if cfg.CheckpointDir == "" || saved == tr.Step || world.Rank != 0 {
+			// Every rank holds the same state: rank 0 writes it.
 			return nil
 		}
 		// Streamed from each tensor's tier as it is written.

@@ -39,6 +39,15 @@ type TrainerOptions struct {
 	GradClip    float64 // 0 = off
 	LossScale   float64 // initial fp16 scale
 	ScaleWindow int
+
+	// Comm, if not nil, makes the trainer one rank of a data-parallel
+	// group (engine/ddp.go): B, T and Accum are per rank, so the global
+	// batch of a step is Comm.Size() x Accum x B rows, each rank reading
+	// its own share (dataset.LoaderOptions.Rank/WorldSize). Every rank
+	// must build its trainer with the same model and options, and start
+	// from the same weights (the same InitWeights seed or checkpoint).
+	// The trainer does not close it.
+	Comm kernels.Comm
 }
 
 func trainerOptions(cfg *Config, B, T int) TrainerOptions {
@@ -95,6 +104,8 @@ type Trainer struct {
 
 	// off is the machinery: programs, executor, host state.
 	off *offloadState
+	// dp is the data-parallel side (engine/ddp.go), nil without a Comm.
+	dp *dataParallel
 
 	// gradHook, if set, runs (on the compute queue's driver) once layers'
 	// gradients are final for the step, before their statistics are
@@ -163,6 +174,10 @@ func (t *Trainer) hostBytes(n int) ([]byte, error) {
 
 // Close frees the trainer's device memory (after synchronizing).
 func (t *Trainer) Close() {
+	if t.dp != nil {
+		t.dp.close() // before the buffers its collectives use are freed
+		t.dp = nil
+	}
 	if t.off != nil {
 		t.off.close()
 		t.off, t.st = nil, nil // the state table held views of the cache's blocks
@@ -181,8 +196,12 @@ func (t *Trainer) Model() *Model { return t.model }
 // State is the model's per-layer state table.
 func (t *Trainer) State() *StateTable { return t.st }
 
-// TokensPerStep is the number of targets one optimizer step trains on.
-func (t *Trainer) TokensPerStep() int64 { return int64(t.nLoss) * int64(t.opts.Accum) }
+// TokensPerStep is the number of targets one optimizer step trains on:
+// over every rank of a data-parallel group.
+func (t *Trainer) TokensPerStep() int64 { return t.localTokens() * int64(t.worldSize()) }
+
+// localTokens is the number of targets this rank trains on per step.
+func (t *Trainer) localTokens() int64 { return int64(t.nLoss) * int64(t.opts.Accum) }
 
 // InitWeights initialises every layer deterministically from seed (GPT-2
 // init for GPTs) into the master weights and the compute copy, the layers
@@ -293,7 +312,10 @@ func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, e
 			return r, err
 		}
 	}
-	loss, sumsq, overflow := t.stepStats()
+	loss, sumsq, overflow, err := t.stepStats(ctx)
+	if err != nil {
+		return r, err
+	}
 	r.Loss = loss
 	r.GradNorm = math.Sqrt(sumsq) / t.Scaler.Scale
 	if overflow {
@@ -331,12 +353,17 @@ func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, e
 // stepStats reads, from what the step's program copied back, the step's
 // mean loss, the global sum of squares of the gradients (the layers'
 // sums added in layer order) and whether any was not finite. The loss is
-// summed in float64 micro-batch by micro-batch, in order.
-func (t *Trainer) stepStats() (loss, sumsq float64, nonFinite bool) {
+// summed in float64 micro-batch by micro-batch, in order, and over the
+// ranks of a data-parallel group in rank order (the gather of the ranks'
+// sums is what can fail: ctx done, a collective failing).
+func (t *Trainer) stepStats(ctx context.Context) (loss, sumsq float64, nonFinite bool, err error) {
 	st := t.off
 	var sum float64
 	for k := range st.hbs {
 		sum += t.sumLosses(st.lossHost[4*k*t.nLoss:])
+	}
+	if sum, err = t.globalLoss(ctx, sum); err != nil {
+		return 0, 0, false, err
 	}
 	loss = sum / float64(t.TokensPerStep())
 	var ss float32
@@ -345,7 +372,7 @@ func (t *Trainer) stepStats() (loss, sumsq float64, nonFinite bool) {
 		nonFinite = nonFinite || math.Float32frombits(binary.LittleEndian.Uint32(st.statBuf[8*i+4:])) != 0
 	}
 	sumsq = float64(ss)
-	return loss, sumsq, nonFinite || math.IsNaN(sumsq) || math.IsInf(sumsq, 0)
+	return loss, sumsq, nonFinite || math.IsNaN(sumsq) || math.IsInf(sumsq, 0), nil
 }
 
 // sumLosses is lossMul times the float64 sum of the nLoss F32 losses at
@@ -374,7 +401,9 @@ func (t *Trainer) Gradients(ctx context.Context, src BatchSource) (loss float64,
 	if err := t.runProgram(ctx, st.train, st.hbs, src); err != nil {
 		return 0, nil, err
 	}
-	loss, _, _ = t.stepStats()
+	if loss, _, _, err = t.stepStats(ctx); err != nil {
+		return 0, nil, err
+	}
 	for i, l := range t.model.Layers {
 		var b []byte
 		if hs.tier[i] == offload.TierDevice {

@@ -26,6 +26,7 @@ const (
 	D2H       Category = "d2h"       // device-to-host transfer
 	Disk      Category = "disk"      // disk reads and writes
 	Optimizer Category = "optimizer" // the host optimizer
+	Comm      Category = "comm"      // collectives between data-parallel ranks
 	Loader    Category = "loader"    // the trainer waiting for the data loader
 	Step      Category = "step"      // one training step, end to end
 )

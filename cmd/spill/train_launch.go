@@ -13,8 +13,8 @@ import (
 
 const nprocUsage = "start `N` processes of spill train on this host, one per GPU, the way torchrun does " +
 	"(RANK, WORLD_SIZE, LOCAL_RANK = CUDA device, MASTER_ADDR, MASTER_PORT; output prefixed with the rank; " +
-	"one failing stops all). Data-parallel training itself is not implemented yet: with N > 1 every rank " +
-	"stops with an error, so only N = 1 trains for now"
+	"one failing stops all). The ranks train data parallel over NCCL (--device cuda; the global batch is " +
+	"N x batch x accum, each rank reading its own share); the cpu device trains one process only"
 
 // launchTrain runs spill train with args, less --nproc-per-node, as n
 // local ranks (internal/launch) and waits for them.
