@@ -302,8 +302,12 @@ func (k *block) Forward(q kernels.Queue, p *Pass, i int) {
 	o.Add(q, a.res2, x)
 
 	o.LayerNormForward(q, a.ln2, a.ln2Mean, a.ln2Rstd, a.res2, param(w, k.ln2w), param(w, k.ln2b), BT, C)
-	o.MatmulForward(q, a.fch, a.ln2, param(w, k.fcW), param(w, k.fcB), BT, C, 4*C)
-	o.GeluForward(q, a.fchGelu, a.fch, BT*4*C)
+	if gm, ok := o.(kernels.GeluMatmuler); ok {
+		gm.MatmulGeluForward(q, a.fchGelu, a.fch, a.ln2, param(w, k.fcW), param(w, k.fcB), BT, C, 4*C)
+	} else {
+		o.MatmulForward(q, a.fch, a.ln2, param(w, k.fcW), param(w, k.fcB), BT, C, 4*C)
+		o.GeluForward(q, a.fchGelu, a.fch, BT*4*C)
+	}
 	o.MatmulForward(q, a.out, a.fchGelu, param(w, k.fcProjW), param(w, k.fcProjB), BT, 4*C, C)
 	o.Add(q, a.out, a.res2)
 }
@@ -336,9 +340,17 @@ func (k *block) Backward(q kernels.Queue, p *Pass, i int) {
 		fchGelu = s4b.Slice(0, BT*4*C)
 		o.GeluForward(q, fchGelu, a.fch, BT*4*C)
 	}
-	kernels.MatmulBackwardSet(o, q, dGelu, param(g, k.fcProjW), param(g, k.fcProjB), p.DOut, fchGelu, param(w, k.fcProjW), BT, 4*C, C)
-	dfch := s4b.Slice(0, BT*4*C)
-	kernels.GeluBackwardSet(o, q, dfch, a.fch, dGelu, BT*4*C)
+	var dfch kernels.Tensor
+	if gm, ok := o.(kernels.GeluMatmuler); ok {
+		// The GELU's backward fused into the projection's: d(fch) straight
+		// into s4a (s4b may hold the recomputed GELU, its input).
+		dfch = dGelu
+		gm.MatmulBackwardGeluSet(q, dfch, param(g, k.fcProjW), param(g, k.fcProjB), p.DOut, fchGelu, param(w, k.fcProjW), a.fch, BT, 4*C, C)
+	} else {
+		kernels.MatmulBackwardSet(o, q, dGelu, param(g, k.fcProjW), param(g, k.fcProjB), p.DOut, fchGelu, param(w, k.fcProjW), BT, 4*C, C)
+		dfch = s4b.Slice(0, BT*4*C)
+		kernels.GeluBackwardSet(o, q, dfch, a.fch, dGelu, BT*4*C)
+	}
 	ln2 := a.ln2
 	if k.lean {
 		ln2 = s1b // free until datty
@@ -356,7 +368,7 @@ func (k *block) Backward(q kernels.Queue, p *Pass, i int) {
 	kernels.AttentionBackwardSet(o, q, dqkv, datty, a.qkv, a.atty, a.lse, B, T, C, NH)
 	ln1 := a.ln1
 	if k.lean {
-		ln1 = s4b.Slice(0, BT*C) // dfch is spent
+		ln1 = s4b.Slice(0, BT*C) // dfch (or the recomputed GELU) is spent
 		o.LayerNormForward(q, ln1, a.ln1Mean, a.ln1Rstd, x, param(w, k.ln1w), param(w, k.ln1b), BT, C)
 	}
 	dln1 := s1a

@@ -309,6 +309,23 @@ type Overwriter interface {
 	CrossEntropyBackwardSet(q Queue, dlogits, logits, targets Tensor, BT, V int, scale float32)
 }
 
+// GeluMatmuler is implemented by backends that fuse the GELU of an MLP
+// into the GEMMs around it (CUDA: cuBLASLt's GELU_AUX_BIAS and DGELU
+// epilogues). Each method is the unfused sequence in one op:
+//
+//	MatmulGeluForward:     MatmulForward(pre, inp, weight, bias), then GeluForward(out, pre)
+//	MatmulBackwardGeluSet: MatmulBackwardSet(t, dweight, dbias, dout, inp, weight) into a
+//	                       temporary t, then GeluBackwardSet(dinp, pre, t)
+//
+// where inp (BT, C) is gelu(pre) and dinp and pre are (BT, C). A fused
+// form may round the intermediate differently (the GELU of the unrounded
+// product): results agree within the dtype's rounding, not bit for bit.
+// dinp, inp and pre are distinct tensors.
+type GeluMatmuler interface {
+	MatmulGeluForward(q Queue, out, pre, inp, weight, bias Tensor, BT, C, OC int)
+	MatmulBackwardGeluSet(q Queue, dinp, dweight, dbias, dout, inp, weight, pre Tensor, BT, C, OC int)
+}
+
 // MatmulBackwardSet overwrites dinp (see Overwriter) on any backend.
 func MatmulBackwardSet(o Ops, q Queue, dinp, dweight, dbias, dout, inp, weight Tensor, BT, C, OC int) {
 	if w, ok := o.(Overwriter); ok {

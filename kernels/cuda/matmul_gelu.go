@@ -21,6 +21,9 @@ import (
 // projection after the GELU (inp = gelu(pre)). Where cuBLASLt cannot (see
 // gemmEpi) they run those ops one after the other on the queue instead.
 
+// The engine's GPT blocks call them through kernels.GeluMatmuler.
+var _ kernels.GeluMatmuler = (*Backend)(nil)
+
 // geluEpiRuns counts the fused GEMMs run by epilogue (tests check that the
 // fused path, not the fallback, ran).
 var geluEpiRuns [3]atomic.Int64
