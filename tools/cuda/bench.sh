@@ -20,24 +20,7 @@ source tools/cuda/env.sh
 shapes=${SPILL_BENCH_SHAPES:-124m,1.3b}
 deadline=${SPILL_DEADLINE:-540}
 status=0
-step() {
-  local name=$1 limit=$2; shift 2
-  local left=$((deadline - SECONDS))
-  if [ "$left" -lt 15 ]; then
-    echo "== $name: skipped, ${left}s of SPILL_DEADLINE=${deadline}s left"
-    status=1
-    return 1
-  fi
-  [ "$limit" -le "$left" ] || limit=$left
-  echo "== $name (limit ${limit}s): $*"
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: exit $rc after $((SECONDS - t0))s"
-  grep -E -- '^(--- FAIL|FAIL|ok|panic|==|   )|error' "$out/$name.log" | tail -n 40
-  [ $rc -eq 0 ] || status=1
-  return $rc
-}
+source tools/cuda/step.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$out/nvidia-smi.txt" 2>&1
 cat "$out/nvidia-smi.txt"
 if command -v nvcc >/dev/null; then

@@ -35,24 +35,7 @@ attn=${SPILL_ATTN_SWEEP:-64:1024,64:2048,64:4096,64:8192,128:1024,128:2048,128:4
 shapes=${SPILL_BENCH_SHAPES:-124m,1.3b,2.7b}
 commit=${SPILL_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 status=0
-step() {
-  local name=$1 limit=$2; shift 2
-  local left=$((deadline - SECONDS))
-  if [ "$left" -lt 15 ]; then
-    echo "== $name: skipped, ${left}s of SPILL_DEADLINE=${deadline}s left"
-    status=1
-    return 1
-  fi
-  [ "$limit" -le "$left" ] || limit=$left
-  echo "== $name (limit ${limit}s): $*"
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: exit $rc after $((SECONDS - t0))s"
-  grep -E -- '^(--- FAIL|FAIL|ok|panic|==|   |Benchmark)|rror' "$out/$name.log" | tail -n 30
-  [ $rc -eq 0 ] || status=1
-  return $rc
-}
+source tools/cuda/step.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$out/nvidia-smi.txt" 2>&1
 cat "$out/nvidia-smi.txt"
 if [ -n "${SPILL_PTX:-}" ]; then
