@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -323,79 +324,39 @@ func (c *Config) tokens() bool { return c.Family().Input() == InputTokens }
 // fills them once it has opened it); Task and Classes likewise.
 func (c *Config) EnsureDefaults() {
 	d := DefaultConfig()
-	if c.Model == "" {
-		c.Model = d.Model
-	}
-	if c.Batch == 0 {
-		c.Batch = d.Batch
-	}
-	if c.Accum == 0 {
-		c.Accum = d.Accum
-	}
-	if c.Beta1 == 0 {
-		c.Beta1 = d.Beta1
-	}
-	if c.Beta2 == 0 {
-		c.Beta2 = d.Beta2
-	}
-	if c.Eps == 0 {
-		c.Eps = d.Eps
-	}
-	if c.Precision == "" {
-		c.Precision = d.Precision
-	}
-	if c.LossScale == 0 {
-		c.LossScale = d.LossScale
-	}
-	if c.ScaleWindow == 0 {
-		c.ScaleWindow = d.ScaleWindow
-	}
-	if c.EvalBatches == 0 {
-		c.EvalBatches = d.EvalBatches
-	}
-	if c.CheckpointEvery == 0 {
-		c.CheckpointEvery = d.CheckpointEvery
-	}
-	if c.KeepCheckpoints == 0 {
-		c.KeepCheckpoints = d.KeepCheckpoints
-	}
-	if c.Device == "" {
-		c.Device = d.Device
-	}
+	c.Model = cmp.Or(c.Model, d.Model)
+	c.Batch = cmp.Or(c.Batch, d.Batch)
+	c.Accum = cmp.Or(c.Accum, d.Accum)
+	c.Beta1 = cmp.Or(c.Beta1, d.Beta1)
+	c.Beta2 = cmp.Or(c.Beta2, d.Beta2)
+	c.Eps = cmp.Or(c.Eps, d.Eps)
+	c.Precision = cmp.Or(c.Precision, d.Precision)
+	c.LossScale = cmp.Or(c.LossScale, d.LossScale)
+	c.ScaleWindow = cmp.Or(c.ScaleWindow, d.ScaleWindow)
+	c.EvalBatches = cmp.Or(c.EvalBatches, d.EvalBatches)
+	c.CheckpointEvery = cmp.Or(c.CheckpointEvery, d.CheckpointEvery)
+	c.KeepCheckpoints = cmp.Or(c.KeepCheckpoints, d.KeepCheckpoints)
+	c.Device = cmp.Or(c.Device, d.Device)
 	if c.ResumeFrom != "" {
 		c.Resume = true
 		if c.CheckpointDir == "" {
 			c.CheckpointDir = filepath.Dir(filepath.Clean(c.ResumeFrom))
 		}
 	}
-	if c.Offload == "" {
-		c.Offload = d.Offload
-	}
+	c.Offload = cmp.Or(c.Offload, d.Offload)
 	c.Model = CanonicalModel(c.Model)
 
 	defSteps, defLR := 200, 1e-3
 	if p, ok := LookupPreset(c.Model); ok {
-		if c.Layers == 0 {
-			c.Layers = p.Layers
-		}
-		if c.Heads == 0 {
-			c.Heads = p.Heads
-		}
-		if c.Embd == 0 {
-			c.Embd = p.Embd
-		}
-		if c.MaxSeq == 0 {
-			c.MaxSeq = p.MaxSeq
-		}
+		c.Layers = cmp.Or(c.Layers, p.Layers)
+		c.Heads = cmp.Or(c.Heads, p.Heads)
+		c.Embd = cmp.Or(c.Embd, p.Embd)
+		c.MaxSeq = cmp.Or(c.MaxSeq, p.MaxSeq)
 		defSteps, defLR = p.Steps, p.LR
 	}
 	c.Family().defaults(c)
-	if c.Steps == 0 {
-		c.Steps = defSteps
-	}
-	if c.LR == 0 {
-		c.LR = defLR
-	}
+	c.Steps = cmp.Or(c.Steps, defSteps)
+	c.LR = cmp.Or(c.LR, defLR)
 	if c.MinLR < 0 {
 		c.MinLR = c.LR / 10
 	}
