@@ -150,29 +150,37 @@ func applySetting(c *Config, s hfSetting) error {
 	}
 	switch p := p.(type) {
 	case *int:
-		if v := s.value.(int); *p == 0 {
-			*p = v
-		} else if *p != v {
-			return fmt.Errorf("%d", *p)
-		}
+		return fillSetting(p, s.value.(int))
 	case *float64:
-		if v := s.value.(float64); *p == 0 {
-			*p = v
-		} else if *p != v {
-			return fmt.Errorf("%v", *p)
-		}
+		return fillSetting(p, s.value.(float64))
 	case **bool:
-		if v := s.value.(bool); *p == nil {
-			*p = &v
-		} else if **p != v {
-			return fmt.Errorf("%v", **p)
-		}
+		return fillSettingPtr(p, s.value.(bool), func(v bool) string { return fmt.Sprint(v) })
 	case **RoPEScalingConfig:
-		if v := s.value.(RoPEScalingConfig); *p == nil {
-			*p = &v
-		} else if **p != v {
-			return errors.New(showSetting(**p))
-		}
+		return fillSettingPtr(p, s.value.(RoPEScalingConfig), func(v RoPEScalingConfig) string { return showSetting(v) })
+	}
+	return nil
+}
+
+// fillSetting sets *p to v when it is unset (zero); a different value
+// already there is returned as the error's text.
+func fillSetting[T comparable](p *T, v T) error {
+	var zero T
+	switch {
+	case *p == zero:
+		*p = v
+	case *p != v:
+		return fmt.Errorf("%v", *p)
+	}
+	return nil
+}
+
+// fillSettingPtr is fillSetting for a setting whose unset value is nil.
+func fillSettingPtr[T comparable](p **T, v T, show func(T) string) error {
+	switch {
+	case *p == nil:
+		*p = &v
+	case **p != v:
+		return errors.New(show(**p))
 	}
 	return nil
 }
