@@ -27,6 +27,10 @@ type EvalResult struct {
 // data is shorter. The weights are cfg.InitFrom's (else the random
 // initialisation of cfg.Seed). Row k of batch b is sample b·Batch + k,
 // so a Python check can rebuild exactly these batches from the tokens.
+// It runs a forward-only trainer (newForwardTrainer): the weights on the
+// host, no gradients or optimizer state, the device holding about one
+// layer's weights and activations at a time; the loss is bitwise the
+// one a training trainer's Evaluate gives.
 func Eval(ctx context.Context, cfg Config, log io.Writer) (*EvalResult, error) {
 	logf := func(format string, args ...any) {
 		if log != nil {
@@ -85,17 +89,14 @@ func Eval(ctx context.Context, cfg Config, log io.Writer) (*EvalResult, error) {
 	if !cfg.tokens() {
 		T = 1
 	}
-	// The trainer (resident or out of core, as a run would plan it)
-	// evaluates one micro-batch of B rows at a time.
-	cfg.Accum = 1
-	tr, plan, err := newRunTrainer(&cfg, be, model, B, T, nil, nil)
+	// A forward-only trainer: the weights on the host, streamed through
+	// the device layer by layer with the activations of the forward;
+	// no gradients or optimizer state anywhere (newForwardTrainer).
+	tr, err := newForwardTrainer(be, model, B, T, deviceBudget(&cfg, be))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("engine: eval: %w", err)
 	}
 	defer tr.Close()
-	if plan.B != B {
-		return nil, fmt.Errorf("engine: eval: the device fits micro-batches of %d rows, not --batch %d: lower --batch", plan.B, B)
-	}
 	res := &EvalResult{Batches: cfg.EvalBatches, Rows: B, T: T, Data: dir, Model: describeShape(model),
 		Weights: fmt.Sprintf("random (seed %d)", cfg.Seed)}
 	if pre != nil {

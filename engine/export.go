@@ -1,8 +1,8 @@
 package engine
 
 import (
-	"encoding/binary"
 	"fmt"
+	"io"
 	"regexp"
 	"sort"
 	"strconv"
@@ -88,7 +88,7 @@ func ExportTensors(weights []NamedTensor, cfg Config, format string) ([]NamedTen
 	if C <= 0 {
 		return nil, nil, fmt.Errorf("export: the config does not state embd")
 	}
-	elems := func(t NamedTensor) int { return len(t.Data) / 4 }
+	elems := func(t NamedTensor) int { return int(tensorBytes(t) / 4) }
 	if elems(wte)%C != 0 {
 		return nil, nil, fmt.Errorf("export: transformer.wte.weight has %d elements, not a multiple of embd %d", elems(wte), C)
 	}
@@ -139,17 +139,17 @@ func ExportTensors(weights []NamedTensor, cfg Config, format string) ([]NamedTen
 		for _, d := range shape {
 			want *= d
 		}
-		if elems(t) != want || len(t.Data)%4 != 0 {
+		if elems(t) != want || tensorBytes(t)%4 != 0 {
 			return nil, nil, fmt.Errorf("export: tensor %q has %d elements, want %v = %d", name, elems(t), shape, want)
 		}
-		out = append(out, NamedTensor{Name: name, DType: "F32", Shape: append([]int(nil), shape...), Data: t.Data})
+		out = append(out, NamedTensor{Name: name, DType: "F32", Shape: append([]int(nil), shape...), Data: t.Data, Fill: t.Fill})
 	}
 	for name := range byName {
 		if _, ok := shapes[name]; !ok && name != "lm_head.weight" {
 			return nil, nil, fmt.Errorf("export: unexpected tensor %q in a GPT checkpoint", name)
 		}
 	}
-	out = append(out, NamedTensor{Name: "lm_head.weight", DType: "F32", Shape: []int{V, C}, Data: wte.Data})
+	out = append(out, NamedTensor{Name: "lm_head.weight", DType: "F32", Shape: []int{V, C}, Data: wte.Data, Fill: wte.Fill})
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 
 	heads := cfg.Heads
@@ -177,15 +177,53 @@ func Export(weights []NamedTensor, cfg Config, path, format string) error {
 	return WriteSafetensors(path, ts, meta)
 }
 
-// transposeF32 returns the (cols, rows) transpose of a row-major
-// (rows, cols) float32 matrix held as little-endian bytes.
-func transposeF32(src []byte, rows, cols int) []byte {
-	dst := make([]byte, len(src))
-	for r := 0; r < rows; r++ {
-		for c := 0; c < cols; c++ {
-			v := binary.LittleEndian.Uint32(src[4*(r*cols+c):])
-			binary.LittleEndian.PutUint32(dst[4*(c*rows+r):], v)
+// tensorBytes is the size of a tensor's data: len(Data), or for a
+// tensor filled on demand (Data nil, Fill set) the size its shape and
+// dtype give (0 for an unknown dtype or an overflowing shape).
+func tensorBytes(t NamedTensor) int64 {
+	if t.Data != nil || t.Fill == nil {
+		return int64(len(t.Data))
+	}
+	n, err := shapeBytes(t.Shape, safetensorsDTypeSize[t.DType])
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// transposeBuf is the size of the buffer writeTransposedF32 writes
+// through.
+const transposeBuf = 256 << 10
+
+// writeTransposedF32 writes to w the (cols, rows) transpose of a
+// row-major (rows, cols) float32 matrix held as little-endian bytes in
+// src, through *buf (grown to at most transposeBuf bytes, kept for the
+// next call): whole rows of the transpose at a time when they fit, else
+// pieces of one row.
+func writeTransposedF32(w io.Writer, src []byte, rows, cols int, reuse *[]byte) error {
+	if rows*cols == 0 {
+		return nil
+	}
+	seg := min(rows, transposeBuf/4)    // elements of a transposed row per piece
+	blk := max(1, transposeBuf/(4*seg)) // transposed rows per piece (1 when seg < rows)
+	if n := 4 * min(blk, cols) * seg; cap(*reuse) < n {
+		*reuse = make([]byte, max(n, min(transposeBuf, 2*cap(*reuse))))
+	}
+	buf := (*reuse)[:cap(*reuse)]
+	for c0 := 0; c0 < cols; c0 += blk {
+		nc := min(blk, cols-c0)
+		for r0 := 0; r0 < rows; r0 += seg {
+			nr := min(seg, rows-r0)
+			for r := 0; r < nr; r++ {
+				s := src[4*((r0+r)*cols+c0):]
+				for c := 0; c < nc; c++ {
+					copy(buf[4*(c*nr+r):4*(c*nr+r)+4], s[4*c:4*c+4])
+				}
+			}
+			if _, err := w.Write(buf[:4*nc*nr]); err != nil {
+				return err
+			}
 		}
 	}
-	return dst
+	return nil
 }

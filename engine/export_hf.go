@@ -34,7 +34,17 @@ type hfOut struct {
 	name  string
 	shape []int
 	size  int64
-	write func(w io.Writer) error
+	// fill: write reads the tensor (NamedTensor.Fill) into the shared
+	// buffer bufs.tensor, grown to size.
+	fill  bool
+	write func(w io.Writer, bufs *exportBufs) error
+}
+
+// exportBufs are the buffers an export reuses from tensor to tensor.
+type exportBufs struct {
+	tensor    []byte // the tensor filled on demand being written
+	transpose []byte // writeTransposedF32's
+	w         *bufio.Writer
 }
 
 // ExportHF writes fp32 master weights (spill's names, as a checkpoint
@@ -67,6 +77,15 @@ func ExportHF(weights []NamedTensor, cfg Config, dir string, o HFExportOptions) 
 	if err != nil {
 		return err
 	}
+	// The tensors filled on demand are read one at a time into scratch,
+	// the size of the largest of them: the only tensor-sized buffer.
+	var largest int64
+	for _, t := range outs {
+		if t.fill {
+			largest = max(largest, t.size)
+		}
+	}
+	bufs := &exportBufs{tensor: make([]byte, 0, largest)}
 
 	// Shards: tensors in model order, a new file when the next tensor
 	// would take this one past the size.
@@ -107,7 +126,7 @@ func ExportHF(weights []NamedTensor, cfg Config, dir string, o HFExportOptions) 
 		if len(shards) > 1 {
 			name = fmt.Sprintf("model-%05d-of-%05d.safetensors", k+1, len(shards))
 		}
-		if _, err := writeSyncedFile(filepath.Join(tmp, name), func(w io.Writer) error { return encodeShard(w, sh) }); err != nil {
+		if _, err := writeSyncedFile(filepath.Join(tmp, name), func(w io.Writer) error { return encodeShard(w, sh, bufs) }); err != nil {
 			return fmt.Errorf("export: write %s: %w", filepath.Join(dir, name), err)
 		}
 		for _, t := range sh {
@@ -171,16 +190,26 @@ func hfTensors(weights []NamedTensor, m *Model) ([]hfOut, error) {
 			continue
 		}
 		used[w.Name] = true
-		if w.DType != "F32" || !sameShape(w.Shape, t.Param.Shape) || len(w.Data) != 4*t.Param.Elems() {
+		size := tensorBytes(w)
+		if w.DType != "F32" || !sameShape(w.Shape, t.Param.Shape) || size != 4*int64(t.Param.Elems()) {
 			errs = append(errs, fmt.Errorf("export: tensor %q is %s %v, the model needs F32 %v (is the config the checkpoint's?)", w.Name, w.DType, w.Shape, t.Param.Shape))
 			continue
 		}
-		data, t := w.Data, t
-		o := hfOut{name: t.Name, shape: t.Shape, size: int64(len(data))}
-		o.write = func(w io.Writer) error {
+		src, t := w, t
+		o := hfOut{name: t.Name, shape: t.Shape, size: size, fill: w.Data == nil && w.Fill != nil}
+		o.write = func(w io.Writer, bufs *exportBufs) error {
+			data := src.Data
+			if data == nil && src.Fill != nil {
+				if int64(cap(bufs.tensor)) < size {
+					bufs.tensor = make([]byte, size)
+				}
+				data = bufs.tensor[:size]
+				if err := src.Fill(data); err != nil {
+					return fmt.Errorf("tensor %q: %w", src.Name, err)
+				}
+			}
 			if t.Transpose {
-				_, err := w.Write(transposeF32(data, t.Param.Shape[0], t.Param.Shape[1]))
-				return err
+				return writeTransposedF32(w, data, t.Param.Shape[0], t.Param.Shape[1], &bufs.transpose)
 			}
 			_, err := w.Write(data)
 			return err
@@ -197,8 +226,9 @@ func hfTensors(weights []NamedTensor, m *Model) ([]hfOut, error) {
 
 // encodeShard writes one safetensors file of the tensors ts (F32), laid
 // out in name order, with the metadata {"format": "pt"} that
-// transformers requires.
-func encodeShard(w io.Writer, ts []hfOut) error {
+// transformers requires. The tensors filled on demand go through
+// bufs (the shards of one export share them).
+func encodeShard(w io.Writer, ts []hfOut, bufs *exportBufs) error {
 	ts = append([]hfOut(nil), ts...)
 	sort.Slice(ts, func(i, j int) bool { return ts[i].name < ts[j].name })
 	hdr := map[string]any{safetensorsMetadataKey: map[string]string{"format": "pt"}}
@@ -214,13 +244,17 @@ func encodeShard(w io.Writer, ts []hfOut) error {
 	for len(js)%8 != 0 {
 		js = append(js, ' ')
 	}
-	bw := bufio.NewWriterSize(w, 1<<20)
+	if bufs.w == nil {
+		bufs.w = bufio.NewWriterSize(w, 1<<20)
+	}
+	bw := bufs.w
+	bw.Reset(w)
 	var n [8]byte
 	binary.LittleEndian.PutUint64(n[:], uint64(len(js)))
 	bw.Write(n[:])
 	bw.Write(js)
 	for _, t := range ts {
-		if err := t.write(bw); err != nil {
+		if err := t.write(bw, bufs); err != nil {
 			return err
 		}
 	}

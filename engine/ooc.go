@@ -98,6 +98,9 @@ type OffloadOptions struct {
 	// everything is persistent (schedule.Spec.Resident), with the io
 	// buffers of one micro-batch.
 	resident bool
+	// forward marks newForwardTrainer's: forward passes only, the host
+	// holding the weights alone (eval_trainer.go).
+	forward bool
 }
 
 func (o *OffloadOptions) validate(m *Model) error {
@@ -295,7 +298,7 @@ func newTrainer(be kernels.Backend, m *Model, to TrainerOptions, o OffloadOption
 	o.Group = min(max(o.Group, 1), to.Accum)
 	B, T, A := to.B, to.T, to.Accum
 	st := &offloadState{opts: o, table: offload.NewTable(), slots: ioSlots(&o, A)}
-	if st.train, err = schedule.Compile(programSpec(m, B, T, A, &o, true)); err != nil {
+	if st.train, err = schedule.Compile(programSpec(m, B, T, A, &o, !o.forward)); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	if st.eval, err = schedule.Compile(programSpec(m, B, T, A, &o, false)); err != nil {

@@ -148,6 +148,13 @@ func hostRequests(m *Model, o *OffloadOptions, slots []int64) []hostRequest {
 		if t == offload.TierDevice {
 			continue // all of it on the device
 		}
+		if o.forward {
+			add(4 * np) // the weights alone (forwardHost)
+			if m.DType != kernels.F32 {
+				add(cb)
+			}
+			continue
+		}
 		if t == offload.TierDisk {
 			ndisk++
 			maxDisk = max(maxDisk, np)
@@ -259,6 +266,12 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 				if err = table.Add(offload.Key{Layer: i, Class: e.cl}, e.n, offload.TierDevice); err != nil {
 					return hs, err
 				}
+			}
+			continue
+		}
+		if o.forward {
+			if err = hs.forwardHost(i, take); err != nil {
+				return hs, err
 			}
 			continue
 		}

@@ -277,6 +277,9 @@ func (t *Trainer) MicroLoss(ctx context.Context, hb *HostBatch) (float64, error)
 // its gradients become final), and start in layer order, the order the
 // next forward fetches them in.
 func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, error) {
+	if t.off.opts.forward {
+		return StepResult{}, errForwardOnly
+	}
 	st := t.off
 	hs := st.host
 	o := t.opts
@@ -389,6 +392,9 @@ func (t *Trainer) sumLosses(b []byte) float64 {
 // micro-batches from src without updating anything, for gradient checks:
 // one []float32 per layer, laid out as the layer's block.
 func (t *Trainer) Gradients(ctx context.Context, src BatchSource) (loss float64, grads [][]float32, err error) {
+	if t.off.opts.forward {
+		return 0, nil, errForwardOnly
+	}
 	if t.model.DType != kernels.F32 {
 		return 0, nil, fmt.Errorf("engine: Gradients needs an fp32 model")
 	}

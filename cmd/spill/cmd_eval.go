@@ -22,6 +22,9 @@ that batch b, row k is sample b*batch+k. The weights come from
 --init-from (a safetensors file or a Hugging Face model directory, whose
 config.json sets the model), else from the random initialisation of
 --seed. It takes spill train's flags; those about training are ignored.
+It builds what a forward pass needs and nothing else: the weights in host
+memory, streamed through the device a layer at a time with that layer's
+activations; no gradients or optimizer state.
 This is nanoGPT's eval_only: the loss to compare with PyTorch's on the
 same tokens.
 

@@ -19,7 +19,8 @@ Writes the fp32 weights of a training checkpoint for PyTorch.
 --checkpoint names one checkpoint directory (CKPT_ROOT/step-00000200);
 --from takes the newest complete checkpoint under a --checkpoint-dir, or
 a checkpoint directory itself.
-The checkpoint's checksums are verified first.
+The checkpoint's checksums are verified first; the weights are then
+read and written one tensor at a time (the memory of the largest tensor).
 
 Formats:
   nanogpt  one safetensors file (--out FILE) of nanoGPT's GPT state_dict names
@@ -77,20 +78,13 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ck, err := engine.LoadCheckpoint(path)
-	if err != nil {
-		return err
-	}
-	if *format == engine.FormatHF {
-		err = engine.ExportHF(ck.Weights, ck.State.Config, *out, engine.HFExportOptions{ShardSize: shard.n})
-	} else {
-		err = engine.Export(ck.Weights, ck.State.Config, *out, *format)
-	}
+	// One tensor at a time: a 13B checkpoint needs no copy in memory.
+	st, err := engine.ExportCheckpoint(path, *out, *format, engine.HFExportOptions{ShardSize: shard.n})
 	if err != nil {
 		return fmt.Errorf("export %s: %w", path, err)
 	}
 	size := pathSize(*out)
-	fmt.Fprintf(stdout, "wrote %s (%s format, %s) from %s (step %d)\n", *out, *format, formatBytes(size), path, ck.State.Step)
+	fmt.Fprintf(stdout, "wrote %s (%s format, %s) from %s (step %d)\n", *out, *format, formatBytes(size), path, st.Step)
 	return nil
 }
 
