@@ -449,6 +449,10 @@ var ckptSuffix = [3]string{"", ".exp_avg", ".exp_avg_sq"}
 // is a view of the host memory that holds it or is read from the device
 // or the disk tier when it is written (NamedTensor.Fill). They are valid
 // until the trainer's next step: save them before it.
+//
+// With a sharded optimizer (ShardsOptimizer) it is a collective: every
+// rank must call it, and it gathers the sharded layers' state whole into
+// the host memory of every rank (rank 0 writes it).
 func (t *Trainer) CheckpointTensors(ctx context.Context) (weights, optim []NamedTensor, err error) {
 	if t.off != nil {
 		if err := t.off.host.waitUpdates(); err != nil {
@@ -458,10 +462,20 @@ func (t *Trainer) CheckpointTensors(ctx context.Context) (weights, optim []Named
 		return nil, nil, err
 	}
 	for i, l := range t.model.Layers {
+		var whole [3][]byte // a sharded layer's state, gathered (engine/zero.go)
+		if t.off != nil && t.off.opts.sharded(i) {
+			if whole[0], whole[1], whole[2], err = t.gatherOptim(ctx, i); err != nil {
+				return nil, nil, err
+			}
+		}
 		for _, ps := range l.Params() {
 			for kind, suffix := range ckptSuffix {
 				nt := NamedTensor{Name: ps.Name + suffix, DType: "F32", Shape: append([]int(nil), ps.Shape...)}
-				nt.Data, nt.Fill = t.tensorSource(ctx, i, kind, ps)
+				if whole[kind] != nil {
+					nt.Data = whole[kind][4*ps.Offset : 4*(ps.Offset+ps.Elems())]
+				} else {
+					nt.Data, nt.Fill = t.tensorSource(ctx, i, kind, ps)
+				}
 				if kind == ckptMaster {
 					weights = append(weights, nt)
 				} else {

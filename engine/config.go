@@ -194,6 +194,17 @@ type Config struct {
 	// hash) and needs the out-of-core trainer: the run is planned out of
 	// core even when the state would fit the device. Default false.
 	DelayedUpdate bool `toml:"delayed_update" json:"delayed_update"`
+	// ZeroStage shards the optimizer state over the ranks of a
+	// data-parallel run (WORLD_SIZE > 1), as DeepSpeed's
+	// zero_optimization.stage: 0 (default) keeps it whole on every rank;
+	// 1 or 2 give each rank 1/WORLD_SIZE of the fp32 master weights and
+	// Adam moments of the layers whose optimizer is in host RAM, with the
+	// gradients reduce-scattered and the updated weights all-gathered
+	// (both stages run stage 2's traffic; engine/zero.go). Layers updated
+	// on the device or the disk tier are not sharded yet. Not part of the
+	// resume hash: checkpoints hold whole tensors, so a run saved with N
+	// ranks resumes with M, sharded or not. Conflicts with delayed_update.
+	ZeroStage int `toml:"zero_stage" json:"zero_stage"`
 	// HostMemory is the host memory budget for offloaded state in bytes:
 	// the budget of the pool of pinned memory that holds it; 0 = 80% of
 	// MemAvailable. In TOML it may be a string with a unit.
@@ -590,6 +601,12 @@ func (c *Config) validateOffload(bad func(key, format string, args ...any)) {
 	}
 	if c.DelayedUpdate && c.OffloadOptimizer == "device" {
 		bad("delayed_update", "needs the optimizer off the device (offload_optimizer host or disk)")
+	}
+	if c.ZeroStage < 0 || c.ZeroStage > 2 {
+		bad("zero_stage", "want 0 (off), 1 or 2, got %d", c.ZeroStage)
+	}
+	if c.ZeroStage > 0 && c.DelayedUpdate {
+		bad("zero_stage", "conflicts with delayed_update (a sharded optimizer updates in step)")
 	}
 	if c.HostMemory < 0 {
 		bad("host_memory", "must be >= 0, got %d", c.HostMemory)

@@ -50,9 +50,10 @@ import (
 //
 // Host-optimizer layers update identically on every rank: each holds the
 // whole fp32 master and moments and runs the same AdamW on the same
-// reduced gradients. Sharding that state 1/Size per rank (ZeRO-1/2:
-// reduce-scatter of the gradients, all-gather of the updated weights) is
-// the next step; so is checkpointing with N ranks and resuming with M.
+// reduced gradients, unless TrainerOptions.ZeroStage shards that state
+// 1/Size per rank (engine/zero.go: reduce-scatter of the gradients,
+// all-gather of the updated weights, checkpoints that resume with any
+// rank count).
 // Evaluation (MicroLoss, Evaluate) stays local to each rank.
 
 // dataParallel is a trainer's side of the group: the communicator, the
@@ -65,7 +66,10 @@ type dataParallel struct {
 	// rank (the handshake; the loss uses the first 8).
 	send, recv kernels.Tensor
 	host       []byte // recv's host copy
-	pending    bool   // collectives enqueued since the compute queue last waited
+	// zbuf is the padded device buffer of the sharded layers' collectives
+	// (engine/zero.go), nil without sharding.
+	zbuf    kernels.Buffer
+	pending bool // collectives enqueued since the compute queue last waited
 	// err is the first failure to order the queues during a program's
 	// run (events fail only on a broken backend); runProgram returns it.
 	err error
@@ -84,14 +88,19 @@ func (t *Trainer) worldSize() int {
 
 // newDataParallel creates the comm queue and, with tensor, the device
 // buffers of the gathers.
-func newDataParallel(be kernels.Backend, comm kernels.Comm, rec *stream.Recorder, tensor func(int, kernels.DType) kernels.Tensor) (*dataParallel, error) {
+// zbytes > 0 adds zbuf, of that many bytes.
+func newDataParallel(be kernels.Backend, comm kernels.Comm, rec *stream.Recorder, tensor func(int, kernels.DType) kernels.Tensor, zbytes int64) (*dataParallel, error) {
 	s, err := stream.New(be, "comm", stream.Comm, rec)
 	if err != nil {
 		return nil, fmt.Errorf("engine: data parallel: %w", err)
 	}
 	n := comm.Size()
-	return &dataParallel{comm: comm, s: s, send: tensor(fpBytes, kernels.U8), recv: tensor(fpBytes*n, kernels.U8),
-		host: make([]byte, fpBytes*n)}, nil
+	dp := &dataParallel{comm: comm, s: s, send: tensor(fpBytes, kernels.U8), recv: tensor(fpBytes*n, kernels.U8),
+		host: make([]byte, fpBytes*n)}
+	if zbytes > 0 {
+		dp.zbuf = tensor(int(zbytes), kernels.U8).Buf
+	}
+	return dp, nil
 }
 
 func (dp *dataParallel) close() {
@@ -165,6 +174,9 @@ func (t *Trainer) fingerprint() [fpBytes]byte {
 	}
 	fmt.Fprintf(h, " %+v wd%v b%v,%v eps%v clip%v scale%v/%d", o.Schedule, o.WeightDecay, o.Beta1, o.Beta2, o.Eps,
 		o.GradClip, o.LossScale, o.ScaleWindow)
+	if o.ZeroStage > 0 { // only when set: unsharded fingerprints are unchanged
+		fmt.Fprintf(h, " zero%d", o.ZeroStage)
+	}
 	var fp [fpBytes]byte
 	le := binary.LittleEndian
 	le.PutUint32(fp[0:], uint32(len(m.Layers)))
@@ -194,20 +206,38 @@ func (t *Trainer) reduceGrads(q kernels.Queue, final []int) {
 	}
 	if err == nil {
 		err = dp.s.Enqueue("all-reduce grads", func(cq kernels.Queue) {
-			if len(final) > 1 {
+			o := &t.off.opts
+			var whole []int // all-reduced: the layers that are not sharded
+			for _, j := range final {
+				if !o.sharded(j) {
+					whole = append(whole, j)
+				}
+			}
+			if len(whole) > 1 {
 				dp.comm.GroupStart(cq)
 			}
-			for _, j := range final {
+			for _, j := range whole {
 				g := t.st.Layers[j].Grads
 				dp.comm.AllReduce(cq, g, g)
 			}
-			if len(final) > 1 {
+			if len(whole) > 1 {
 				dp.comm.GroupEnd(cq)
 			}
-			for _, j := range final {
+			for _, j := range whole {
+				if o.zero.on() && dp.comm.Rank() != 0 {
+					// The stats are all-reduced at the step's end: rank
+					// 0's stand for every rank's (engine/zero.go).
+					be.Zero(cq, t.stats.Slice(2*j, 2))
+					continue
+				}
 				g := t.st.Layers[j].Grads
 				be.SumSquares(cq, t.stats.Slice(2*j, 1), g)
 				be.CheckFinite(cq, t.stats.Slice(2*j+1, 1), g)
+			}
+			for _, j := range final {
+				if o.sharded(j) { // one after the other: they share zbuf
+					t.reduceScatterGrads(cq, j, t.st.Layers[j].Grads)
+				}
 			}
 		})
 	}

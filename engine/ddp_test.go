@@ -36,6 +36,7 @@ type ddpCase struct {
 	// offload, if not nil, builds each rank's trainer out of core with
 	// these options (else NewTrainer).
 	offload *OffloadOptions
+	zero    int // TrainerOptions.ZeroStage
 }
 
 const ddpB, ddpT = 2, 6
@@ -44,6 +45,7 @@ func (c ddpCase) options() TrainerOptions {
 	return TrainerOptions{
 		B: ddpB, T: ddpT, Accum: c.accum, Schedule: LRSchedule{Peak: 1e-2, Min: 1e-3, Warmup: 1, Steps: c.steps},
 		WeightDecay: 0.1, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, GradClip: c.clip, LossScale: 1, ScaleWindow: 1000,
+		ZeroStage: c.zero,
 	}
 }
 
@@ -56,9 +58,10 @@ func (c ddpCase) newTrainer(be kernels.Backend, m *Model, to TrainerOptions) (*T
 
 // rankResult is what one rank's run ended with.
 type rankResult struct {
-	losses  []float64
-	weights [][]float32
-	err     error
+	losses   []float64
+	weights  [][]float32
+	optBytes int64 // Trainer.OptimizerHostBytes
+	err      error
 }
 
 // runRanks runs the ranks of c, each a goroutine with its own CPU
@@ -117,6 +120,7 @@ func runRank(ctx context.Context, c ddpCase, be kernels.Backend, id []byte, r in
 		}
 		res.losses = append(res.losses, sr.Loss)
 	}
+	res.optBytes = tr.OptimizerHostBytes()
 	res.weights, res.err = tr.MasterWeights(ctx)
 	return res
 }

@@ -94,6 +94,10 @@ type OffloadOptions struct {
 	// HostLimits, if set, replaces offload.ReadLimits (tests).
 	HostLimits func() (offload.Limits, error)
 
+	// zero is the sharding of the host optimizer state (engine/zero.go),
+	// from TrainerOptions.ZeroStage and Comm.
+	zero zeroShard
+
 	// resident marks NewTrainer's placement: the program in which
 	// everything is persistent (schedule.Spec.Resident), with the io
 	// buffers of one micro-batch.
@@ -134,6 +138,9 @@ func (o *OffloadOptions) validate(m *Model) error {
 	}
 	if o.DiskMaster && !plan.CanMasterOnDisk(m.DType != kernels.F32, o.DelayedUpdate) {
 		errs = append(errs, fmt.Errorf("master weights on disk need mixed precision or a delayed update (in fp32 the master is the weights)"))
+	}
+	if o.zero.on() && o.DelayedUpdate {
+		errs = append(errs, fmt.Errorf("a sharded optimizer (zero_stage) needs immediate updates, not a delayed one"))
 	}
 	if dev && o.DelayedUpdate {
 		errs = append(errs, fmt.Errorf("a delayed update needs every layer's optimizer off the device"))
@@ -291,6 +298,12 @@ func newTrainer(be kernels.Backend, m *Model, to TrainerOptions, o OffloadOption
 	if err := CheckBackend(be, m); err != nil {
 		return nil, err
 	}
+	switch {
+	case to.ZeroStage < 0 || to.ZeroStage > 2:
+		return nil, fmt.Errorf("engine: trainer: ZeRO stage %d: want 0 (off), 1 or 2", to.ZeroStage)
+	case to.ZeroStage > 0 && to.Comm != nil:
+		o.zero = zeroShard{rank: to.Comm.Rank(), size: to.Comm.Size()}
+	}
 	if err := o.validate(m); err != nil {
 		return nil, err
 	}
@@ -378,7 +391,7 @@ func newTrainer(be kernels.Backend, m *Model, to TrainerOptions, o OffloadOption
 	if to.Comm != nil && err == nil {
 		// Its buffers come from tensor: a failed allocation is err below.
 		var e error
-		if t.dp, e = newDataParallel(be, to.Comm, o.Recorder, tensor); e != nil {
+		if t.dp, e = newDataParallel(be, to.Comm, o.Recorder, tensor, zeroBytes(m, &o)); e != nil {
 			return t, e
 		}
 	}
@@ -605,7 +618,14 @@ func (mt *oocModel) Run(q kernels.Queue, op schedule.Op, final []int) {
 	}
 	if op == st.last { // a training program's: every layer's are taken
 		if t.dp != nil {
-			if err := t.waitComm(q); err != nil && t.dp.err == nil {
+			var err error
+			if st.opts.zero.on() {
+				err = t.reduceStats(q) // engine/zero.go
+			}
+			if err == nil {
+				err = t.waitComm(q)
+			}
+			if err != nil && t.dp.err == nil {
 				t.dp.err = err
 			}
 		}

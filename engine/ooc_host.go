@@ -159,10 +159,12 @@ func hostRequests(m *Model, o *OffloadOptions, slots []int64) []hostRequest {
 			ndisk++
 			maxDisk = max(maxDisk, np)
 		}
+		lo, hi := o.shardOf(i, int(np))
+		ns := int64(hi - lo) // the rank's range (engine/zero.go), else np
 		if t != offload.TierDisk || !o.DiskMaster {
-			add(4 * np)
+			add(4 * ns)
 		}
-		if m.DType != kernels.F32 || o.DelayedUpdate {
+		if m.DType != kernels.F32 || o.DelayedUpdate || o.sharded(i) {
 			add(cb)
 		}
 		add(cb)
@@ -170,7 +172,7 @@ func hostRequests(m *Model, o *OffloadOptions, slots []int64) []hostRequest {
 			add(cb, cb)
 		}
 		if t == offload.TierHost {
-			add(4*np, 4*np)
+			add(4*ns, 4*ns)
 		}
 	}
 	for range min(ndisk, diskBuffers) {
@@ -283,7 +285,7 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 			h.master = take()
 		}
 		h.weights = h.master
-		if m.DType != kernels.F32 || o.DelayedUpdate {
+		if m.DType != kernels.F32 || o.DelayedUpdate || o.sharded(i) {
 			h.weights = take()
 		}
 		h.grads = take()
@@ -565,7 +567,7 @@ func (hs *hostState) launchUpdate(ctx context.Context, i int, hp kernels.AdamWPa
 		out, h.next = h.spareW, h.spareW
 		h.spareW = nil
 		h.grads, h.spareG = h.spareG, h.grads
-	case hs.m.DType == kernels.F32:
+	case hs.m.DType == kernels.F32 && !hs.opts.sharded(i):
 		out = nil // the weights are the master
 	}
 	done := make(chan struct{})
@@ -633,17 +635,23 @@ func (hs *hostState) updateLayer(ctx context.Context, i int, hp kernels.AdamWPar
 	}
 	master, m, v := offload.F32s(wb), offload.F32s(mb), offload.F32s(vb)
 	es := int(dt.Size())
+	// The master and moments hold [s0, s1) of the layer's parameters:
+	// the rank's range when sharded (engine/zero.go), else all.
+	s0, s1 := hs.opts.shardOf(i, int(np))
 	for _, ps := range l.Params() {
 		p := hp
 		if !ps.Decay {
 			p.WeightDecay = 0
 		}
-		lo, hi := ps.Offset, ps.Offset+ps.Elems()
+		lo, hi := max(ps.Offset, s0), min(ps.Offset+ps.Elems(), s1)
+		if lo >= hi {
+			continue
+		}
 		var o []byte
 		if out != nil {
 			o = out[lo*es : hi*es]
 		}
-		if err := offload.HostAdamW(master[lo:hi], grads[lo*es:hi*es], dt, m[lo:hi], v[lo:hi], o, dt, p); err != nil {
+		if err := offload.HostAdamW(master[lo-s0:hi-s0], grads[lo*es:hi*es], dt, m[lo-s0:hi-s0], v[lo-s0:hi-s0], o, dt, p); err != nil {
 			if hs.tier[i] == offload.TierDisk {
 				hs.releaseLoaded(i)
 			}
@@ -832,6 +840,9 @@ func (hs *hostState) setMaster(i int, fill func(master []float32)) error {
 		return hs.setDeviceMaster(i, fill)
 	}
 	h := &hs.host[i]
+	if hs.opts.sharded(i) {
+		return hs.setShardMaster(i, fill)
+	}
 	master := h.master
 	if master == nil {
 		// On disk: filled in one of the disk tier's buffers (nothing
@@ -913,8 +924,10 @@ func (hs *hostState) setOptim(ctx context.Context, i int, m, v []byte) error {
 	}
 	h := &hs.host[i]
 	if hs.tier[i] == offload.TierHost {
-		copy(h.m, m)
-		copy(h.v, v)
+		es := 4
+		np := hs.m.Layers[i].NumParams()
+		copy(h.m, hs.opts.shardSlice(m, i, np, es)) // the rank's range when sharded
+		copy(h.v, hs.opts.shardSlice(v, i, np, es))
 		return nil
 	}
 	return errors.Join(hs.disk.Store(ctx, offload.Key{Layer: i, Class: offload.AdamM}, m).Wait(ctx),
@@ -944,6 +957,8 @@ var ckptClass = [3]offload.Class{offload.Master, offload.AdamM, offload.AdamV}
 func (hs *hostState) tensorSource(ctx context.Context, i, kind int, ps ParamSpec) (data []byte, fill func([]byte) error) {
 	lo, hi := 4*int64(ps.Offset), 4*int64(ps.Offset+ps.Elems())
 	switch {
+	case hs.opts.sharded(i):
+		panic("engine: tensorSource of a sharded layer (gathered by Trainer.CheckpointTensors)")
 	case hs.tier[i] == offload.TierDevice:
 		return nil, func(dst []byte) error {
 			hs.dev.mu.Lock()
@@ -965,6 +980,9 @@ func (hs *hostState) tensorSource(ctx context.Context, i, kind int, ps ParamSpec
 // as the device Cast rounds), whose device copies become stale.
 func (hs *hostState) setTensor(ctx context.Context, i, kind int, ps ParamSpec, data []byte) error {
 	lo, hi := 4*int64(ps.Offset), 4*int64(ps.Offset+ps.Elems())
+	if hs.opts.sharded(i) {
+		return hs.setShardTensor(i, kind, ps, data)
+	}
 	if hs.tier[i] == offload.TierDevice {
 		hs.dev.mu.Lock()
 		defer hs.dev.mu.Unlock()

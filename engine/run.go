@@ -336,14 +336,19 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		saved = tr.Step // the checkpoint we resumed from
 	}
 	save := func() error {
-		if cfg.CheckpointDir == "" || saved == tr.Step || world.Rank != 0 {
+		if cfg.CheckpointDir == "" || saved == tr.Step || world.Rank != 0 && !tr.ShardsOptimizer() {
 			// Every rank holds the same state: rank 0 writes it.
 			return nil
 		}
-		// Streamed from each tensor's tier as it is written.
+		// Streamed from each tensor's tier as it is written (gathered,
+		// on every rank, when the optimizer is sharded: engine/zero.go).
 		w, o, err := tr.CheckpointTensors(context.Background())
 		if err != nil {
 			return err
+		}
+		if world.Rank != 0 {
+			saved = tr.Step // as rank 0 does: the ranks' collectives stay matched
+			return nil
 		}
 		ck := &Checkpoint{State: TrainState{
 			Step: tr.Step, Tokens: tokens, Cursor: cursor, RNG: cfg.Seed,

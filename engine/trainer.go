@@ -48,6 +48,16 @@ type TrainerOptions struct {
 	// from the same weights (the same InitWeights seed or checkpoint).
 	// The trainer does not close it.
 	Comm kernels.Comm
+	// ZeroStage, with a Comm, shards the host optimizer state over the
+	// ranks as DeepSpeed's zero_optimization.stage does (engine/zero.go):
+	// 0 (the default) keeps it whole on every rank; 1 and 2 both give
+	// each rank 1/Size of the fp32 master weights and Adam moments of
+	// every layer whose optimizer is in host RAM, reduce-scatter the
+	// gradients and all-gather the updated weights (stage 2's traffic;
+	// the gradient buffers stay whole, as the backward accumulates into
+	// them). Layers whose optimizer is on the device or the disk tier are
+	// not sharded. Ignored without a Comm.
+	ZeroStage int
 }
 
 func trainerOptions(cfg *Config, B, T int) TrainerOptions {
@@ -56,6 +66,7 @@ func trainerOptions(cfg *Config, B, T int) TrainerOptions {
 		Schedule:    LRSchedule{Peak: cfg.LR, Min: cfg.MinLR, Warmup: cfg.Warmup, Steps: cfg.Steps},
 		WeightDecay: cfg.WeightDecay, Beta1: cfg.Beta1, Beta2: cfg.Beta2, Eps: cfg.Eps,
 		GradClip: cfg.GradClip, LossScale: cfg.LossScale, ScaleWindow: cfg.ScaleWindow,
+		ZeroStage: cfg.ZeroStage,
 	}
 }
 
@@ -289,7 +300,7 @@ func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, e
 		Step: t.Step + 1, WeightDecay: float32(o.WeightDecay),
 	}
 	hs.eager = nil
-	if o.GradClip <= 0 && !t.Scaler.Enabled && !st.opts.DelayedUpdate {
+	if o.GradClip <= 0 && !t.Scaler.Enabled && !st.opts.DelayedUpdate && !st.opts.zero.on() {
 		e := hp
 		e.GradScale = float32(1 / r.LossScale)
 		hs.eager = &e
@@ -349,6 +360,10 @@ func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, e
 	}
 	for i := range hs.host {
 		hs.launchUpdate(ctx, i, hp, false)
+	}
+	if st.opts.zero.on() {
+		// Every rank updated its range: gather the weights (engine/zero.go).
+		return r, t.gatherWeights(ctx)
 	}
 	return r, nil
 }
@@ -435,7 +450,7 @@ func (t *Trainer) Gradients(ctx context.Context, src BatchSource) (loss float64,
 func (t *Trainer) MasterWeights(ctx context.Context) ([][]float32, error) {
 	var out [][]float32
 	for i := range t.model.Layers {
-		b, _, _, err := t.off.host.optim(ctx, i)
+		b, _, _, err := t.layerOptim(ctx, i)
 		if err != nil {
 			return nil, err
 		}
@@ -495,7 +510,7 @@ func (t *Trainer) Evaluate(ctx context.Context, src BatchSource, n int) (float64
 func (t *Trainer) SaveTensors(ctx context.Context) (weights, optim []NamedTensor, err error) {
 	for i, l := range t.model.Layers {
 		var host [3][]byte
-		if host[0], host[1], host[2], err = t.off.host.optim(ctx, i); err != nil {
+		if host[0], host[1], host[2], err = t.layerOptim(ctx, i); err != nil {
 			return nil, nil, err
 		}
 		for _, ps := range l.Params() {
