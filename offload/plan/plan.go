@@ -221,6 +221,9 @@ type planner struct {
 	// ranks is the world size (1: one process); shard is the number of
 	// ranks the optimizer state is sharded across (1: not sharded).
 	ranks, shard int
+	// local is how many ranks share the node's host and disk: each has
+	// 1/local of the host AdamW's rate and of the disk's (ranks.go).
+	local int
 }
 
 type peakKey struct {
@@ -238,7 +241,7 @@ type peakVal struct {
 func newPlanner(req *Request) *planner {
 	m := &req.Model
 	pl := &planner{req: req, m: m, hw: req.Hardware, s: m.Precision.Elem(), T: int64(m.SeqLen),
-		shapes: map[int][]schedule.Layer{}, peakCache: map[peakKey]peakVal{}, start: time.Now(), ranks: max(req.Ranks, 1), shard: 1}
+		shapes: map[int][]schedule.Layer{}, peakCache: map[peakKey]peakVal{}, start: time.Now(), ranks: max(req.Ranks, 1), shard: 1, local: 1}
 	pl.recFlops = []float64{0}
 	for i, l := range m.Layers {
 		pl.P += l.Params
@@ -786,13 +789,18 @@ func (pl *planner) timeOf(c *cand) {
 	// weights' copies when those are longer.
 	u := make([]float64, n)
 	var U, disk float64
+	adam, dr, dw := hw.HostAdam, hw.DiskRead, hw.DiskWrite
+	if pl.local > 1 {
+		L := float64(pl.local)
+		adam, dr, dw = adam/L, dr/L, dw/L
+	}
 	for i, l := range pl.m.Layers {
 		if tiers[i] == offload.TierDevice {
 			continue
 		}
 		np := float64(l.Params)
 		op := shardOf(l.Params)
-		a := op / hw.HostAdam
+		a := op / adam
 		U += a
 		x := a
 		if c.g == offload.TierDevice {
@@ -806,7 +814,7 @@ func (pl *planner) timeOf(c *cand) {
 			if c.mdisk {
 				b += 4 // and the master
 			}
-			d := b*op/hw.DiskRead + b*op/hw.DiskWrite
+			d := b*op/dr + b*op/dw
 			disk += d
 			x = max(x, d)
 		}

@@ -35,7 +35,10 @@ import (
 // step, layer by layer as the last backward makes them final, on a comm
 // queue of its own (engine/ddp.go): an all-reduce of n bytes takes
 // 2(N-1)/N x n / Hardware.InterconnectRate(), and a reduce-scatter plus
-// the all-gather of the updated weights (sharded) the same. The backward
+// the all-gather of the updated weights (sharded) the same. Each GPU has
+// its own PCIe link (H2D, D2H as profiled), but the node's CPUs and disk
+// are shared: each rank's host AdamW and disk run at 1/LocalRanks of the
+// profile's rates (which are the whole node's). The backward
 // of the earlier layers hides a layer's reduction, except where the
 // compute queue waits for it: at the step's end (the last layers'), and
 // at once for a layer whose optimizer is off the device, whose gradients
@@ -171,6 +174,7 @@ func planRanks(req Request) (*offload.Placement, error) {
 	}
 	run := func(shard bool) (*offload.Placement, error) {
 		pl := newPlanner(&req)
+		pl.local = local
 		if shard {
 			pl.shard = req.Ranks
 		}
