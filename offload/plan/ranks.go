@@ -49,9 +49,10 @@ type Sharding uint8
 
 // Sharding choices.
 const (
-	// ShardAuto plans without sharding, and with it only when the host
-	// is short without (the plan needs the disk tier, or nothing fits)
-	// and sharding fits, or is faster.
+	// ShardAuto plans without sharding, and with it when the host is
+	// short without (the plan needs the disk tier, or nothing fits), or
+	// the device is (the plan is out of core): sharded wins when it fits
+	// and is faster (by shardPreference where unsharded needs no disk).
 	ShardAuto Sharding = iota
 	ShardOff
 	ShardOn
@@ -206,14 +207,20 @@ func planRanks(req Request) (*offload.Placement, error) {
 		return p, err
 	}
 	p0, err0 := run(false)
-	if err0 == nil && p0.OptimizerLayers[2] == 0 {
-		p0.Data.ShardWhy = "off: every rank holds its whole optimizer state without the disk tier"
-		if p0.Optimizer == offload.TierDevice {
-			p0.Data.ShardWhy = "off: every rank holds its whole training state on its device"
-		}
+	if err0 == nil && p0.Optimizer == offload.TierDevice {
+		p0.Data.ShardWhy = "off: every rank holds its whole training state on its device"
 		return p0, nil
 	}
 	p1, err1 := run(true)
+	if err0 == nil && p0.OptimizerLayers[2] == 0 {
+		if err1 == nil && p1.StepTime*shardPreference < p0.StepTime {
+			p1.Data.ShardWhy = fmt.Sprintf("on: unsharded, the device is short of the whole optimizer state (%s, %.3f s a step; sharded %s, %.3f s)",
+				p0.OptimizerSplit(), p0.StepTime, p1.OptimizerSplit(), p1.StepTime)
+			return p1, nil
+		}
+		p0.Data.ShardWhy = "off: every rank holds its whole optimizer state without the disk tier, and sharded is not faster enough"
+		return p0, nil
+	}
 	switch {
 	case err1 != nil && err0 != nil:
 		return nil, err0
@@ -231,6 +238,12 @@ func planRanks(req Request) (*offload.Placement, error) {
 	p0.Data.ShardWhy = fmt.Sprintf("off: sharded is no faster (%.3f s a step, unsharded %.3f s)", p1.StepTime, p0.StepTime)
 	return p0, nil
 }
+
+// shardPreference is how much faster a sharded plan must be predicted to
+// be to win over an unsharded one that fits without the disk tier (the
+// sharded one adds an all-gather of the weights the model counts as free
+// of extra time, and a dependence on every rank for the checkpoints).
+const shardPreference = 1.05
 
 // shortfallText says what an infeasible plan lacked.
 func shortfallText(err error) string {

@@ -149,16 +149,18 @@ func TestPlanShardsWhenHostShort(t *testing.T) {
 	if !p.Data.ShardOptimizer || p.OptimizerLayers[2] != 0 || !strings.Contains(p.Data.ShardWhy, "the host is short") {
 		t.Fatalf("with disk: shard %v, layers %v: %s", p.Data.ShardOptimizer, p.OptimizerLayers, p.Data.ShardWhy)
 	}
-	// Room for everything: no sharding.
-	p, err = Plan(rankReq(1024*GiB, 0))
+	// A device roomy enough for the resident trainer: no sharding.
+	req := rankReq(1024*GiB, 0)
+	req.Budgets.Device = 64 * GiB
+	p, err = Plan(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Data.ShardOptimizer || !strings.HasPrefix(p.Data.ShardWhy, "off:") {
+	if p.Optimizer != offload.TierDevice || p.Data.ShardOptimizer || !strings.HasPrefix(p.Data.ShardWhy, "off:") {
 		t.Fatalf("roomy host: shard %v: %s", p.Data.ShardOptimizer, p.Data.ShardWhy)
 	}
 	// Sharding off, as asked: refused, naming the per-rank host budget.
-	req := rankReq(128*GiB, 0)
+	req = rankReq(128*GiB, 0)
 	req.Shard = ShardOff
 	var ie *offload.InfeasibleError
 	if _, err := Plan(req); err == nil || !strings.Contains(err.Error(), "host short by") {
@@ -180,5 +182,27 @@ func TestAllReduceTime(t *testing.T) {
 	}
 	if b := RankBudgets(offload.Budgets{Device: 5, Host: 10, Disk: 7}, 3); b != (offload.Budgets{Device: 5, Host: 3, Disk: 2}) {
 		t.Fatalf("RankBudgets %+v", b)
+	}
+}
+
+// TestPlanShardsResident: a device too small for the resident trainer's
+// whole optimizer state holds its shard: the resident trainer, sharded,
+// with the shards' bytes on the device.
+func TestPlanShardsResident(t *testing.T) {
+	req := rankReq(1024*GiB, 0)
+	req.Budgets.Device = 16 * GiB
+	p, err := Plan(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Optimizer != offload.TierDevice || !p.Data.ShardOptimizer || !strings.Contains(p.Data.ShardWhy, "on:") {
+		t.Fatalf("plan %s, shard %v: %s", p.Summary(), p.Data.ShardOptimizer, p.Data.ShardWhy)
+	}
+	var want int64
+	for _, l := range p.Layers {
+		want += 4 * ShardParams(l.Params, 8)
+	}
+	if got := p.Memory[0].ByClass[offload.AdamV]; got != want {
+		t.Fatalf("device adam_v %d, want the shards' %d", got, want)
 	}
 }
