@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 
 	"github.com/spill-ml/spill/dataset"
@@ -22,6 +23,26 @@ import (
 // when false, the planner is not offered it and OffloadTo placements are
 // not chosen.
 var ActOffloadSupported = true
+
+// ShardedOptimizerSupported says whether the trainers shard the optimizer
+// state across the ranks of a data-parallel job (ZeRO-1/2). Until they
+// do, a run of several ranks plans with sharding off, and spill plan
+// plans it only when asked (--shard-optimizer).
+var ShardedOptimizerSupported = false
+
+// PlanWorld is the data-parallel job a plan is for. The zero value is one
+// process.
+type PlanWorld struct {
+	// Ranks is the world size, one process per GPU (0 or 1: one).
+	Ranks int
+	// LocalRanks is how many ranks share this node's host memory and disk
+	// (0: all of them): the node's host and disk budgets (host_memory,
+	// disk_memory, or what the system has free) are divided among them
+	// (plan.RankBudgets).
+	LocalRanks int
+	// Shard says whether the optimizer state is sharded across the ranks.
+	Shard plan.Sharding
+}
 
 // FLOPer is implemented by layers that know their forward FLOPs per
 // token at sequence length T; a layer that does not is taken as two FLOPs
@@ -254,6 +275,9 @@ type PlanRequest struct {
 	// HostExtra is the run's host memory besides the layer state
 	// (plan.Request.HostExtra; RunHostExtra).
 	HostExtra int64
+	// World is the data-parallel job: B, Accum and Budgets.Device are per
+	// rank, Budgets.Host and Budgets.Disk the node's.
+	World PlanWorld
 }
 
 // TrainerPlan is a placement and what the engine builds from it.
@@ -352,13 +376,20 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 		Model: PlanModel(req.Name, m, req.T), Batch: req.B * req.Accum, Budgets: budgets, Hardware: req.Hardware,
 		Allow: allow, DelayedUpdate: req.DelayedUpdate, MaxPrefetch: maxPrefetch, GlobalNorm: req.GlobalNorm,
 		Optimizer: req.Optimizer, HostExtra: req.HostExtra,
+		Ranks: req.World.Ranks, LocalRanks: req.World.LocalRanks, Shard: req.World.Shard,
 	})
 	if err != nil {
 		return nil, err
 	}
+	if d := pl.Data; d != nil && !d.ShardOptimizer && !ShardedOptimizerSupported {
+		d.ShardWhy = "off: the trainers do not shard the optimizer state yet (spill plan --shard-optimizer auto plans for it)"
+	}
 	tp := &TrainerPlan{Placement: pl, Resident: pl.Optimizer == offload.TierDevice, B: pl.MicroBatch, Accum: pl.Accum}
 	tp.DevicePeak = pl.Memory[0].Peak - pl.Memory[0].Reserve
 	if !tp.Resident {
+		if d := pl.Data; d != nil {
+			budgets = plan.RankBudgets(budgets, d.LocalRanks) // the trainer's pools are this rank's
+		}
 		tp.Options = optionsFor(pl, req, budgets)
 	}
 	return tp, nil
@@ -595,8 +626,16 @@ func (c *Config) hasOverrides() bool {
 // device peak. spill train (newRunTrainer) and spill plan (PlanConfig)
 // both decide here.
 func choosePlan(cfg *Config, device string, m *Model, B, T int, budget int64, hw *offload.Hardware) (*TrainerPlan, PlanRequest, error) {
+	return choosePlanWorld(cfg, device, m, B, T, budget, hw, PlanWorld{})
+}
+
+// choosePlanWorld is choosePlan for one rank of the job w: the device
+// budget is each GPU's, the host and disk budgets the node's, shared by
+// w's local ranks.
+func choosePlanWorld(cfg *Config, device string, m *Model, B, T int, budget int64, hw *offload.Hardware, w PlanWorld) (*TrainerPlan, PlanRequest, error) {
 	residentPeak := byteClasses(ResidentDeviceBytes(m, B, T)).total()
 	req := planRequest(cfg, device, B, T, budget)
+	req.World = w
 	req.HostExtra = RunHostExtra(cfg, m, B, T)
 	if hw != nil {
 		req.Hardware = *hw
@@ -659,7 +698,12 @@ func governHost(cfg *Config, device string, m *Model, B, T int, budget int64, tp
 	}
 	margin := HostMargin(lim.MemAvailable)
 	left := lim.MemAvailable - margin
+	// A rank of several on the node has its share of what is left, as
+	// its plan has its share of the node's budget.
 	need := tp.Placement.Memory[1].Peak
+	if d := tp.Placement.Data; d != nil && d.LocalRanks > 1 {
+		need *= int64(d.LocalRanks)
+	}
 	if need <= left {
 		return tp, req, nil
 	}
@@ -671,7 +715,7 @@ func governHost(cfg *Config, device string, m *Model, B, T int, budget int64, tp
 	}
 	c := *cfg
 	c.HostMemory = left
-	tp2, req2, err := choosePlan(&c, device, m, B, T, budget, &req.Hardware)
+	tp2, req2, err := choosePlanWorld(&c, device, m, B, T, budget, &req.Hardware, req.World)
 	if err != nil {
 		return nil, req, fmt.Errorf("engine: %s; planning again for %s: %w", why, kernels.FormatBytes(left), err)
 	}
@@ -688,7 +732,7 @@ func governHost(cfg *Config, device string, m *Model, B, T int, budget int64, tp
 // of a data-parallel job (TrainerOptions.Comm). The plan is per rank.
 func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *stream.Recorder, comm kernels.Comm) (*Trainer, *TrainerPlan, error) {
 	budget := deviceBudget(cfg, be)
-	tp, req, err := choosePlan(cfg, be.Name(), m, B, T, budget, nil)
+	tp, req, err := choosePlanWorld(cfg, be.Name(), m, B, T, budget, nil, runWorld(comm, os.Getenv))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -723,6 +767,24 @@ func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *str
 	return tr, tp, nil
 }
 
+// runWorld is the PlanWorld of a rank of comm's job (one process without
+// comm): the node's ranks are LOCAL_WORLD_SIZE (spill train
+// --nproc-per-node and torchrun set it), else all of them; the optimizer
+// state is sharded only where the trainers can (ShardedOptimizerSupported).
+func runWorld(comm kernels.Comm, getenv func(string) string) PlanWorld {
+	if comm == nil || comm.Size() <= 1 {
+		return PlanWorld{}
+	}
+	w := PlanWorld{Ranks: comm.Size(), Shard: plan.ShardOff}
+	if n, err := strconv.Atoi(strings.TrimSpace(getenv("LOCAL_WORLD_SIZE"))); err == nil && n > 0 && n <= w.Ranks {
+		w.LocalRanks = n
+	}
+	if ShardedOptimizerSupported {
+		w.Shard = plan.ShardAuto
+	}
+	return w
+}
+
 // PlanConfig plans the run cfg describes exactly as Run would on a device
 // of kind device ("cpu" or "cuda") whose memory is deviceLimit bytes (used
 // when cfg.DeviceMemory is 0), without opening a device and reading no
@@ -731,6 +793,16 @@ func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *str
 // prints it). Without data, a full-size GPT preset is planned for token
 // sequences of seq_len (default: the model's context).
 func PlanConfig(ctx context.Context, cfg Config, device string, deviceLimit int64, hw *offload.Hardware) (*TrainerPlan, *Model, error) {
+	return PlanConfigWorld(ctx, cfg, device, deviceLimit, hw, PlanWorld{})
+}
+
+// PlanConfigWorld is PlanConfig for one rank of the data-parallel job w
+// (spill plan --nproc-per-node): the plan is per rank, its host and disk
+// budgets its share of the node's. The cpu device trains one process.
+func PlanConfigWorld(ctx context.Context, cfg Config, device string, deviceLimit int64, hw *offload.Hardware, w PlanWorld) (*TrainerPlan, *Model, error) {
+	if w.Ranks > 1 && device == "cpu" {
+		return nil, nil, fmt.Errorf("engine: plan: %d ranks: data-parallel training needs the cuda device (NCCL); the cpu backend trains one process", w.Ranks)
+	}
 	if err := ResolveInitFrom(&cfg); err != nil {
 		return nil, nil, err
 	}
@@ -783,7 +855,7 @@ func PlanConfig(ctx context.Context, cfg Config, device string, deviceLimit int6
 	if budget == 0 {
 		budget = deviceLimit
 	}
-	tp, _, err := choosePlan(&cfg, device, m, B, T, budget, hw)
+	tp, _, err := choosePlanWorld(&cfg, device, m, B, T, budget, hw, w)
 	return tp, m, err
 }
 

@@ -37,6 +37,31 @@ type Hardware struct {
 	// the data loader and the OS).
 	DeviceReserve int64 `json:"device_reserve_bytes"`
 	HostReserve   int64 `json:"host_reserve_bytes"`
+	// Interconnect is the all-reduce bus bandwidth between the GPUs of a
+	// data-parallel job, bytes/s, in nccl-tests' convention: an
+	// all-reduce of n bytes over N ranks takes 2(N-1)/N x n / Interconnect
+	// (a reduce-scatter plus an all-gather the same). 0 means
+	// DefaultInterconnect; `spill doctor` leaves it there until it
+	// measures one. It matters only to plans of several ranks.
+	Interconnect float64 `json:"interconnect_bytes_per_s,omitempty"`
+}
+
+// DefaultInterconnect is the bus bandwidth assumed when a profile gives
+// none: an H200 HGX box's NVLink 4 (900 GB/s per GPU both ways, 450 GB/s
+// each way), of which NCCL's ring all-reduce reaches about 360 GB/s of
+// bus bandwidth on large messages with NVLink multicast off (NVLS
+// disabled, as the lent machines require). An assumption, not measured
+// here: the several-GPU machines have not been lent yet. A PCIe-only box
+// is far lower (about 20 GB/s for Gen5 through the host bridge, less
+// across sockets): give it in the profile.
+const DefaultInterconnect = 360e9
+
+// InterconnectRate is Interconnect, or DefaultInterconnect when 0.
+func (h Hardware) InterconnectRate() float64 {
+	if h.Interconnect > 0 {
+		return h.Interconnect
+	}
+	return DefaultInterconnect
 }
 
 // H200 is the profile of the lent H200 box, as `spill doctor` measured it
@@ -72,6 +97,9 @@ func (h Hardware) Validate() error {
 		if !(f.v > 0) {
 			return fmt.Errorf("offload: hardware profile %q: %s rate %v must be positive", h.Name, f.name, f.v)
 		}
+	}
+	if h.Interconnect < 0 {
+		return fmt.Errorf("offload: hardware profile %q: interconnect rate %v must not be negative (0: the default)", h.Name, h.Interconnect)
 	}
 	if h.HalfEfficiencyTokens < 0 || h.DeviceReserve < 0 || h.HostReserve < 0 {
 		return fmt.Errorf("offload: hardware profile %q: negative reserve or half-efficiency size", h.Name)

@@ -66,6 +66,9 @@ type Busy struct {
 	D2H           float64 `json:"d2h"`
 	HostOptimizer float64 `json:"host_optimizer"`
 	Disk          float64 `json:"disk"`
+	// Comm is the gradients' reduction across the ranks of a
+	// data-parallel job (the comm queue), 0 for one rank.
+	Comm float64 `json:"comm,omitempty"`
 }
 
 // Placement is a plan: where every tensor class lives, the activation
@@ -124,9 +127,45 @@ type Placement struct {
 	Busy         Busy     `json:"busy_s"`
 	Bottleneck   string   `json:"bottleneck"`
 	Hardware     Hardware `json:"hardware"`
+	// Ranks, when above 1, is the world size of a data-parallel job: one
+	// process per GPU, each running this placement on its own Batch
+	// sequences (the job's step trains Ranks x Batch), gradients
+	// all-reduced across the ranks. Memory is per rank: the device budget
+	// is each GPU's, the host and disk budgets each rank's share of its
+	// node's (Data.NodeHost, Data.NodeDisk over Data.LocalRanks).
+	// TokensPerSec is the job's, all ranks together. Data is nil for one
+	// rank.
+	Data *DataParallel `json:"data_parallel,omitempty"`
 	// Alternatives are the best candidates of the other families of
 	// placements and why they lost: the planner's reasons.
 	Alternatives []Alternative `json:"alternatives,omitempty"`
+}
+
+// DataParallel is the per-rank side of a placement of several ranks.
+type DataParallel struct {
+	Ranks      int `json:"ranks"`
+	LocalRanks int `json:"local_ranks"`
+	// NodeHost and NodeDisk are the node's budgets the per-rank ones
+	// (Memory) are shares of: each rank's is NodeX / LocalRanks.
+	NodeHost int64 `json:"node_host_budget"`
+	NodeDisk int64 `json:"node_disk_budget"`
+	// ShardOptimizer says each rank holds 1/Ranks of every layer's
+	// optimizer state (ZeRO-1/2: kernels.ShardLen elements of its fp32
+	// master and moments), updates that share and all-gathers the updated
+	// weights; the gradients are reduce-scattered. ShardWhy says why it
+	// is on or off.
+	ShardOptimizer bool   `json:"shard_optimizer"`
+	ShardWhy       string `json:"shard_why,omitempty"`
+	// GradBytes is what each rank reduces per step (its compute-dtype
+	// gradients); Interconnect the bus bandwidth the plan assumed.
+	GradBytes    int64   `json:"grad_bytes"`
+	Interconnect float64 `json:"interconnect_bytes_per_s"`
+	// CommExposed is the part of Busy.Comm the backward does not hide:
+	// the last layers' reductions (the comm queue's tail after the
+	// backward) and, for layers whose optimizer is on the host, the
+	// compute queue's wait for their reduction before their gradients
+	// leave (engine/ddp.go).
+	CommExposed float64 `json:"comm_exposed_s"`
 }
 
 // Alternative is a placement the planner did not choose.

@@ -20,7 +20,22 @@ func (p *Placement) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "model      %s, %s params, %s, seq %d\n", p.Model, params, p.Precision, p.SeqLen)
 	fmt.Fprintf(&b, "batch      %d sequences = micro-batch %d x %d accumulation steps, %s\n", p.Batch, p.MicroBatch, p.Accum, p.Order())
-	fmt.Fprintf(&b, "hardware   %s\n\n", p.Hardware.Name)
+	fmt.Fprintf(&b, "hardware   %s\n", p.Hardware.Name)
+	if d := p.Data; d != nil {
+		fmt.Fprintf(&b, "ranks      %d data parallel (%d on this node, one process per GPU), %d sequences a step in all; the plan and memory are per rank\n",
+			d.Ranks, d.LocalRanks, d.Ranks*p.Batch)
+		sh := "not sharded: every rank holds all of it"
+		if d.ShardOptimizer {
+			sh = fmt.Sprintf("sharded %d ways (ZeRO-1/2: reduce-scatter of the gradients, all-gather of the updated weights)", d.Ranks)
+		}
+		fmt.Fprintf(&b, "optimizer  %s\n", sh)
+		if d.ShardWhy != "" {
+			fmt.Fprintf(&b, "           %s\n", d.ShardWhy)
+		}
+		fmt.Fprintf(&b, "interconnect %.0f GB/s all-reduce bus bandwidth; %s of gradients reduced a step\n",
+			d.Interconnect/1e9, kernels.FormatBytes(d.GradBytes))
+	}
+	b.WriteString("\n")
 
 	b.WriteString("placement\n")
 	wt := p.Weights.String()
@@ -70,7 +85,11 @@ func (p *Placement) WriteTable(w io.Writer) error {
 	}
 	b.WriteString("\n")
 
-	fmt.Fprintf(&b, "memory (predicted peak) %12s %12s %12s\n", "device", "host", "disk")
+	if p.Data != nil {
+		fmt.Fprintf(&b, "memory per rank (peak)  %12s %12s %12s\n", "device", "host", "disk")
+	} else {
+		fmt.Fprintf(&b, "memory (predicted peak) %12s %12s %12s\n", "device", "host", "disk")
+	}
 	row := func(name string, f func(u TierUse) int64) {
 		fmt.Fprintf(&b, "  %-21s", name)
 		for _, u := range p.Memory {
@@ -89,16 +108,28 @@ func (p *Placement) WriteTable(w io.Writer) error {
 	row("reserve+slack", func(u TierUse) int64 { return u.Reserve + u.Slack })
 	row("total", func(u TierUse) int64 { return u.Peak })
 	row("budget", func(u TierUse) int64 { return u.Budget })
+	if d := p.Data; d != nil {
+		node := []int64{0, d.NodeHost, d.NodeDisk}
+		i := 0
+		row(fmt.Sprintf("node budget (/%d)", d.LocalRanks), func(u TierUse) int64 { i++; return node[i-1] })
+	}
 	b.WriteString("\n")
 
 	fmt.Fprintf(&b, "time per step (predicted)\n")
-	fmt.Fprintf(&b, "  %-21s %9.3f s  (%.0f tokens/s)\n", "step", p.StepTime, p.TokensPerSec)
+	all := ""
+	if p.Data != nil {
+		all = ", all ranks"
+	}
+	fmt.Fprintf(&b, "  %-21s %9.3f s  (%.0f tokens/s%s)\n", "step", p.StepTime, p.TokensPerSec, all)
 	for _, r := range []struct {
 		name string
 		v    float64
 	}{{"compute", p.Busy.Compute}, {"h2d", p.Busy.H2D}, {"d2h", p.Busy.D2H},
 		{"host optimizer", p.Busy.HostOptimizer}, {"disk", p.Busy.Disk}} {
 		fmt.Fprintf(&b, "  %-21s %9.3f s busy\n", r.name, r.v)
+	}
+	if p.Data != nil {
+		fmt.Fprintf(&b, "  %-21s %9.3f s busy, %.3f s not hidden by the backward\n", "comm (all-reduce)", p.Busy.Comm, p.Data.CommExposed)
 	}
 	fmt.Fprintf(&b, "  %-21s %s\n\n", "bottleneck", p.Bottleneck)
 

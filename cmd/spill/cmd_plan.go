@@ -10,6 +10,7 @@ import (
 
 	"github.com/spill-ml/spill/engine"
 	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/offload/plan"
 )
 
 func init() {
@@ -41,10 +42,21 @@ budget defaults to MemAvailable less a margin, the disk tier to 90% of the
 free space of --disk-dir (default: beside --checkpoint-dir, else the user
 cache directory).
 
+--nproc-per-node N plans one rank of a data-parallel job of N processes
+on this node (--nnodes M of them: N x M ranks), as spill train
+--nproc-per-node runs it: the batch, the device budget and the plan are
+each rank's; the host and disk budgets are the node's, each rank planning
+for 1/N of them. It prints the per-rank budgets and peaks, the gradients'
+all-reduce time (at the profile's interconnect_bytes_per_s, default an
+assumed 360 GB/s of NVLink) and whether the optimizer state is sharded
+across the ranks (--shard-optimizer auto, on or off; default: as spill
+train, which does not shard it yet).
+
 Examples:
   spill plan --model gpt2-1.3b --seq-len 1024 --batch 8 --accum 8 --device-memory 8GiB
   spill plan --model gpt2-13b --batch 8 --accum 8 --device-memory 40GiB --host-memory 64GiB --disk-dir /nvme/spill
-  spill plan --layers 48 --embd 1600 --heads 25 --batch 8 --device-memory 24GiB --json`
+  spill plan --layers 48 --embd 1600 --heads 25 --batch 8 --device-memory 24GiB --json
+  spill plan --model llama2-13b --batch 4 --accum 4 --nproc-per-node 8 --host-memory 1TiB --device-memory 40GiB --shard-optimizer auto`
 
 // planDeviceMemory is the memory of the device spill plan assumes when
 // --device-memory is not given: an H200's usable HBM.
@@ -55,6 +67,9 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	configPath := fs.String("config", "", "TOML file with settings (flags override it)")
 	hwFile := fs.String("hardware", "", "JSON hardware profile (as written by `spill doctor`; default H200 figures)")
 	asJSON := fs.Bool("json", false, "print the plan as JSON")
+	nproc := fs.Int("nproc-per-node", 0, "plan one rank of `N` data-parallel processes on this node (host and disk budgets shared by them)")
+	nnodes := fs.Int("nnodes", 1, "nodes of --nproc-per-node ranks each")
+	shard := fs.String("shard-optimizer", "", "shard the optimizer state across ranks: auto, on or off (default: as spill train)")
 	cf := newConfigFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -93,11 +108,38 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if cfg.Device == "cpu" {
 		device, limit = "cpu", 0
 	}
-	tp, _, err := engine.PlanConfig(ctx, cfg, device, limit, hw)
+	world, err := planWorld(*nproc, *nnodes, *shard)
+	if err != nil {
+		return err
+	}
+	tp, _, err := engine.PlanConfigWorld(ctx, cfg, device, limit, hw, world)
 	if err != nil {
 		return err
 	}
 	return writePlan(stdout, tp, *asJSON)
+}
+
+// planWorld is the job --nproc-per-node, --nnodes and --shard-optimizer
+// describe.
+func planWorld(nproc, nnodes int, shard string) (engine.PlanWorld, error) {
+	if nproc < 0 || nnodes < 1 {
+		return engine.PlanWorld{}, usagef("--nproc-per-node %d, --nnodes %d: want at least 1", nproc, nnodes)
+	}
+	w := engine.PlanWorld{Ranks: max(nproc, 1) * nnodes, LocalRanks: max(nproc, 1), Shard: plan.ShardOff}
+	if engine.ShardedOptimizerSupported {
+		w.Shard = plan.ShardAuto
+	}
+	if shard != "" {
+		s, err := plan.ParseSharding(shard)
+		if err != nil {
+			return w, usagef("--shard-optimizer: %v", err)
+		}
+		w.Shard = s
+	}
+	if w.Ranks <= 1 {
+		return engine.PlanWorld{}, nil
+	}
+	return w, nil
 }
 
 // writePlan prints a run's plan as spill plan does: as a table, or as the

@@ -51,6 +51,16 @@ func TestPlanGolden(t *testing.T) {
 			"--host-memory", "8GiB", "--disk-memory", "1GiB", "--disk-dir", disk, "--json"}},
 		{"gpt2-70b-infeasible", []string{"--model", "gpt2-70b", "--batch", "4", "--device-memory", "8GiB", "--host-memory", "16GiB",
 			"--disk-dir", disk, "--disk-memory", "100GiB"}},
+		// One rank of 8 on a node of 2 TiB, as spill train runs it (the
+		// optimizer state not sharded): per-rank budgets and peaks, the
+		// gradients' all-reduce.
+		{"gpt2-13b-8ranks", []string{"--model", "gpt2-13b", "--seq-len", "1024", "--batch", "8", "--nproc-per-node", "8",
+			"--device-memory", "40GiB", "--host-memory", "2TiB", "--disk-dir", disk, "--disk-memory", "1TiB"}},
+		// 1 TiB for 8 ranks is short of every rank's whole optimizer
+		// state: the planner shards it and says why.
+		{"llama2-13b-8ranks-shard-json", []string{"--model", "llama2-13b", "--seq-len", "2048", "--batch", "4", "--accum", "4",
+			"--nproc-per-node", "8", "--shard-optimizer", "auto", "--device-memory", "40GiB", "--host-memory", "1TiB",
+			"--disk-dir", disk, "--disk-memory", "1TiB", "--json"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -78,6 +88,21 @@ func TestPlanGolden(t *testing.T) {
 				t.Fatalf("output differs from %s (run with -update if intended):\n--- got\n%s\n--- want\n%s", golden, got, want)
 			}
 		})
+	}
+}
+
+// TestPlanRanksRefusals: several ranks on the cpu device, and bad rank
+// flags, are refused.
+func TestPlanRanksRefusals(t *testing.T) {
+	for _, args := range [][]string{
+		{"--device", "cpu", "--nproc-per-node", "2"},
+		{"--nproc-per-node", "2", "--shard-optimizer", "maybe"},
+		{"--nproc-per-node", "-1"},
+	} {
+		var out, errb bytes.Buffer
+		if code := runMain(context.Background(), append([]string{"plan"}, args...), &out, &errb); code == exitOK {
+			t.Errorf("spill plan %v: exit 0: %s", args, out.String())
+		}
 	}
 }
 

@@ -101,7 +101,7 @@ func (pl *planner) optimizerWhy(c *cand) string {
 	host := n - c.nDev - c.nDisk
 	var params [3]int64
 	for i, t := range pl.optTiers(c) {
-		params[t-offload.TierDevice] += pl.m.Layers[i].Params
+		params[t-offload.TierDevice] += ShardParams(pl.m.Layers[i].Params, pl.shard) // a rank's
 	}
 	bytes := func(np int64) string { return kernels.FormatBytes(np * (8 + pl.masterBytes())) }
 	s := ""

@@ -22,6 +22,7 @@ package plan
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"sort"
 	"strings"
@@ -125,6 +126,18 @@ type Request struct {
 	// host for the next ones while the host budget lasts, on disk for the
 	// rest.
 	Optimizer offload.Tier
+	// Ranks is the world size of a data-parallel job, one process per
+	// GPU (0 or 1: one process). Batch and the plan are each rank's;
+	// Budgets.Device is each GPU's, Budgets.Host and Budgets.Disk the
+	// node's, of which each rank plans for RankBudgets' share (ranks.go).
+	Ranks int
+	// LocalRanks is how many of the ranks share a node's host memory and
+	// disk (0: all of them, one node).
+	LocalRanks int
+	// Shard says whether each rank holds 1/Ranks of the optimizer state
+	// (ZeRO-1/2; ShardAuto: the planner decides and says why). It
+	// matters only with Ranks > 1.
+	Shard Sharding
 }
 
 // cand is one point of the search space.
@@ -144,6 +157,7 @@ type cand struct {
 
 	p        *offload.Placement
 	step     float64
+	commExp  float64 // the gradients' reductions the backward does not hide (ranks.go)
 	busy     offload.Busy
 	host     [offload.NumClasses]int64
 	disk     [offload.NumClasses]int64
@@ -184,6 +198,9 @@ func Plan(req Request) (*offload.Placement, error) {
 	if req.Budgets.Device <= 0 || req.Budgets.Host <= 0 || req.Budgets.Disk < 0 {
 		return nil, fmt.Errorf("plan: device and host budgets must be positive, disk not negative (got %+v)", req.Budgets)
 	}
+	if req.Ranks > 1 {
+		return planRanks(req)
+	}
 	pl := newPlanner(&req)
 	return pl.search()
 }
@@ -201,6 +218,12 @@ type planner struct {
 	shapes    map[int][]schedule.Layer
 	peakCache map[peakKey]peakVal
 	start     time.Time
+	// ranks is the world size (1: one process); shard is the number of
+	// ranks the optimizer state is sharded across (1: not sharded).
+	ranks, shard int
+	// local is how many ranks share the node's host and disk: each has
+	// 1/local of the host AdamW's rate and of the disk's (ranks.go).
+	local int
 }
 
 type peakKey struct {
@@ -218,7 +241,7 @@ type peakVal struct {
 func newPlanner(req *Request) *planner {
 	m := &req.Model
 	pl := &planner{req: req, m: m, hw: req.Hardware, s: m.Precision.Elem(), T: int64(m.SeqLen),
-		shapes: map[int][]schedule.Layer{}, peakCache: map[peakKey]peakVal{}, start: time.Now()}
+		shapes: map[int][]schedule.Layer{}, peakCache: map[peakKey]peakVal{}, start: time.Now(), ranks: max(req.Ranks, 1), shard: 1, local: 1}
 	pl.recFlops = []float64{0}
 	for i, l := range m.Layers {
 		pl.P += l.Params
@@ -249,6 +272,9 @@ func (pl *planner) shape(mb int) []schedule.Layer {
 			s = append(s, schedule.Layer{ParamBytes: l.Params * pl.s, ActBytes: l.ActBytes * int64(mb), OutBytes: out, Tied: l.Tied,
 				MasterBytes: l.Params * pl.masterBytes(), MomentBytes: 4 * l.Params})
 		}
+	}
+	if pl.shard > 1 {
+		s = shardShape(s, pl.shard)
 	}
 	pl.shapes[mb] = s
 	return s
@@ -313,6 +339,10 @@ func (pl *planner) devicePeak(c *cand) (int64, map[offload.Class]int64, error) {
 			by[offload.Activations] = acts
 			by[offload.Workspace] = sc
 		}
+		if pl.shard > 1 {
+			by = maps.Clone(by)
+			pl.shardResident(by)
+		}
 		var n int64
 		for _, v := range by {
 			n += v
@@ -374,6 +404,14 @@ func CanMasterOnDisk(mixed, delayed bool) bool { return mixed || delayed }
 // under their classes. slots are the host slots of the program
 // (offloaded activations, tied gradients), by class.
 func HostState(params []int64, elem int64, mixed, delayed, masterDisk bool, optimizer []offload.Tier, slots map[offload.Class]int64) map[offload.Class]int64 {
+	return HostStateRanks(params, elem, mixed, delayed, masterDisk, optimizer, slots, 1)
+}
+
+// HostStateRanks is HostState of one of shard ranks the optimizer state
+// is sharded across (ranks.go): a layer's master, when it is a buffer of
+// its own (mixed or delayed), and its moments are ShardParams of its
+// parameters, on the host and in the disk tier's buffers alike.
+func HostStateRanks(params []int64, elem int64, mixed, delayed, masterDisk bool, optimizer []offload.Tier, slots map[offload.Class]int64, shard int) map[offload.Class]int64 {
 	by := map[offload.Class]int64{}
 	var ndisk int
 	var maxDisk int64
@@ -386,8 +424,13 @@ func HostState(params []int64, elem int64, mixed, delayed, masterDisk bool, opti
 			continue
 		}
 		cb := np * elem
+		op := ShardParams(np, shard)
 		if tier != offload.TierDisk || !masterDisk {
-			by[offload.Master] += 4 * np
+			if mixed || delayed {
+				by[offload.Master] += 4 * op
+			} else {
+				by[offload.Master] += 4 * np // the weights themselves
+			}
 		}
 		if mixed || delayed {
 			by[offload.Weights] += cb
@@ -398,11 +441,11 @@ func HostState(params []int64, elem int64, mixed, delayed, masterDisk bool, opti
 			by[offload.Grads] += cb
 		}
 		if tier != offload.TierDisk {
-			by[offload.AdamM] += 4 * np
-			by[offload.AdamV] += 4 * np
+			by[offload.AdamM] += 4 * op
+			by[offload.AdamV] += 4 * op
 		} else {
 			ndisk++
-			maxDisk = max(maxDisk, np)
+			maxDisk = max(maxDisk, op)
 		}
 	}
 	if nb := int64(min(ndisk, DiskBuffers)); nb > 0 {
@@ -427,11 +470,18 @@ func HostState(params []int64, elem int64, mixed, delayed, masterDisk bool, opti
 // state is on disk, by class: their moments and, with masterDisk, their
 // master weights.
 func DiskState(params []int64, masterDisk bool, optimizer []offload.Tier) map[offload.Class]int64 {
+	return DiskStateRanks(params, masterDisk, optimizer, 1)
+}
+
+// DiskStateRanks is DiskState of one of shard ranks the optimizer state
+// is sharded across: the shards of the disk layers' moments and master.
+func DiskStateRanks(params []int64, masterDisk bool, optimizer []offload.Tier, shard int) map[offload.Class]int64 {
 	by := map[offload.Class]int64{}
 	for i, np := range params {
 		if optimizer == nil || optimizer[i] != offload.TierDisk {
 			continue
 		}
+		np = ShardParams(np, shard)
 		by[offload.AdamM] += 4 * np
 		by[offload.AdamV] += 4 * np
 		if masterDisk {
@@ -496,7 +546,7 @@ func (pl *planner) hostDisk(c *cand) {
 	c.nDisk = 0
 	if c.o == offload.TierDisk {
 		total := pl.req.HostExtra
-		for _, v := range HostState(params, pl.s, mixed, pl.req.DelayedUpdate, c.mdisk, pl.optTiers(c), slots) {
+		for _, v := range HostStateRanks(params, pl.s, mixed, pl.req.DelayedUpdate, c.mdisk, pl.optTiers(c), slots, pl.shard) {
 			total += v
 		}
 		per := int64(8) // bytes a parameter of a disk layer's buffers
@@ -505,7 +555,7 @@ func (pl *planner) hostDisk(c *cand) {
 		}
 		var maxDisk int64
 		for c.nDisk < n-c.nDev && (pl.req.Optimizer == offload.TierDisk || total+pl.hw.HostReserve > pl.req.Budgets.Host) {
-			np := params[n-1-c.nDisk]
+			np := ShardParams(params[n-1-c.nDisk], pl.shard)
 			total -= per * np
 			total -= int64(min(c.nDisk, DiskBuffers)) * per * maxDisk
 			c.nDisk++
@@ -513,8 +563,8 @@ func (pl *planner) hostDisk(c *cand) {
 			total += int64(min(c.nDisk, DiskBuffers)) * per * maxDisk
 		}
 	}
-	by := HostState(params, pl.s, mixed, pl.req.DelayedUpdate, c.mdisk, pl.optTiers(c), slots)
-	for cl, v := range DiskState(params, c.mdisk, pl.optTiers(c)) {
+	by := HostStateRanks(params, pl.s, mixed, pl.req.DelayedUpdate, c.mdisk, pl.optTiers(c), slots, pl.shard)
+	for cl, v := range DiskStateRanks(params, c.mdisk, pl.optTiers(c), pl.shard) {
 		c.disk[cl] = v
 	}
 	for cl, v := range by {
@@ -691,32 +741,66 @@ func (pl *planner) timeOf(c *cand) {
 	}
 	c.busy = offload.Busy{Compute: compute, H2D: h2d/hw.H2D + optH2D, D2H: d2h/hw.D2H + optD2H}
 	devOpt := func(np float64) float64 { return np * float64(2*(pl.masterBytes()+8)+2*pl.s) / hw.DeviceBandwidth }
+	// Each rank updates its shard of the optimizer state (ranks.go).
+	shardOf := func(np int64) float64 { return float64(ShardParams(np, pl.shard)) }
+	Pupd, PdevUpd := P, Pdev
+	if pl.shard > 1 {
+		Pupd, PdevUpd = 0, 0
+		for i, l := range pl.m.Layers {
+			Pupd += shardOf(l.Params)
+			if i < c.nDev {
+				PdevUpd += shardOf(l.Params)
+			}
+		}
+	}
+	// The last group's backward and the next step's first forward, layer
+	// by layer.
+	n := len(pl.m.Layers)
+	pols := pl.policies(c)
+	G := float64(min(c.grp, A))
+	fwd := func(i int) float64 { return G * tok * pl.m.Layers[i].FwdFLOPs / rate }
+	bwd := func(i int) float64 {
+		k := 2.0
+		if pols[i].Recomputes() {
+			k = 3
+		}
+		return k * fwd(i)
+	}
+	// The gradients' reductions across ranks during the last backward:
+	// when each layer's are ready and how much later the backward ends.
+	ready, commBusy, commExp := pl.commTimeline(bwd, func(i int) bool { return tiers != nil && tiers[i] != offload.TierDevice })
+	c.busy.Comm, c.commExp = commBusy, commExp
 	if c.o == offload.TierDevice {
-		opt := devOpt(P)
+		opt := devOpt(Pupd)
 		c.busy.Compute += opt
-		c.step = core + opt
+		c.step = core + commExp + opt
 		return
 	}
 	// The device AdamW of the first layers runs on the compute queue
 	// after the backward.
-	dev := devOpt(Pdev)
+	dev := devOpt(PdevUpd)
 	c.busy.Compute += dev
 	// The host optimizer updates one layer after the other, each once its
-	// gradients are final (or, with GlobalNorm, once the step's norm is
-	// known, in layer order); layer l's next forward waits for layer l's
-	// update. Each layer's update takes the host AdamW's time, or the
-	// disk's (its moments read and written, pipelined with the other
-	// layers' updates) or its gradients' and weights' copies when those
-	// are longer.
-	n := len(pl.m.Layers)
+	// gradients are final (and reduced across ranks; or, with GlobalNorm,
+	// once the step's norm is known, in layer order); layer l's next
+	// forward waits for layer l's update. Each layer's update takes the
+	// host AdamW's time, or the disk's (its moments read and written,
+	// pipelined with the other layers' updates) or its gradients' and
+	// weights' copies when those are longer.
 	u := make([]float64, n)
 	var U, disk float64
+	adam, dr, dw := hw.HostAdam, hw.DiskRead, hw.DiskWrite
+	if pl.local > 1 {
+		L := float64(pl.local)
+		adam, dr, dw = adam/L, dr/L, dw/L
+	}
 	for i, l := range pl.m.Layers {
 		if tiers[i] == offload.TierDevice {
 			continue
 		}
 		np := float64(l.Params)
-		a := np / hw.HostAdam
+		op := shardOf(l.Params)
+		a := op / adam
 		U += a
 		x := a
 		if c.g == offload.TierDevice {
@@ -730,7 +814,7 @@ func (pl *planner) timeOf(c *cand) {
 			if c.mdisk {
 				b += 4 // and the master
 			}
-			d := b*np/hw.DiskRead + b*np/hw.DiskWrite
+			d := b*op/dr + b*op/dw
 			disk += d
 			x = max(x, d)
 		}
@@ -745,18 +829,6 @@ func (pl *planner) timeOf(c *cand) {
 		}
 		exposed = max(phase-compute, 0)
 	} else {
-		// The last group's backward and the next step's first forward,
-		// layer by layer.
-		pols := pl.policies(c)
-		G := float64(min(c.grp, A))
-		fwd := func(i int) float64 { return G * tok * pl.m.Layers[i].FwdFLOPs / rate }
-		bwd := func(i int) float64 {
-			k := 2.0
-			if pols[i].Recomputes() {
-				k = 3
-			}
-			return k * fwd(i)
-		}
 		done := make([]float64, n)
 		var tb float64
 		if !pl.req.GlobalNorm {
@@ -764,14 +836,16 @@ func (pl *planner) timeOf(c *cand) {
 			for i := n - 1; i >= 0; i-- {
 				tb += bwd(i)
 				if tiers[i] != offload.TierDevice {
-					q = max(q, tb) + u[i]
+					q = max(q, ready[i]) + u[i]
 					done[i] = q
 				}
 			}
+			tb += commExp
 		} else {
 			for i := range n {
 				tb += bwd(i)
 			}
+			tb += commExp
 			q := tb
 			for i := range n {
 				if tiers[i] != offload.TierDevice {
@@ -791,7 +865,7 @@ func (pl *planner) timeOf(c *cand) {
 		}
 		exposed = tf - start - sumF
 	}
-	c.step = core + dev + exposed
+	c.step = core + dev + commExp + exposed
 }
 
 func (pl *planner) masterBytes() int64 {
@@ -1131,13 +1205,19 @@ func (pl *planner) finish(c *cand) *offload.Placement {
 	}
 	p.StepTime, p.Busy = c.step, c.busy
 	p.TokensPerSec = float64(pl.req.Batch) * float64(p.SeqLen) / c.step
+	if pl.ranks > 1 {
+		p.TokensPerSec *= float64(pl.ranks) // the job's
+		p.Data = &offload.DataParallel{Ranks: pl.ranks, ShardOptimizer: pl.shard > 1, GradBytes: pl.s * pl.P,
+			Interconnect: pl.hw.InterconnectRate(), CommExposed: c.commExp}
+		p.Hardware.Interconnect = pl.hw.InterconnectRate()
+	}
 	b := c.busy
 	p.Bottleneck = "compute"
 	top := b.Compute
 	for _, r := range []struct {
 		name string
 		v    float64
-	}{{"h2d", b.H2D}, {"d2h", b.D2H}, {"host optimizer", b.HostOptimizer}, {"disk", b.Disk}} {
+	}{{"h2d", b.H2D}, {"d2h", b.D2H}, {"host optimizer", b.HostOptimizer}, {"disk", b.Disk}, {"comm", b.Comm}} {
 		if r.v > top {
 			p.Bottleneck, top = r.name, r.v
 		}

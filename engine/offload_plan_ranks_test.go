@@ -1,0 +1,71 @@
+package engine
+
+import (
+	"testing"
+
+	"github.com/spill-ml/spill/kernels"
+	"github.com/spill-ml/spill/offload/plan"
+)
+
+// sizeComm is a communicator of n ranks for runWorld, which asks only its
+// size.
+type sizeComm struct {
+	kernels.Comm
+	n int
+}
+
+func (c sizeComm) Size() int { return c.n }
+
+// TestRunWorld: a rank plans for LOCAL_WORLD_SIZE ranks on its node
+// (all of them when unset or nonsense), with the optimizer state not
+// sharded while the trainers cannot shard it; one process is PlanWorld{}.
+func TestRunWorld(t *testing.T) {
+	env := func(v string) func(string) string {
+		return func(k string) string {
+			if k == "LOCAL_WORLD_SIZE" {
+				return v
+			}
+			return ""
+		}
+	}
+	if w := runWorld(nil, env("8")); w != (PlanWorld{}) {
+		t.Fatalf("no comm: %+v", w)
+	}
+	if w := runWorld(sizeComm{n: 1}, env("1")); w != (PlanWorld{}) {
+		t.Fatalf("one rank: %+v", w)
+	}
+	for v, local := range map[string]int{"4": 4, "": 0, "x": 0, "9": 0} {
+		w := runWorld(sizeComm{n: 8}, env(v))
+		if w.Ranks != 8 || w.LocalRanks != local || (!ShardedOptimizerSupported && w.Shard != plan.ShardOff) {
+			t.Errorf("LOCAL_WORLD_SIZE=%q: %+v", v, w)
+		}
+	}
+}
+
+// TestChoosePlanPerRank: a rank of 4 on a node plans for a quarter of the
+// node's host and disk budgets, and its out-of-core trainer's pools get
+// that quarter.
+func TestChoosePlanPerRank(t *testing.T) {
+	m := mustGPT(t)
+	cfg := DefaultConfig()
+	cfg.Model, cfg.Layers, cfg.Heads, cfg.Embd, cfg.Vocab, cfg.MaxSeq = "custom", oocShape.Layers, oocShape.Heads, oocShape.Embd, oocShape.Vocab, oocShape.MaxSeq
+	cfg.Accum = oocAccum
+	cfg.DeviceMemory, cfg.HostMemory = stateBytes(m)/2, 8<<30
+	cfg.DiskDir, cfg.DiskMemory = t.TempDir(), 64<<20
+	withMemAvailable(t, 1<<50)
+	tp, _, err := choosePlanWorld(&cfg, "cpu", m, oocB, oocT, cfg.DeviceMemory, nil, PlanWorld{Ranks: 4, Shard: plan.ShardOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := tp.Placement
+	if tp.Resident || p == nil || p.Data == nil || p.Data.LocalRanks != 4 || p.Data.NodeHost != 8<<30 {
+		t.Fatalf("plan %+v", p)
+	}
+	if p.Memory[1].Budget != 2<<30 || p.Memory[2].Budget != 16<<20 || tp.Options.HostBudget != 2<<30 || tp.Options.DiskBudget != 0 && tp.Options.DiskBudget != 16<<20 {
+		t.Fatalf("per-rank budgets: host %d disk %d, trainer's host %d disk %d", p.Memory[1].Budget, p.Memory[2].Budget,
+			tp.Options.HostBudget, tp.Options.DiskBudget)
+	}
+	if p.Busy.Comm <= 0 {
+		t.Fatalf("no all-reduce time: %+v", p.Busy)
+	}
+}
