@@ -1082,11 +1082,18 @@ func (pl *planner) search() (*offload.Placement, error) {
 	closestF := math.Inf(1)
 	var tried []*cand
 	for _, c := range cs {
+		// Checking a candidate may change its prediction (the exact peak
+		// moves its optimizer split): once one fits, the candidates
+		// ranked up to recheckSlack behind it are checked too, and the
+		// fastest of them wins.
+		if best != nil && rank(c) > rank(best)*recheckSlack {
+			break
+		}
 		pk := pl.peaks(c)
 		// Host and disk are exact already; the device is checked by
 		// compiling the program, unless the estimate is far over.
 		if pk[1] <= budget[1] && pk[2] <= budget[2] && float64(pk[0]) <= 1.3*float64(budget[0]) {
-			if time.Since(pl.start) > pl.req.Deadline && closest != nil {
+			if time.Since(pl.start) > pl.req.Deadline && (closest != nil || best != nil) {
 				break
 			}
 			if err := pl.checkFit(c); err != nil {
@@ -1096,8 +1103,10 @@ func (pl *planner) search() (*offload.Placement, error) {
 			tried = append(tried, c)
 		}
 		if pk[0] <= budget[0] && pk[1] <= budget[1] && pk[2] <= budget[2] && c.devBy != nil {
-			best = c
-			break
+			if best == nil || rank(c) < rank(best) {
+				best = c
+			}
+			continue
 		}
 		// The closest miss explains a refusal: among out-of-core
 		// candidates when there are any (a resident one only says the
@@ -1162,6 +1171,10 @@ func (pl *planner) checkFit(c *cand) error {
 	c.devBy, c.devPeak = by, peak
 	return nil
 }
+
+// recheckSlack is how far behind the first candidate that fits (as ranked
+// before checking) the search goes on checking for a faster one.
+const recheckSlack = 1.1
 
 // residentPreference is how much faster an out-of-core placement must be
 // predicted to be to win over the resident trainer.
