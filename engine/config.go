@@ -206,11 +206,14 @@ type Config struct {
 	// ranks resumes with M, sharded or not. Conflicts with delayed_update.
 	ZeroStage int `toml:"zero_stage" json:"zero_stage"`
 	// HostMemory is the host memory budget for offloaded state in bytes:
-	// the budget of the pool of pinned memory that holds it; 0 = 80% of
-	// MemAvailable. In TOML it may be a string with a unit.
+	// everything the run keeps in host memory (the pinned pool of layer
+	// state, the disk tier's buffers, the batches); 0 = MemAvailable less
+	// HostMargin (5%, at least 2 GiB). In TOML it may be a string with a
+	// unit.
 	HostMemory int64 `toml:"host_memory" json:"host_memory"`
 	// DiskDir is the directory of the disk tier (optimizer state on
-	// disk); "" = no disk tier.
+	// disk); "" = DefaultDiskDir (beside the checkpoints, else in the
+	// user's cache directory), used only when the host is short.
 	DiskDir string `toml:"disk_dir" json:"disk_dir"`
 	// DiskMemory is the disk tier's budget in bytes; 0 = 90% of the free
 	// space of DiskDir. In TOML it may be a string with a unit.
