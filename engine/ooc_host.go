@@ -159,11 +159,15 @@ func hostRequests(m *Model, o *OffloadOptions, slots []int64) []hostRequest {
 			ndisk++
 			maxDisk = max(maxDisk, np)
 		}
-		lo, hi := o.shardOf(i, int(np))
-		ns := int64(hi - lo) // the rank's range (engine/zero.go), else np
+		// The rank's range when sharded (engine/zero.go), padded to
+		// ShardLen, else np; the master whole in fp32 (the weights).
+		ns := int64(o.shardCap(i, int(np)))
 		if t != offload.TierDisk || !o.DiskMaster {
-			lo, hi := o.masterOf(m.DType, i, int(np)) // whole in fp32: the weights
-			add(4 * int64(hi-lo))
+			if lo, hi := o.masterOf(m.DType, i, int(np)); hi-lo == int(np) {
+				add(4 * np)
+			} else {
+				add(4 * ns)
+			}
 		}
 		if m.DType != kernels.F32 || o.DelayedUpdate {
 			add(cb)
@@ -280,10 +284,14 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 		}
 		optTier := hs.tier[i]
 		masterAt := offload.TierHost
+		// Sharded, the master (but in fp32) and the moments are the
+		// rank's range of buffers padded to ShardLen (hostRequests).
+		mlo, mhi := o.masterOf(m.DType, i, int(np))
+		slo, shi := o.shardOf(i, int(np))
 		if optTier == offload.TierDisk && hs.mdisk {
 			masterAt = offload.TierDisk
 		} else {
-			h.master = take()
+			h.master = take()[:4*(mhi-mlo)]
 		}
 		h.weights = h.master
 		if m.DType != kernels.F32 || o.DelayedUpdate {
@@ -300,7 +308,7 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 				}
 			}
 		} else {
-			h.m, h.v = take(), take()
+			h.m, h.v = take()[:4*(shi-slo)], take()[:4*(shi-slo)]
 		}
 		// The residency table records every class of the layer; the
 		// executor moves the weights, gradients and activations.

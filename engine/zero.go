@@ -7,6 +7,7 @@ import (
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/kernels/cpu"
 	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/offload/plan"
 )
 
 // ZeRO-2 style sharding of the host optimizer state (TrainerOptions.
@@ -90,6 +91,17 @@ func (o *OffloadOptions) sharded(i int) bool {
 	return o.zero.on() && o.optTier(i) == offload.TierHost
 }
 
+// shardCap is how many elements of layer i's np parameters a rank's
+// sharded buffers are allocated with: kernels.ShardLen on every rank
+// (the last ranks' ranges are shorter, or empty: padded, so that each
+// rank holds what the planner counts), np when not sharded.
+func (o *OffloadOptions) shardCap(i, np int) int {
+	if !o.sharded(i) {
+		return np
+	}
+	return kernels.ShardLen(np, o.zero.size)
+}
+
 // masterOf is the range of layer i's np parameters that its host master
 // buffer holds: the rank's range when the layer is sharded and its
 // master is a buffer of its own (dt not fp32, or a delayed update),
@@ -102,15 +114,19 @@ func (o *OffloadOptions) masterOf(dt kernels.DType, i, np int) (lo, hi int) {
 }
 
 // zeroBytes is the size of zbuf: 4 bytes (fp32 for the gathers of the
-// master and moments) per element of the largest sharded layer, padded.
+// moments) per element of the largest sharded layer, padded
+// (plan.CommBytes, which the planner counts).
 func zeroBytes(m *Model, o *OffloadOptions) int64 {
-	var n int64
+	if !o.zero.on() {
+		return 0
+	}
+	var sharded []int64
 	for i, l := range m.Layers {
 		if o.sharded(i) {
-			n = max(n, int64(kernels.ShardLen(l.NumParams(), o.zero.size)*o.zero.size))
+			sharded = append(sharded, int64(l.NumParams()))
 		}
 	}
-	return 4 * n
+	return plan.CommBytes(o.zero.size, sharded)
 }
 
 // reduceScatterGrads enqueues on the comm queue cq the reduce-scatter of
