@@ -196,8 +196,9 @@ type Config struct {
 	DelayedUpdate bool `toml:"delayed_update" json:"delayed_update"`
 	// ZeroStage shards the optimizer state over the ranks of a
 	// data-parallel run (WORLD_SIZE > 1), as DeepSpeed's
-	// zero_optimization.stage: 0 (default) keeps it whole on every rank;
-	// 1 or 2 give each rank 1/WORLD_SIZE of the fp32 master weights and
+	// zero_optimization.stage: 0 (default) lets the planner decide
+	// (it shards when the host is short or sharded is faster, and says
+	// why; engine.ShardedOptimizerSupported); 1 or 2 always give each rank 1/WORLD_SIZE of the fp32 master weights and
 	// Adam moments of the layers whose optimizer is in host RAM, with the
 	// gradients reduce-scattered and the updated weights all-gathered
 	// (both stages run stage 2's traffic; engine/zero.go). Layers updated

@@ -25,10 +25,13 @@ import (
 var ActOffloadSupported = true
 
 // ShardedOptimizerSupported says whether the trainers shard the optimizer
-// state across the ranks of a data-parallel job (ZeRO-1/2). Until they
-// do, a run of several ranks plans with sharding off, and spill plan
-// plans it only when asked (--shard-optimizer).
-var ShardedOptimizerSupported = false
+// state across the ranks of a data-parallel job (ZeRO-1/2, engine/zero.go:
+// the host tier's layers). When they do, a run of several ranks lets the
+// planner decide (plan.ShardAuto, or on with zero_stage) and trains as it
+// decided (newRunTrainer sets TrainerOptions.ZeroStage); when not, it
+// plans with sharding off, and spill plan plans it only when asked
+// (--shard-optimizer).
+var ShardedOptimizerSupported = true
 
 // PlanWorld is the data-parallel job a plan is for. The zero value is one
 // process.
@@ -98,7 +101,21 @@ func PlanModel(name string, m *Model, T int) plan.Model {
 	pm.Shape = func(mb int) []schedule.Layer { return programSpec(m, mb, T, 1, &o, true).Layers }
 	pm.Fixed = func(mb, accum int) int64 { return offloadFixedBytes(m, mb, T, accum) }
 	pm.Resident = func(mb int) map[offload.Class]int64 { return ResidentDeviceBytes(m, mb, T) }
+	pm.Comm = dataParallelDeviceBytes
 	return pm
+}
+
+// dataParallelDeviceBytes is what a trainer of a data-parallel job of
+// ranks allocates on the device for its collectives (newDataParallel):
+// the handshake's buffers and, when the layers of sharded parameters are
+// sharded, zbuf (zeroBytes: plan.CommBytes), each rounded to the offload
+// cache's blocks.
+func dataParallelDeviceBytes(ranks int, sharded []int64) int64 {
+	n := schedule.RoundBlock(fpBytes) + schedule.RoundBlock(fpBytes*int64(ranks))
+	if z := plan.CommBytes(ranks, sharded); z > 0 {
+		n += schedule.RoundBlock(z)
+	}
+	return n
 }
 
 // PrecisionOf is the planner's precision for a compute dtype.
@@ -245,7 +262,7 @@ func OffloadHostBytes(m *Model, B, T, accum int, o OffloadOptions) (map[offload.
 	for i := range tiers {
 		tiers[i] = o.optTier(i)
 	}
-	return plan.HostState(params, int64(m.DType.Size()), m.DType != kernels.F32, o.DelayedUpdate, o.DiskMaster, tiers, plan.SlotBytes(p)), nil
+	return plan.HostStateRanks(params, int64(m.DType.Size()), m.DType != kernels.F32, o.DelayedUpdate, o.DiskMaster, tiers, plan.SlotBytes(p), o.zero.size), nil
 }
 
 // PlanRequest is what PlanTrainer plans for. Zero override fields leave the
@@ -732,7 +749,7 @@ func governHost(cfg *Config, device string, m *Model, B, T int, budget int64, tp
 // of a data-parallel job (TrainerOptions.Comm). The plan is per rank.
 func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *stream.Recorder, comm kernels.Comm) (*Trainer, *TrainerPlan, error) {
 	budget := deviceBudget(cfg, be)
-	tp, req, err := choosePlanWorld(cfg, be.Name(), m, B, T, budget, nil, runWorld(comm, os.Getenv))
+	tp, req, err := choosePlanWorld(cfg, be.Name(), m, B, T, budget, nil, runWorld(cfg, comm, os.Getenv))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -742,6 +759,7 @@ func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *str
 	to := trainerOptions(cfg, tp.B, T)
 	to.Accum = tp.Accum
 	to.Comm = comm
+	to.ZeroStage = zeroStage(cfg, tp)
 	if tp.Resident {
 		tr, err := newTrainer(be, m, to, residentOptions(m, rec))
 		if err != nil {
@@ -770,8 +788,9 @@ func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *str
 // runWorld is the PlanWorld of a rank of comm's job (one process without
 // comm): the node's ranks are LOCAL_WORLD_SIZE (spill train
 // --nproc-per-node and torchrun set it), else all of them; the optimizer
-// state is sharded only where the trainers can (ShardedOptimizerSupported).
-func runWorld(comm kernels.Comm, getenv func(string) string) PlanWorld {
+// state is sharded only where the trainers can (ShardedOptimizerSupported):
+// as the planner decides, or always with zero_stage 1 or 2.
+func runWorld(cfg *Config, comm kernels.Comm, getenv func(string) string) PlanWorld {
 	if comm == nil || comm.Size() <= 1 {
 		return PlanWorld{}
 	}
@@ -779,10 +798,28 @@ func runWorld(comm kernels.Comm, getenv func(string) string) PlanWorld {
 	if n, err := strconv.Atoi(strings.TrimSpace(getenv("LOCAL_WORLD_SIZE"))); err == nil && n > 0 && n <= w.Ranks {
 		w.LocalRanks = n
 	}
-	if ShardedOptimizerSupported {
+	switch {
+	case !ShardedOptimizerSupported:
+	case cfg.ZeroStage > 0:
+		w.Shard = plan.ShardOn
+	default:
 		w.Shard = plan.ShardAuto
 	}
 	return w
+}
+
+// zeroStage is the trainer's ZeroStage for plan tp: the configured stage
+// (2 when the planner chose to shard with zero_stage unset) when the plan
+// shards the optimizer state, else 0. The plan and the trainer agree on
+// every rank: they all plan alike.
+func zeroStage(cfg *Config, tp *TrainerPlan) int {
+	if tp.Placement == nil || tp.Placement.Data == nil || !tp.Placement.Data.ShardOptimizer {
+		return 0
+	}
+	if cfg.ZeroStage > 0 {
+		return cfg.ZeroStage
+	}
+	return 2
 }
 
 // PlanConfig plans the run cfg describes exactly as Run would on a device

@@ -17,9 +17,11 @@ type sizeComm struct {
 func (c sizeComm) Size() int { return c.n }
 
 // TestRunWorld: a rank plans for LOCAL_WORLD_SIZE ranks on its node
-// (all of them when unset or nonsense), with the optimizer state not
-// sharded while the trainers cannot shard it; one process is PlanWorld{}.
+// (all of them when unset or nonsense), with the optimizer state sharded
+// as the planner decides (on with zero_stage), off while the trainers
+// cannot shard it; one process is PlanWorld{}.
 func TestRunWorld(t *testing.T) {
+	cfg0 := DefaultConfig()
 	env := func(v string) func(string) string {
 		return func(k string) string {
 			if k == "LOCAL_WORLD_SIZE" {
@@ -28,17 +30,27 @@ func TestRunWorld(t *testing.T) {
 			return ""
 		}
 	}
-	if w := runWorld(nil, env("8")); w != (PlanWorld{}) {
+	if w := runWorld(&cfg0, nil, env("8")); w != (PlanWorld{}) {
 		t.Fatalf("no comm: %+v", w)
 	}
-	if w := runWorld(sizeComm{n: 1}, env("1")); w != (PlanWorld{}) {
+	if w := runWorld(&cfg0, sizeComm{n: 1}, env("1")); w != (PlanWorld{}) {
 		t.Fatalf("one rank: %+v", w)
 	}
 	for v, local := range map[string]int{"4": 4, "": 0, "x": 0, "9": 0} {
-		w := runWorld(sizeComm{n: 8}, env(v))
-		if w.Ranks != 8 || w.LocalRanks != local || (!ShardedOptimizerSupported && w.Shard != plan.ShardOff) {
+		w := runWorld(&cfg0, sizeComm{n: 8}, env(v))
+		if w.Ranks != 8 || w.LocalRanks != local || w.Shard != plan.ShardAuto {
 			t.Errorf("LOCAL_WORLD_SIZE=%q: %+v", v, w)
 		}
+	}
+	cfg2 := cfg0
+	cfg2.ZeroStage = 2
+	if w := runWorld(&cfg2, sizeComm{n: 8}, env("")); w.Shard != plan.ShardOn {
+		t.Errorf("zero_stage 2: %+v", w)
+	}
+	ShardedOptimizerSupported = false
+	defer func() { ShardedOptimizerSupported = true }()
+	if w := runWorld(&cfg2, sizeComm{n: 8}, env("")); w.Shard != plan.ShardOff {
+		t.Errorf("trainers that cannot shard: %+v", w)
 	}
 }
 

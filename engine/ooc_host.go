@@ -159,12 +159,17 @@ func hostRequests(m *Model, o *OffloadOptions, slots []int64) []hostRequest {
 			ndisk++
 			maxDisk = max(maxDisk, np)
 		}
-		lo, hi := o.shardOf(i, int(np))
-		ns := int64(hi - lo) // the rank's range (engine/zero.go), else np
+		// The rank's range when sharded (engine/zero.go), padded to
+		// ShardLen, else np; the master whole in fp32 (the weights).
+		ns := int64(o.shardCap(i, int(np)))
 		if t != offload.TierDisk || !o.DiskMaster {
-			add(4 * ns)
+			if lo, hi := o.masterOf(m.DType, i, int(np)); hi-lo == int(np) {
+				add(4 * np)
+			} else {
+				add(4 * ns)
+			}
 		}
-		if m.DType != kernels.F32 || o.DelayedUpdate || o.sharded(i) {
+		if m.DType != kernels.F32 || o.DelayedUpdate {
 			add(cb)
 		}
 		add(cb)
@@ -279,13 +284,17 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 		}
 		optTier := hs.tier[i]
 		masterAt := offload.TierHost
+		// Sharded, the master (but in fp32) and the moments are the
+		// rank's range of buffers padded to ShardLen (hostRequests).
+		mlo, mhi := o.masterOf(m.DType, i, int(np))
+		slo, shi := o.shardOf(i, int(np))
 		if optTier == offload.TierDisk && hs.mdisk {
 			masterAt = offload.TierDisk
 		} else {
-			h.master = take()
+			h.master = take()[:4*(mhi-mlo)]
 		}
 		h.weights = h.master
-		if m.DType != kernels.F32 || o.DelayedUpdate || o.sharded(i) {
+		if m.DType != kernels.F32 || o.DelayedUpdate {
 			h.weights = take()
 		}
 		h.grads = take()
@@ -299,7 +308,7 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 				}
 			}
 		} else {
-			h.m, h.v = take(), take()
+			h.m, h.v = take()[:4*(shi-slo)], take()[:4*(shi-slo)]
 		}
 		// The residency table records every class of the layer; the
 		// executor moves the weights, gradients and activations.
@@ -567,8 +576,8 @@ func (hs *hostState) launchUpdate(ctx context.Context, i int, hp kernels.AdamWPa
 		out, h.next = h.spareW, h.spareW
 		h.spareW = nil
 		h.grads, h.spareG = h.spareG, h.grads
-	case hs.m.DType == kernels.F32 && !hs.opts.sharded(i):
-		out = nil // the weights are the master
+	case hs.m.DType == kernels.F32:
+		out = nil // the weights are the master (whole, also when sharded)
 	}
 	done := make(chan struct{})
 	h.done, h.err, h.nonFinite = done, nil, false
@@ -635,9 +644,11 @@ func (hs *hostState) updateLayer(ctx context.Context, i int, hp kernels.AdamWPar
 	}
 	master, m, v := offload.F32s(wb), offload.F32s(mb), offload.F32s(vb)
 	es := int(dt.Size())
-	// The master and moments hold [s0, s1) of the layer's parameters:
-	// the rank's range when sharded (engine/zero.go), else all.
+	// The moments hold [s0, s1) of the layer's parameters: the rank's
+	// range when sharded (engine/zero.go), else all; the master the same
+	// from m0 on, or all of them (fp32: the master is the weights).
 	s0, s1 := hs.opts.shardOf(i, int(np))
+	m0, _ := hs.opts.masterOf(dt, i, int(np))
 	for _, ps := range l.Params() {
 		p := hp
 		if !ps.Decay {
@@ -651,7 +662,7 @@ func (hs *hostState) updateLayer(ctx context.Context, i int, hp kernels.AdamWPar
 		if out != nil {
 			o = out[lo*es : hi*es]
 		}
-		if err := offload.HostAdamW(master[lo-s0:hi-s0], grads[lo*es:hi*es], dt, m[lo-s0:hi-s0], v[lo-s0:hi-s0], o, dt, p); err != nil {
+		if err := offload.HostAdamW(master[lo-m0:hi-m0], grads[lo*es:hi*es], dt, m[lo-s0:hi-s0], v[lo-s0:hi-s0], o, dt, p); err != nil {
 			if hs.tier[i] == offload.TierDisk {
 				hs.releaseLoaded(i)
 			}

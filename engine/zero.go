@@ -7,6 +7,7 @@ import (
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/kernels/cpu"
 	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/offload/plan"
 )
 
 // ZeRO-2 style sharding of the host optimizer state (TrainerOptions.
@@ -14,11 +15,19 @@ import (
 //
 // Under it, each of the Size ranks of a data-parallel group owns the
 // range kernels.ShardRange(np, Size, Rank) of the flat parameters of
-// every layer whose optimizer state is on the host (TierHost): its fp32
-// master weights and Adam moments hold that range only, so the host
-// optimizer state of a rank is 1/Size of the model's. Every rank keeps
-// the whole compute-dtype weights (the fetches read them) and the whole
-// gradient landing buffer (the evictions write it).
+// every layer whose optimizer state is on the host (TierHost): its Adam
+// moments hold that range only, and so does its fp32 master where the
+// master is a buffer of its own (a compute dtype other than fp32). Every
+// rank keeps the whole compute-dtype weights (the fetches read them) and
+// the whole gradient landing buffer (the evictions write it).
+//
+// fp32. The master is the weights buffer itself, held whole, as without
+// sharding: each rank's AdamW updates its range of it in place and the
+// all-gather fills in the other ranks' ranges. Only the moments are
+// sharded: a rank holds 4·np + 8·np/Size bytes of a layer's optimizer
+// state and weights, where a master shard beside whole weights would
+// hold 4·np/Size more for nothing (the weights are the master's values,
+// bit for bit). The planner counts the same (plan.HostStateRanks).
 //
 // A step:
 //   - As a sharded layer's gradients become final, the comm queue copies
@@ -82,16 +91,42 @@ func (o *OffloadOptions) sharded(i int) bool {
 	return o.zero.on() && o.optTier(i) == offload.TierHost
 }
 
+// shardCap is how many elements of layer i's np parameters a rank's
+// sharded buffers are allocated with: kernels.ShardLen on every rank
+// (the last ranks' ranges are shorter, or empty: padded, so that each
+// rank holds what the planner counts), np when not sharded.
+func (o *OffloadOptions) shardCap(i, np int) int {
+	if !o.sharded(i) {
+		return np
+	}
+	return kernels.ShardLen(np, o.zero.size)
+}
+
+// masterOf is the range of layer i's np parameters that its host master
+// buffer holds: the rank's range when the layer is sharded and its
+// master is a buffer of its own (dt not fp32, or a delayed update),
+// else [0, np) (in fp32 the master is the whole weights buffer).
+func (o *OffloadOptions) masterOf(dt kernels.DType, i, np int) (lo, hi int) {
+	if dt == kernels.F32 && !o.DelayedUpdate {
+		return 0, np
+	}
+	return o.shardOf(i, np)
+}
+
 // zeroBytes is the size of zbuf: 4 bytes (fp32 for the gathers of the
-// master and moments) per element of the largest sharded layer, padded.
+// moments) per element of the largest sharded layer, padded
+// (plan.CommBytes, which the planner counts).
 func zeroBytes(m *Model, o *OffloadOptions) int64 {
-	var n int64
+	if !o.zero.on() {
+		return 0
+	}
+	var sharded []int64
 	for i, l := range m.Layers {
 		if o.sharded(i) {
-			n = max(n, int64(kernels.ShardLen(l.NumParams(), o.zero.size)*o.zero.size))
+			sharded = append(sharded, int64(l.NumParams()))
 		}
 	}
-	return 4 * n
+	return plan.CommBytes(o.zero.size, sharded)
 }
 
 // reduceScatterGrads enqueues on the comm queue cq the reduce-scatter of
@@ -200,6 +235,10 @@ func (t *Trainer) gatherOptim(ctx context.Context, i int) (master, m, v []byte, 
 	var out [3][]byte
 	for k, mine := range [3][]byte{h.master, h.m, h.v} {
 		out[k] = offload.NewF32Bytes(4 * int64(np))
+		if k == ckptMaster && len(mine) == 4*np {
+			copy(out[k], mine) // an fp32 master: whole, and gathered already
+			continue
+		}
 		if err := t.gatherShard(ctx, kernels.F32, np, out[k], mine); err != nil {
 			return nil, nil, nil, err
 		}
@@ -222,7 +261,8 @@ func (t *Trainer) ShardsOptimizer() bool { return t.off != nil && t.off.opts.zer
 
 // OptimizerHostBytes is the host memory of the fp32 master weights and
 // Adam moments this rank holds (the layers whose optimizer state is in
-// host RAM): about 1/Size of the model's under sharding.
+// host RAM): about 1/Size of the model's under sharding, except for an
+// fp32 master, which is the weights, held whole on every rank.
 func (t *Trainer) OptimizerHostBytes() int64 {
 	var n int64
 	for _, h := range t.off.host.host {
@@ -241,8 +281,8 @@ func (hs *hostState) setShardMaster(i int, fill func(master []float32)) error {
 	np := hs.m.Layers[i].NumParams()
 	full := make([]float32, np)
 	fill(full)
-	lo, hi := hs.opts.shardOf(i, np)
-	copy(offload.F32s(h.master), full[lo:hi])
+	lo, hi := hs.opts.masterOf(hs.m.DType, i, np)
+	copy(offload.F32s(h.master), full[lo:hi]) // in fp32, the weights too
 	hs.setWeights(h.weights, full)
 	return hs.markHostModified(i)
 }
@@ -252,7 +292,11 @@ func (hs *hostState) setShardMaster(i int, fill func(master []float32)) error {
 // for the master, the whole compute-dtype copy).
 func (hs *hostState) setShardTensor(i, kind int, ps ParamSpec, data []byte) error {
 	h := &hs.host[i]
-	s0, s1 := hs.opts.shardOf(i, hs.m.Layers[i].NumParams())
+	np := hs.m.Layers[i].NumParams()
+	s0, s1 := hs.opts.shardOf(i, np)
+	if kind == ckptMaster {
+		s0, s1 = hs.opts.masterOf(hs.m.DType, i, np)
+	}
 	lo, hi := max(ps.Offset, s0), min(ps.Offset+ps.Elems(), s1)
 	if lo < hi {
 		dst := [3][]byte{h.master, h.m, h.v}[kind]

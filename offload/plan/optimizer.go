@@ -101,7 +101,11 @@ func (pl *planner) optimizerWhy(c *cand) string {
 	host := n - c.nDev - c.nDisk
 	var params [3]int64
 	for i, t := range pl.optTiers(c) {
-		params[t-offload.TierDevice] += ShardParams(pl.m.Layers[i].Params, pl.shard) // a rank's
+		np := pl.m.Layers[i].Params
+		if t == offload.TierHost {
+			np = ShardParams(np, pl.shard) // a rank's
+		}
+		params[t-offload.TierDevice] += np
 	}
 	bytes := func(np int64) string { return kernels.FormatBytes(np * (8 + pl.masterBytes())) }
 	s := ""

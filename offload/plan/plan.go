@@ -73,6 +73,11 @@ type Model struct {
 	// mb; nil counts weights, gradients, master, moments, every layer's
 	// activations and the scratch.
 	Resident func(mb int) map[offload.Class]int64
+	// Comm, if set, is the device memory a rank of a data-parallel job of
+	// ranks > 1 allocates for its collectives, sharded being the
+	// parameter counts of the layers whose optimizer state it shards
+	// (none: not sharded); nil: CommBytes.
+	Comm func(ranks int, sharded []int64) int64
 }
 
 // Params is the model's parameter count.
@@ -229,6 +234,7 @@ type planner struct {
 type peakKey struct {
 	w, g                      offload.Tier
 	mb, grp, depth, r, o, dev int
+	disk                      int // the sharded layers' collectives' buffer depends on it
 	ckptHost                  bool
 }
 
@@ -272,9 +278,6 @@ func (pl *planner) shape(mb int) []schedule.Layer {
 			s = append(s, schedule.Layer{ParamBytes: l.Params * pl.s, ActBytes: l.ActBytes * int64(mb), OutBytes: out, Tied: l.Tied,
 				MasterBytes: l.Params * pl.masterBytes(), MomentBytes: 4 * l.Params})
 		}
-	}
-	if pl.shard > 1 {
-		s = shardShape(s, pl.shard)
 	}
 	pl.shapes[mb] = s
 	return s
@@ -339,9 +342,9 @@ func (pl *planner) devicePeak(c *cand) (int64, map[offload.Class]int64, error) {
 			by[offload.Activations] = acts
 			by[offload.Workspace] = sc
 		}
-		if pl.shard > 1 {
+		if cb := pl.commBytes(nil); cb > 0 {
 			by = maps.Clone(by)
-			pl.shardResident(by)
+			by[offload.Workspace] += cb
 		}
 		var n int64
 		for _, v := range by {
@@ -349,7 +352,7 @@ func (pl *planner) devicePeak(c *cand) (int64, map[offload.Class]int64, error) {
 		}
 		return n, by, nil
 	}
-	k := peakKey{c.w, c.g, c.mb, c.grp, c.depth, c.rec, c.off, c.nDev, c.ckptHost}
+	k := peakKey{c.w, c.g, c.mb, c.grp, c.depth, c.rec, c.off, c.nDev, c.nDisk, c.ckptHost}
 	if v, ok := pl.peakCache[k]; ok {
 		return v.peak, v.by, v.err
 	}
@@ -365,7 +368,7 @@ func (pl *planner) devicePeak(c *cand) (int64, map[offload.Class]int64, error) {
 		if ep > tp {
 			tp, tby = ep, eby
 		}
-		fx := pl.fixed(c.mb, accum)
+		fx := pl.fixed(c.mb, accum) + pl.commBytes(pl.optTiers(c))
 		tby[offload.Workspace] += fx
 		v = peakVal{peak: tp + fx, by: tby, err: err}
 	} else {
@@ -408,9 +411,11 @@ func HostState(params []int64, elem int64, mixed, delayed, masterDisk bool, opti
 }
 
 // HostStateRanks is HostState of one of shard ranks the optimizer state
-// is sharded across (ranks.go): a layer's master, when it is a buffer of
-// its own (mixed or delayed), and its moments are ShardParams of its
-// parameters, on the host and in the disk tier's buffers alike.
+// is sharded across (ranks.go): the moments of a layer whose optimizer
+// state is on the host, and its master when it is a buffer of its own
+// (mixed or delayed), are ShardParams of its parameters. In fp32 the
+// master is the whole weights buffer every rank needs. Layers updated on
+// the device or the disk tier are not sharded (the engine's layout).
 func HostStateRanks(params []int64, elem int64, mixed, delayed, masterDisk bool, optimizer []offload.Tier, slots map[offload.Class]int64, shard int) map[offload.Class]int64 {
 	by := map[offload.Class]int64{}
 	var ndisk int
@@ -424,7 +429,10 @@ func HostStateRanks(params []int64, elem int64, mixed, delayed, masterDisk bool,
 			continue
 		}
 		cb := np * elem
-		op := ShardParams(np, shard)
+		op := np
+		if tier == offload.TierHost {
+			op = ShardParams(np, shard)
+		}
 		if tier != offload.TierDisk || !masterDisk {
 			if mixed || delayed {
 				by[offload.Master] += 4 * op
@@ -468,20 +476,13 @@ func HostStateRanks(params []int64, elem int64, mixed, delayed, masterDisk bool,
 
 // DiskState is what the disk tier holds for the layers whose optimizer
 // state is on disk, by class: their moments and, with masterDisk, their
-// master weights.
+// master weights (whole on every rank: the disk tier is not sharded).
 func DiskState(params []int64, masterDisk bool, optimizer []offload.Tier) map[offload.Class]int64 {
-	return DiskStateRanks(params, masterDisk, optimizer, 1)
-}
-
-// DiskStateRanks is DiskState of one of shard ranks the optimizer state
-// is sharded across: the shards of the disk layers' moments and master.
-func DiskStateRanks(params []int64, masterDisk bool, optimizer []offload.Tier, shard int) map[offload.Class]int64 {
 	by := map[offload.Class]int64{}
 	for i, np := range params {
 		if optimizer == nil || optimizer[i] != offload.TierDisk {
 			continue
 		}
-		np = ShardParams(np, shard)
 		by[offload.AdamM] += 4 * np
 		by[offload.AdamV] += 4 * np
 		if masterDisk {
@@ -555,16 +556,16 @@ func (pl *planner) hostDisk(c *cand) {
 		}
 		var maxDisk int64
 		for c.nDisk < n-c.nDev && (pl.req.Optimizer == offload.TierDisk || total+pl.hw.HostReserve > pl.req.Budgets.Host) {
-			np := ShardParams(params[n-1-c.nDisk], pl.shard)
-			total -= per * np
+			np := params[n-1-c.nDisk]
+			total -= per * ShardParams(np, pl.shard) // its host state, sharded or not
 			total -= int64(min(c.nDisk, DiskBuffers)) * per * maxDisk
 			c.nDisk++
-			maxDisk = max(maxDisk, np)
+			maxDisk = max(maxDisk, np) // the disk tier's buffers are whole
 			total += int64(min(c.nDisk, DiskBuffers)) * per * maxDisk
 		}
 	}
 	by := HostStateRanks(params, pl.s, mixed, pl.req.DelayedUpdate, c.mdisk, pl.optTiers(c), slots, pl.shard)
-	for cl, v := range DiskStateRanks(params, c.mdisk, pl.optTiers(c), pl.shard) {
+	for cl, v := range DiskState(params, c.mdisk, pl.optTiers(c)) {
 		c.disk[cl] = v
 	}
 	for cl, v := range by {
@@ -741,18 +742,10 @@ func (pl *planner) timeOf(c *cand) {
 	}
 	c.busy = offload.Busy{Compute: compute, H2D: h2d/hw.H2D + optH2D, D2H: d2h/hw.D2H + optD2H}
 	devOpt := func(np float64) float64 { return np * float64(2*(pl.masterBytes()+8)+2*pl.s) / hw.DeviceBandwidth }
-	// Each rank updates its shard of the optimizer state (ranks.go).
-	shardOf := func(np int64) float64 { return float64(ShardParams(np, pl.shard)) }
+	// Each rank updates its shard of the host layers' optimizer state,
+	// and the whole of the device and disk layers' (ranks.go).
+	sharded := func(i int) bool { return pl.shard > 1 && tiers != nil && tiers[i] == offload.TierHost }
 	Pupd, PdevUpd := P, Pdev
-	if pl.shard > 1 {
-		Pupd, PdevUpd = 0, 0
-		for i, l := range pl.m.Layers {
-			Pupd += shardOf(l.Params)
-			if i < c.nDev {
-				PdevUpd += shardOf(l.Params)
-			}
-		}
-	}
 	// The last group's backward and the next step's first forward, layer
 	// by layer.
 	n := len(pl.m.Layers)
@@ -768,7 +761,7 @@ func (pl *planner) timeOf(c *cand) {
 	}
 	// The gradients' reductions across ranks during the last backward:
 	// when each layer's are ready and how much later the backward ends.
-	ready, commBusy, commExp := pl.commTimeline(bwd, func(i int) bool { return tiers != nil && tiers[i] != offload.TierDevice })
+	ready, commBusy, commExp := pl.commTimeline(bwd, func(i int) bool { return tiers != nil && tiers[i] != offload.TierDevice }, sharded)
 	c.busy.Comm, c.commExp = commBusy, commExp
 	if c.o == offload.TierDevice {
 		opt := devOpt(Pupd)
@@ -799,7 +792,10 @@ func (pl *planner) timeOf(c *cand) {
 			continue
 		}
 		np := float64(l.Params)
-		op := shardOf(l.Params)
+		op := np
+		if sharded(i) {
+			op = float64(ShardParams(l.Params, pl.shard))
+		}
 		a := op / adam
 		U += a
 		x := a
@@ -831,7 +827,9 @@ func (pl *planner) timeOf(c *cand) {
 	} else {
 		done := make([]float64, n)
 		var tb float64
-		if !pl.req.GlobalNorm {
+		// Sharded, the updates wait for the step's statistics, all-reduced
+		// after the last reduction, as GlobalNorm's (no eager updates).
+		if !pl.req.GlobalNorm && !pl.anySharded(tiers) {
 			var q float64
 			for i := n - 1; i >= 0; i-- {
 				tb += bwd(i)
@@ -856,6 +854,19 @@ func (pl *planner) timeOf(c *cand) {
 		}
 		tf := tb + dev
 		start, sumF := tf, 0.0
+		if g, gc, h2d, d2h := pl.gatherTime(tiers); g > 0 {
+			// The updated weights are all-gathered once every update is
+			// done, before the step returns (engine/zero.go).
+			for i := range n {
+				if tiers[i] != offload.TierDevice {
+					tf = max(tf, done[i])
+				}
+			}
+			tf += g
+			c.busy.Comm += gc
+			c.busy.H2D += h2d
+			c.busy.D2H += d2h
+		}
 		for i := range n {
 			if tiers[i] != offload.TierDevice {
 				tf = max(tf, done[i])

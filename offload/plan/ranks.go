@@ -3,10 +3,10 @@ package plan
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/offload"
-	"github.com/spill-ml/spill/offload/schedule"
 )
 
 // Several ranks. A data-parallel job runs one process per GPU, each with
@@ -20,22 +20,32 @@ import (
 // context, pinned staging and loader), so a node of N ranks reserves N
 // times it: conservative for the part of it that is the OS's.
 //
-// Sharding (ZeRO-1/2). With Shard on, each rank holds, of every layer of
-// np parameters, kernels.ShardLen(np, Ranks) elements of the optimizer
-// state (the flat buffer padded to ShardLen*Ranks, as the engine shards
-// it): the fp32 master where it is a buffer of its own (mixed precision
-// or a delayed update; in fp32 without one the master is the weights
-// every rank needs whole) and both Adam moments, on whichever tier the
-// layer's optimizer state is (device, host or disk, and the disk tier's
-// buffers). The compute-dtype weights and the gradients' landing buffers
-// stay whole (the updated shards are all-gathered into them). The host
-// AdamW and the disk traffic of a layer are those of its shard.
+// Sharding (ZeRO-1/2), as the engine shards (engine/zero.go). With Shard
+// on, each rank holds, of every layer of np parameters whose optimizer
+// state is on the host, kernels.ShardLen(np, Ranks) elements of it (the
+// flat buffer padded to ShardLen*Ranks): both Adam moments, and the fp32
+// master where it is a buffer of its own (mixed precision; in fp32 the
+// master is the weights every rank needs whole, and a shard of it beside
+// them would only add memory). Layers updated on the device or the disk
+// tier are not sharded (all-reduced and updated whole on every rank).
+// The compute-dtype weights and the gradients' landing buffers stay
+// whole (the updated shards are all-gathered into them). A sharded
+// layer's host AdamW is that of its shard. The device holds, besides,
+// the collectives' buffers (Model.Comm; CommBytes: the padded buffer of
+// the largest sharded layer the reduce-scatters and all-gathers go
+// through). There is no delayed update under sharding, and no eager one:
+// the host updates wait for the step's statistics, all-reduced after the
+// last reduction (a layer's shards would otherwise be judged finite on
+// some ranks and not on others), and the updated weights are all-gathered
+// layer after layer once every update is done, before the next forward.
 //
 // Communication. Each rank reduces its compute-dtype gradients once per
 // step, layer by layer as the last backward makes them final, on a comm
 // queue of its own (engine/ddp.go): an all-reduce of n bytes takes
-// 2(N-1)/N x n / Hardware.InterconnectRate(), and a reduce-scatter plus
-// the all-gather of the updated weights (sharded) the same. Each GPU has
+// 2(N-1)/N x n / Hardware.InterconnectRate(), a reduce-scatter (a
+// sharded layer's) half that, and so does the all-gather of its updated
+// weights after the updates, staged through the device (its shard up,
+// the whole layer down). Each GPU has
 // its own PCIe link (H2D, D2H as profiled), but the node's CPUs and disk
 // are shared: each rank's host AdamW and disk run at 1/LocalRanks of the
 // profile's rates (which are the whole node's). The backward
@@ -101,40 +111,76 @@ func AllReduceTime(n float64, ranks int, bw float64) float64 {
 	return 2 * (N - 1) / N * n / bw
 }
 
-// shardShape is sh with every layer's master and moments sharded across
-// ranks (each moment MomentBytes, the master MasterBytes, in fp32 words).
-func shardShape(sh []schedule.Layer, ranks int) []schedule.Layer {
-	out := append([]schedule.Layer(nil), sh...)
-	for i := range out {
-		if out[i].MasterBytes > 0 {
-			out[i].MasterBytes = 4 * ShardParams((out[i].MasterBytes+3)/4, ranks)
-		}
-		out[i].MomentBytes = 4 * ShardParams((out[i].MomentBytes+3)/4, ranks)
+// CommBytes is the device memory of a data-parallel rank's collectives
+// when the layers of sharded parameters are sharded across ranks: the
+// padded buffer the reduce-scatters and all-gathers go through, 4 bytes
+// (fp32, for the gathers of the moments at a checkpoint) per element of
+// the largest sharded layer padded to ShardLen*ranks; none unsharded.
+// The engine's Model.Comm adds its small buffers and block rounding.
+func CommBytes(ranks int, sharded []int64) int64 {
+	var n int64
+	for _, np := range sharded {
+		n = max(n, ShardParams(np, ranks)*int64(ranks))
 	}
-	return out
+	return 4 * n
 }
 
-// shardResident takes the optimizer state of the resident trainer's
-// device bytes by (all layers') down to the shards of ranks.
-func (pl *planner) shardResident(by map[offload.Class]int64) {
-	var whole, shard int64
-	for _, l := range pl.m.Layers {
-		whole += 4 * l.Params
-		shard += 4 * ShardParams(l.Params, pl.shard)
+// commBytes is the device memory of a rank's collectives with the
+// optimizer tiers tiers (nil: all on the device), 0 for one rank.
+func (pl *planner) commBytes(tiers []offload.Tier) int64 {
+	if pl.ranks <= 1 {
+		return 0
 	}
-	for _, cl := range []offload.Class{offload.Master, offload.AdamM, offload.AdamV} {
-		if by[cl] > 0 {
-			by[cl] -= whole - shard
+	var sharded []int64
+	if pl.shard > 1 {
+		for i, t := range tiers {
+			if t == offload.TierHost {
+				sharded = append(sharded, pl.m.Layers[i].Params)
+			}
 		}
 	}
+	if pl.m.Comm != nil {
+		return pl.m.Comm(pl.ranks, sharded)
+	}
+	return CommBytes(pl.ranks, sharded)
+}
+
+// anySharded reports whether any layer of the optimizer tiers tiers is
+// sharded (its state on the host, Shard on).
+func (pl *planner) anySharded(tiers []offload.Tier) bool {
+	return pl.shard > 1 && slices.Contains(tiers, offload.TierHost)
+}
+
+// gatherTime is the all-gather of the sharded layers' updated weights at
+// the step's end, one layer after the other (engine/zero.go): its
+// seconds, and of them the interconnect's, the shards' copies up and the
+// whole layers' copies down.
+func (pl *planner) gatherTime(tiers []offload.Tier) (total, comm, h2d, d2h float64) {
+	if pl.shard <= 1 {
+		return 0, 0, 0, 0
+	}
+	bw := pl.hw.InterconnectRate()
+	for i, t := range tiers {
+		if t != offload.TierHost {
+			continue
+		}
+		np := pl.m.Layers[i].Params
+		n := float64(pl.s * np)
+		c := AllReduceTime(n, pl.ranks, bw) / 2
+		u := float64(pl.s*ShardParams(np, pl.shard)) / pl.hw.H2D
+		d := n / pl.hw.D2H
+		comm, h2d, d2h = comm+c, h2d+u, d2h+d
+	}
+	return comm + h2d + d2h, comm, h2d, d2h
 }
 
 // commTimeline is the last backward of c with the gradients' reductions:
 // bwd(i) is layer i's backward, wait(i) says the compute queue waits for
-// layer i's reduction at once. It returns when each layer's reduced
+// layer i's reduction at once, sharded(i) that it is a reduce-scatter
+// (half an all-reduce's time). It returns when each layer's reduced
 // gradients are ready, the reductions' busy time, and how much later the
 // backward ends (both queues done) than it would without them.
-func (pl *planner) commTimeline(bwd func(int) float64, wait func(int) bool) (ready []float64, busy, exposed float64) {
+func (pl *planner) commTimeline(bwd func(int) float64, wait, sharded func(int) bool) (ready []float64, busy, exposed float64) {
 	n := len(pl.m.Layers)
 	ready = make([]float64, n)
 	bw := pl.hw.InterconnectRate()
@@ -148,6 +194,9 @@ func (pl *planner) commTimeline(bwd func(int) float64, wait func(int) bool) (rea
 			continue
 		}
 		r := AllReduceTime(float64(pl.s*pl.m.Layers[i].Params), pl.ranks, bw)
+		if sharded(i) {
+			r /= 2 // a reduce-scatter
+		}
 		busy += r
 		q = max(q, t) + r
 		ready[i] = q
@@ -192,6 +241,17 @@ func planRanks(req Request) (*offload.Placement, error) {
 		}
 		return p, err
 	}
+	if req.DelayedUpdate && req.Shard != ShardOff {
+		if req.Shard == ShardOn {
+			return nil, errors.New("plan: a sharded optimizer updates in step: it has no delayed update")
+		}
+		req.Shard = ShardOff
+		p, err := run(false)
+		if p != nil {
+			p.Data.ShardWhy = "off: a delayed update is not sharded"
+		}
+		return p, err
+	}
 	switch req.Shard {
 	case ShardOff:
 		p, err := run(false)
@@ -214,7 +274,7 @@ func planRanks(req Request) (*offload.Placement, error) {
 	p1, err1 := run(true)
 	if err0 == nil && p0.OptimizerLayers[2] == 0 {
 		if err1 == nil && p1.StepTime*shardPreference < p0.StepTime {
-			p1.Data.ShardWhy = fmt.Sprintf("on: unsharded, the device is short of the whole optimizer state (%s, %.3f s a step; sharded %s, %.3f s)",
+			p1.Data.ShardWhy = fmt.Sprintf("on: out of core, each rank's host AdamW updates its shard only (unsharded %s, %.3f s a step; sharded %s, %.3f s)",
 				p0.OptimizerSplit(), p0.StepTime, p1.OptimizerSplit(), p1.StepTime)
 			return p1, nil
 		}
@@ -241,8 +301,7 @@ func planRanks(req Request) (*offload.Placement, error) {
 
 // shardPreference is how much faster a sharded plan must be predicted to
 // be to win over an unsharded one that fits without the disk tier (the
-// sharded one adds an all-gather of the weights the model counts as free
-// of extra time, and a dependence on every rank for the checkpoints).
+// sharded one depends on every rank for the checkpoints).
 const shardPreference = 1.05
 
 // shortfallText says what an infeasible plan lacked.

@@ -10,11 +10,11 @@ import (
 	"github.com/spill-ml/spill/offload"
 )
 
-// TestHostStateSharded: a rank's optimizer bytes are each layer's
-// kernels.ShardLen of its parameters, ceil-divided per layer, on the host,
-// on disk and in the disk tier's buffers; the weights and gradients stay
-// whole, and so does the master of fp32 without a delayed update (it is
-// the weights).
+// TestHostStateSharded: a rank's optimizer bytes of a host layer are
+// kernels.ShardLen of its parameters, ceil-divided per layer; the disk
+// layers' (on disk and in the disk tier's buffers), the weights and the
+// gradients stay whole, and so does the master of fp32 without a delayed
+// update (it is the weights).
 func TestHostStateSharded(t *testing.T) {
 	params := []int64{10, 7, 1, 33, 5}
 	tiers := []offload.Tier{offload.TierDevice, offload.TierHost, offload.TierHost, offload.TierDisk, offload.TierDisk}
@@ -22,8 +22,8 @@ func TestHostStateSharded(t *testing.T) {
 	sl := func(np int64) int64 { return int64(kernels.ShardLen(int(np), N)) }
 	// bf16, masters of the disk layers on disk.
 	by := HostStateRanks(params, 2, true, false, true, tiers, nil, N)
-	hostOpt := sl(7) + sl(1)                               // 2 + 1
-	buf := int64(min(2, DiskBuffers)) * max(sl(33), sl(5)) // 2 buffers of 9
+	hostOpt := sl(7) + sl(1)                       // 2 + 1
+	buf := int64(min(2, DiskBuffers)) * max(33, 5) // 2 buffers of 33
 	want := map[offload.Class]int64{
 		offload.Master:  4*hostOpt + 4*buf,
 		offload.AdamM:   4*hostOpt + 4*buf,
@@ -34,11 +34,11 @@ func TestHostStateSharded(t *testing.T) {
 	if !reflect.DeepEqual(by, want) {
 		t.Fatalf("host state sharded 4 ways = %v, want %v", by, want)
 	}
-	if hostOpt != 3 || buf != 18 {
+	if hostOpt != 3 || buf != 66 {
 		t.Fatalf("ShardLen: %d %d", hostOpt, buf)
 	}
-	disk := DiskStateRanks(params, true, tiers, N)
-	d := 4 * (sl(33) + sl(5)) // 4 * (9 + 2)
+	disk := DiskState(params, true, tiers)
+	d := int64(4 * (33 + 5))
 	if want := (map[offload.Class]int64{offload.Master: d, offload.AdamM: d, offload.AdamV: d}); !reflect.DeepEqual(disk, want) {
 		t.Fatalf("disk state = %v, want %v", disk, want)
 	}
@@ -185,24 +185,80 @@ func TestAllReduceTime(t *testing.T) {
 	}
 }
 
-// TestPlanShardsResident: a device too small for the resident trainer's
-// whole optimizer state holds its shard: the resident trainer, sharded,
-// with the shards' bytes on the device.
-func TestPlanShardsResident(t *testing.T) {
+// TestPlanShardsNoDevice: the engine shards only the host tier, so the
+// resident trainer gains nothing from sharding; a device too small for
+// it is not helped by a shard either, and what a sharded plan keeps on
+// the device is the unsharded plan's and the collectives' padded buffer.
+func TestPlanShardsNoDevice(t *testing.T) {
 	req := rankReq(1024*GiB, 0)
 	req.Budgets.Device = 16 * GiB
+	req.Shard = ShardOn
 	p, err := Plan(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Optimizer != offload.TierDevice || !p.Data.ShardOptimizer || !strings.Contains(p.Data.ShardWhy, "on:") {
-		t.Fatalf("plan %s, shard %v: %s", p.Summary(), p.Data.ShardOptimizer, p.Data.ShardWhy)
+	if p.Optimizer == offload.TierDevice {
+		t.Fatalf("sharded resident plan %s: the engine does not shard the device", p.Summary())
 	}
-	var want int64
+	req.Shard = ShardOff
+	p0, err := Plan(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cl := range []offload.Class{offload.Master, offload.AdamM, offload.AdamV} {
+		if p.Memory[0].ByClass[cl] != p0.Memory[0].ByClass[cl] && p.Summary() == p0.Summary() {
+			t.Errorf("device %s: sharded %d, unsharded %d", cl, p.Memory[0].ByClass[cl], p0.Memory[0].ByClass[cl])
+		}
+	}
+	var sharded []int64
 	for _, l := range p.Layers {
-		want += 4 * ShardParams(l.Params, 8)
+		if l.Optimizer == offload.TierHost {
+			sharded = append(sharded, l.Params)
+		}
 	}
-	if got := p.Memory[0].ByClass[offload.AdamV]; got != want {
-		t.Fatalf("device adam_v %d, want the shards' %d", got, want)
+	if cb := CommBytes(8, sharded); cb == 0 || CommBytes(8, nil) != 0 {
+		t.Fatalf("collectives' buffer %d", cb)
+	}
+}
+
+// TestPlanShardedNotEager: sharded, the host updates wait for the step's
+// statistics and the weights' all-gather follows them: a sharded plan's
+// step is no shorter than the same placement's with GlobalNorm, and the
+// interconnect carries the all-gather besides the reduce-scatters.
+func TestPlanShardedNotEager(t *testing.T) {
+	req := rankReq(1024*GiB, 0)
+	req.Optimizer = offload.TierHost
+	req.Shard = ShardOn
+	p, err := Plan(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bytes float64
+	for _, l := range p.Layers {
+		if l.Optimizer == offload.TierHost {
+			bytes += 2 * float64(l.Params)
+		}
+	}
+	rs := AllReduceTime(bytes, 8, offload.DefaultInterconnect) / 2
+	if want := 2 * rs; math.Abs(p.Busy.Comm-want) > 1e-9*want {
+		t.Fatalf("comm busy %v, want reduce-scatters and all-gathers %v", p.Busy.Comm, want)
+	}
+	g := req
+	g.GlobalNorm = true
+	pg, err := Plan(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pg.Summary() == p.Summary() && math.Abs(pg.StepTime-p.StepTime) > 1e-9*p.StepTime {
+		t.Fatalf("sharded step %v, with GlobalNorm %v: sharded updates are not eager either way", p.StepTime, pg.StepTime)
+	}
+	d := req
+	d.DelayedUpdate = true
+	if _, err := Plan(d); err == nil {
+		t.Fatal("sharded with a delayed update: planned")
+	}
+	d.Shard = ShardAuto
+	if p, err := Plan(d); err != nil || p.Data.ShardOptimizer {
+		t.Fatalf("auto with a delayed update: %v, %+v", err, p)
 	}
 }
