@@ -57,7 +57,9 @@ const diskBuffers = plan.DiskBuffers
 // (in RAM or on the disk tier) of every layer whose optimizer state is not
 // on the device, the host memory they live in, and the host optimizer that
 // updates them; and the device optimizer of the other layers (devState).
-// It implements exec.Host.
+// It implements exec.Host. This file holds its memory and the access to
+// its state; ooc_hostopt.go the host optimizer, ooc_disk.go the disk
+// tier's read-ahead and write-back.
 type hostState struct {
 	m     *Model
 	opts  *OffloadOptions
