@@ -98,7 +98,7 @@ func ResolveInitFrom(c *Config) error {
 			return fmt.Errorf("init_from: %s is a %s (the %s family), but %s is %q, a %s model: drop --model or name a %s preset",
 				path, arch, fam.Name(), settingName("model"), c.Model, FamilyOf(c.Model).Name(), fam.Name())
 		}
-		c.Model = fam.Presets()[0].Name
+		c.Model = matchingPreset(fam, settings)
 	}
 	var errs []error
 	for _, s := range settings {
@@ -108,6 +108,32 @@ func ResolveInitFrom(c *Config) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// matchingPreset is the family's preset whose shape config.json describes
+// (llama3.2-1b for Llama-3.2-1B's), so that logs and plans name the model;
+// the family's first preset (its training defaults only: the shape comes
+// from config.json) when none does.
+func matchingPreset(fam Family, settings []hfSetting) string {
+	want := map[string]int{}
+	for _, s := range settings {
+		if v, ok := s.value.(int); ok {
+			want[s.key] = v
+		}
+	}
+	for _, p := range fam.Presets() {
+		have := map[string]int{"layers": p.Layers, "heads": p.Heads, "embd": p.Embd, "vocab": p.Vocab, "kv_heads": p.KVHeads, "ffn": p.FFN}
+		match := len(want) > 0
+		for k, v := range have {
+			if w, ok := want[k]; ok && v != 0 && w != v {
+				match = false
+			}
+		}
+		if match && want["layers"] == p.Layers && want["embd"] == p.Embd {
+			return p.Name
+		}
+	}
+	return fam.Presets()[0].Name
 }
 
 func showSetting(v any) string {

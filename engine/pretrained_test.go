@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -409,5 +410,32 @@ func TestInitFromSettings(t *testing.T) {
 	cfg.Resume, cfg.CheckpointDir = true, t.TempDir()
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "init_from: conflicts with resume") {
 		t.Errorf("init_from with resume: %v", err)
+	}
+}
+
+// TestInitFromNamesPreset: a config.json with a preset's shape names the
+// model after that preset (Llama-3.2-1B's is llama3.2-1b); another shape
+// keeps the family's first preset for its training defaults only.
+func TestInitFromNamesPreset(t *testing.T) {
+	for _, tc := range []struct {
+		layers int
+		want   string
+	}{{16, "llama3.2-1b"}, {3, "llama-tiny"}} {
+		dir := t.TempDir()
+		cfgJSON := fmt.Sprintf(`{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+			"intermediate_size": 8192, "num_hidden_layers": %d, "num_attention_heads": 32, "num_key_value_heads": 8,
+			"vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+			"rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+			"original_max_position_embeddings": 8192}, "tie_word_embeddings": true, "hidden_act": "silu"}`, tc.layers)
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfgJSON), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c := Config{InitFrom: dir}
+		if err := ResolveInitFrom(&c); err != nil {
+			t.Fatalf("%d layers: %v", tc.layers, err)
+		}
+		if c.Model != tc.want || c.Layers != tc.layers {
+			t.Errorf("%d layers: model %q with %d layers, want %q", tc.layers, c.Model, c.Layers, tc.want)
+		}
 	}
 }
