@@ -521,6 +521,10 @@ func (t *Trainer) setTensor(ctx context.Context, i, kind int, ps ParamSpec, data
 // a corrupted file is refused only once its tensors have been loaded, so
 // after an error the trainer's state is undefined (load another
 // checkpoint or start over).
+//
+// Under data parallelism it is a collective: every rank reads the
+// checkpoint and then checks that all of them read the same one
+// (engine/ddp_sync.go).
 func (t *Trainer) RestoreCheckpoint(ctx context.Context, path string) (*TrainState, error) {
 	st, err := readState(path)
 	if err != nil {
@@ -574,6 +578,10 @@ func (t *Trainer) RestoreCheckpoint(ctx context.Context, path string) (*TrainSta
 	if len(missing) > 0 {
 		sort.Strings(missing)
 		return nil, fmt.Errorf("checkpoint %s: %d tensors missing (%s)", path, len(missing), strings.Join(missing[:min(3, len(missing))], ", "))
+	}
+	// Under data parallelism every rank must have read the same one.
+	if err := t.checkSameCheckpoint(ctx, st); err != nil {
+		return nil, err
 	}
 	return st, nil
 }
