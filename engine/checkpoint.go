@@ -55,8 +55,14 @@ type TrainState struct {
 	// Tokens is the number of training tokens (samples for the MLP)
 	// consumed.
 	Tokens int64 `json:"tokens"`
-	// Cursor is the training loader's position.
+	// Cursor is the training loader's position: rank 0's, which is every
+	// rank's (the loader drops the tail).
 	Cursor dataset.Cursor `json:"cursor"`
+	// WorldSize is the number of data-parallel ranks the run trained with
+	// (1 for one process), so that a resume with another number can remap
+	// Cursor (RemapCursor). 0 in checkpoints written before it was
+	// recorded: taken to be the resuming run's (no remap).
+	WorldSize int `json:"world_size,omitempty"`
 	// RNG is the state of the run's random generator (dropout etc.).
 	RNG uint64 `json:"rng"`
 	// LossScale and GoodSteps are the fp16 dynamic loss scaler's state.
