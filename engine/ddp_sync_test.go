@@ -2,8 +2,12 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -239,4 +243,76 @@ func TestRemapCursor(t *testing.T) {
 		t.Fatalf("2 ranks at position 5 to 3 ranks: %v", err)
 	}
 	t.Log(err)
+}
+
+// TestRunResumeRemapsCursor: Run resumes a checkpoint saved by 2 ranks
+// (its state.json rewritten as 2 ranks would have written it: world_size
+// 2, each rank's cursor half the samples) with one process, remaps the
+// cursor to the global position and trains on exactly the batches of the
+// run that never stopped: the same losses, bit for bit.
+func TestRunResumeRemapsCursor(t *testing.T) {
+	data := writeTokens(t, 32, 16, 8000)
+	const N = 4
+	base := tinyConfig(data)
+	base.Steps = N
+	base.CheckpointEvery = 100
+	a := base
+	a.CheckpointDir = filepath.Join(t.TempDir(), "a")
+	var la stepLog
+	if _, err := Run(context.Background(), a, RunOptions{Reporter: &la}); err != nil {
+		t.Fatal(err)
+	}
+	b := base
+	b.CheckpointDir = filepath.Join(t.TempDir(), "b")
+	ctx, cancel := context.WithCancel(context.Background())
+	sb, err := Run(ctx, b, RunOptions{Reporter: ReporterFunc(func(m StepMetrics) {
+		if m.Step == N/2 {
+			cancel() // checkpointed at step N/2, with the same schedule as a's
+		}
+	})})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("interrupted run: %v", err)
+	}
+	file := filepath.Join(sb.Checkpoint, CheckpointStateFile)
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st map[string]any
+	if err := json.Unmarshal(raw, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st["world_size"] != 1.0 {
+		t.Fatalf("state.json world_size %v, want 1", st["world_size"])
+	}
+	cur := st["cursor"].(map[string]any)
+	pos := int64(cur["position"].(float64))
+	if pos%2 != 0 || pos == 0 {
+		t.Fatalf("cursor position %d: want an even, nonzero one", pos)
+	}
+	cur["position"], st["world_size"] = pos/2, 2
+	if raw, err = json.Marshal(st); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.Resume = true
+	var lb stepLog
+	var log strings.Builder
+	if _, err := Run(context.Background(), b, RunOptions{Reporter: &lb, Log: &log}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(log.String(), "resuming with 1 ranks a run saved with 2") {
+		t.Errorf("log does not mention the remap:\n%s", log.String())
+	}
+	got, want := lb.losses(), la.losses()[N/2:]
+	if len(got) != len(want) {
+		t.Fatalf("%d losses after the resume, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if math.Float64bits(got[i]) != math.Float64bits(want[i]) {
+			t.Errorf("step %d: loss %v after the resume, %v straight", N/2+i+1, got[i], want[i])
+		}
+	}
 }
