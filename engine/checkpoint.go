@@ -55,8 +55,14 @@ type TrainState struct {
 	// Tokens is the number of training tokens (samples for the MLP)
 	// consumed.
 	Tokens int64 `json:"tokens"`
-	// Cursor is the training loader's position.
+	// Cursor is the training loader's position: rank 0's, which is every
+	// rank's (the loader drops the tail).
 	Cursor dataset.Cursor `json:"cursor"`
+	// WorldSize is the number of data-parallel ranks the run trained with
+	// (1 for one process), so that a resume with another number can remap
+	// Cursor (RemapCursor). 0 in checkpoints written before it was
+	// recorded: taken to be the resuming run's (no remap).
+	WorldSize int `json:"world_size,omitempty"`
 	// RNG is the state of the run's random generator (dropout etc.).
 	RNG uint64 `json:"rng"`
 	// LossScale and GoodSteps are the fp16 dynamic loss scaler's state.
@@ -521,6 +527,10 @@ func (t *Trainer) setTensor(ctx context.Context, i, kind int, ps ParamSpec, data
 // a corrupted file is refused only once its tensors have been loaded, so
 // after an error the trainer's state is undefined (load another
 // checkpoint or start over).
+//
+// Under data parallelism it is a collective: every rank reads the
+// checkpoint and then checks that all of them read the same one
+// (engine/ddp_sync.go).
 func (t *Trainer) RestoreCheckpoint(ctx context.Context, path string) (*TrainState, error) {
 	st, err := readState(path)
 	if err != nil {
@@ -574,6 +584,10 @@ func (t *Trainer) RestoreCheckpoint(ctx context.Context, path string) (*TrainSta
 	if len(missing) > 0 {
 		sort.Strings(missing)
 		return nil, fmt.Errorf("checkpoint %s: %d tensors missing (%s)", path, len(missing), strings.Join(missing[:min(3, len(missing))], ", "))
+	}
+	// Under data parallelism every rank must have read the same one.
+	if err := t.checkSameCheckpoint(ctx, st); err != nil {
+		return nil, err
 	}
 	return st, nil
 }

@@ -54,7 +54,8 @@ import (
 // 1/Size per rank (engine/zero.go: reduce-scatter of the gradients,
 // all-gather of the updated weights, checkpoints that resume with any
 // rank count).
-// Evaluation (MicroLoss, Evaluate) stays local to each rank.
+// MicroLoss stays local to each rank; Evaluate is reduced over the ranks,
+// and the initial weights are rank 0's (engine/ddp_sync.go).
 
 // dataParallel is a trainer's side of the group: the communicator, the
 // comm queue, and the small device buffers of the loss and handshake

@@ -37,6 +37,8 @@ type ddpCase struct {
 	// these options (else NewTrainer).
 	offload *OffloadOptions
 	zero    int // TrainerOptions.ZeroStage
+	// seed, if set, is rank r's InitWeights seed (else 42).
+	seed func(rank int) uint64
 }
 
 const ddpB, ddpT = 2, 6
@@ -104,7 +106,11 @@ func runRank(ctx context.Context, c ddpCase, be kernels.Backend, id []byte, r in
 		return rankResult{err: err}
 	}
 	defer tr.Close()
-	if err := tr.InitWeights(ctx, 42); err != nil {
+	seed := uint64(42)
+	if c.seed != nil {
+		seed = c.seed(r)
+	}
+	if err := tr.InitWeights(ctx, seed); err != nil {
 		return rankResult{err: err}
 	}
 	f := &mbFeed{in: in, tg: tg, n: ddpB * ddpT}

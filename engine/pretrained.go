@@ -643,5 +643,6 @@ func (t *Trainer) LoadPretrained(ctx context.Context, p *Pretrained) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return t.off.host.setMasters(func(i int, master []float32) { p.fillLayer(i, master) })
+	// Under data parallelism rank 0 reads and broadcasts (engine/ddp_sync.go).
+	return t.setMasters(ctx, func(i int, master []float32) { p.fillLayer(i, master) })
 }

@@ -291,6 +291,16 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 			tr.Step = st.Step
 			tr.Scaler.Scale, tr.Scaler.Good = st.LossScale, st.GoodSteps
 			tokens, cursor, resumed = st.Tokens, st.Cursor, true
+			if st.WorldSize > 0 && st.WorldSize != world.WorldSize {
+				// The cursor counts each rank's samples: continue at the
+				// same global position (engine/ddp_sync.go).
+				if cursor, err = RemapCursor(st.Cursor, st.WorldSize, world.WorldSize); err != nil {
+					return nil, fmt.Errorf("engine: checkpoint %s: %w", path, err)
+				}
+				logf("resuming with %d ranks a run saved with %d: the data continues at position %d of epoch %d per rank; "+
+					"the global batch is now %d rows (was %d)", world.WorldSize, st.WorldSize, cursor.Position, cursor.Epoch,
+					world.WorldSize*cfg.Accum*B, st.WorldSize*cfg.Accum*B)
+			}
 			logf("resumed from %s at step %d", path, tr.Step)
 		} else {
 			logf("no checkpoint in %s: starting from scratch", cfg.CheckpointDir)
@@ -351,7 +361,7 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 			return nil
 		}
 		ck := &Checkpoint{State: TrainState{
-			Step: tr.Step, Tokens: tokens, Cursor: cursor, RNG: cfg.Seed,
+			Step: tr.Step, Tokens: tokens, Cursor: cursor, WorldSize: world.WorldSize, RNG: cfg.Seed,
 			LossScale: tr.Scaler.Scale, GoodSteps: tr.Scaler.Good, ConfigHash: hash, Config: cfg,
 		}, Weights: w, Optim: o}
 		path, err := SaveCheckpoint(cfg.CheckpointDir, ck, cfg.KeepCheckpoints)
@@ -453,7 +463,10 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 			m.TokensPerSec = float64(tr.TokensPerStep()) / dt
 		}
 		if evalSrc != nil && cfg.EvalEvery > 0 && (tr.Step%cfg.EvalEvery == 0 || tr.Step == cfg.Steps) {
-			ev, err := tr.Evaluate(ctx, &seqFeed{src: evalSrc, dec: dec, buf: make([]byte, evalSrc.SampleSize())}, cfg.EvalBatches)
+			// A collective under data parallelism: each rank evaluates its
+			// share of the eval batches, every rank reports the mean of all.
+			ev, err := tr.Evaluate(ctx, &seqFeed{src: evalSrc, dec: dec, buf: make([]byte, evalSrc.SampleSize()),
+				rank: world.Rank, world: world.WorldSize}, cfg.EvalBatches)
 			if err != nil {
 				if ctx.Err() != nil {
 					return interrupted(ctx.Err())
@@ -699,12 +712,16 @@ func (f *loaderFeed) Next(ctx context.Context, hb *HostBatch) error {
 }
 
 // seqFeed reads a source in order from its start, wrapping around (the
-// fixed evaluation batches).
+// fixed evaluation batches). Of a data-parallel group of world ranks
+// (0 means 1), rank reads micro-batches rank, rank+world, ... of that
+// sequence, so the group's first n·world micro-batches are those one rank
+// reads first, shared out.
 type seqFeed struct {
-	src dataset.Source
-	dec *decoder
-	pos int64
-	buf []byte
+	src         dataset.Source
+	dec         *decoder
+	mb          int64 // micro-batches delivered
+	buf         []byte
+	rank, world int
 }
 
 func (f *seqFeed) Next(ctx context.Context, hb *HostBatch) error {
@@ -712,9 +729,10 @@ func (f *seqFeed) Next(ctx context.Context, hb *HostBatch) error {
 	if f.dec.tokens {
 		rows /= f.dec.T
 	}
+	first := (f.mb*int64(max(f.world, 1)) + int64(f.rank)) * int64(rows)
+	f.mb++
 	for k := 0; k < rows; k++ {
-		i := f.pos % f.src.Len()
-		f.pos++
+		i := (first + int64(k)) % f.src.Len()
 		smp, err := f.src.Sample(i, f.buf)
 		if err != nil {
 			return err

@@ -44,8 +44,10 @@ type TrainerOptions struct {
 	// group (engine/ddp.go): B, T and Accum are per rank, so the global
 	// batch of a step is Comm.Size() x Accum x B rows, each rank reading
 	// its own share (dataset.LoaderOptions.Rank/WorldSize). Every rank
-	// must build its trainer with the same model and options, and start
-	// from the same weights (the same InitWeights seed or checkpoint).
+	// must build its trainer with the same model and options; InitWeights
+	// and LoadPretrained give every rank rank 0's weights, and
+	// RestoreCheckpoint checks that every rank read the same checkpoint
+	// (engine/ddp_sync.go).
 	// The trainer does not close it.
 	Comm kernels.Comm
 	// ZeroStage, with a Comm, shards the host optimizer state over the
@@ -216,9 +218,11 @@ func (t *Trainer) localTokens() int64 { return int64(t.nLoss) * int64(t.opts.Acc
 
 // InitWeights initialises every layer deterministically from seed (GPT-2
 // init for GPTs) into the master weights and the compute copy, the layers
-// spread over the cores.
+// spread over the cores. Under data parallelism it is a collective: rank
+// 0 initialises from its seed and broadcasts the weights, so every rank
+// starts from rank 0's whatever seed it was given (engine/ddp_sync.go).
 func (t *Trainer) InitWeights(ctx context.Context, seed uint64) error {
-	return t.off.host.setMasters(func(i int, master []float32) {
+	return t.setMasters(ctx, func(i int, master []float32) {
 		InitParams(master, t.model.Layers[i].Params(), seed)
 	})
 }
@@ -489,6 +493,18 @@ func bytesF32(b []byte) []float32 {
 
 // Evaluate returns the mean loss over n micro-batches from src (forward
 // passes only; gradients and weights are untouched).
+//
+// Under data parallelism it is a collective (every rank calls it with the
+// same n) and every rank returns the same value: the mean over the n·Size
+// micro-batches of all ranks, each rank reading its own from its src.
+// Exactly: each rank sums its micro-batches' mean losses in float64 in
+// order, the ranks' sums are added in rank order and divided by n·Size.
+// Each micro-batch's mean is bitwise what one rank gets on the same rows
+// and weights, so this equals a one-rank Evaluate of the n·Size
+// micro-batches in rank order (rank 0's n, then rank 1's, ...) up to the
+// association of those float64 additions: bitwise for n = 1, else within
+// a few units in the last place of float64 (relative 1e-15 for small
+// n·Size).
 func (t *Trainer) Evaluate(ctx context.Context, src BatchSource, n int) (float64, error) {
 	var sum float64
 	for k := 0; k < n; k++ {
@@ -501,7 +517,7 @@ func (t *Trainer) Evaluate(ctx context.Context, src BatchSource, n int) (float64
 		}
 		sum += l
 	}
-	return sum / float64(n), nil
+	return t.reduceMean(ctx, sum, n)
 }
 
 // SaveTensors copies the fp32 master weights and the Adam moments to the
