@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test.sh: on a machine with an NVIDIA GPU and the CUDA toolkit, regenerate
 # the PTX (go generate), vet, run the CUDA backend's tests against the CPU
-# reference, build spill with -tags cuda and run `spill doctor` and a short
+# reference and the engine's CUDA tests, build spill with -tags cuda and run `spill doctor` and a short
 # `spill train --device cuda`. Each step's log goes to $OUT (default
 # a new /tmp/spill-cuda.* directory); the fresh PTX is also packed as $OUT/ptx.tar.
 # SPILL_CUDA_BENCH=20x also runs the benchmarks with that -benchtime.
@@ -32,6 +32,9 @@ if command -v nvcc >/dev/null; then
 fi
 step vet go vet -tags cuda ./kernels/cuda/ ./cmd/spill/
 step test go test -tags cuda -count=1 -v -timeout 8m -run "${1:-.}" ./kernels/cuda/
+# The engine on the CUDA backend against the CPU's: GPT and Llama steps,
+# out of core, the fused-GELU path, data parallel of one rank over NCCL.
+step engine go test -tags cuda -count=1 -v -timeout 6m -run "${SPILL_ENGINE_RUN:-CUDA}" ./engine/
 if step build go build -tags cuda -o /tmp/spill-cuda ./cmd/spill; then
   step doctor /tmp/spill-cuda doctor
   step train bash -c 'set -x
