@@ -368,26 +368,37 @@ func readState(path string) (*TrainState, error) {
 	return &st, nil
 }
 
-// LoadCheckpoint reads the checkpoint directory path. It checks every
-// file against the SHA-256 recorded in state.json and that both tensor
-// files are present, and refuses a corrupted or truncated checkpoint with
-// an error naming the file.
-func LoadCheckpoint(path string) (*Checkpoint, error) {
+// checkpointFiles reads the state of the checkpoint directory path and
+// returns it with the names of the files it lists checksums for, sorted;
+// both tensor files must be among them.
+func checkpointFiles(path string) (*TrainState, []string, error) {
 	st, err := readState(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, f := range []string{CheckpointModelFile, CheckpointOptimFile} {
 		if _, ok := st.Files[f]; !ok {
-			return nil, fmt.Errorf("checkpoint %s: state.json lists no checksum for %s", path, f)
+			return nil, nil, fmt.Errorf("checkpoint %s: state.json lists no checksum for %s", path, f)
 		}
 	}
-	ck := &Checkpoint{State: *st}
 	names := make([]string, 0, len(st.Files))
 	for name := range st.Files {
 		names = append(names, name)
 	}
 	sort.Strings(names)
+	return st, names, nil
+}
+
+// LoadCheckpoint reads the checkpoint directory path. It checks every
+// file against the SHA-256 recorded in state.json and that both tensor
+// files are present, and refuses a corrupted or truncated checkpoint with
+// an error naming the file.
+func LoadCheckpoint(path string) (*Checkpoint, error) {
+	st, names, err := checkpointFiles(path)
+	if err != nil {
+		return nil, err
+	}
+	ck := &Checkpoint{State: *st}
 	for _, name := range names {
 		want := st.Files[name]
 		file := filepath.Join(path, filepath.Base(name))

@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 )
 
 // ExportCheckpoint writes the fp32 weights of the checkpoint directory
@@ -23,20 +22,10 @@ import (
 // export takes besides the headers, whatever the model's size; the
 // optimizer state is only checksummed. It returns the checkpoint's state.
 func ExportCheckpoint(path, out, format string, o HFExportOptions) (*TrainState, error) {
-	st, err := readState(path)
+	st, names, err := checkpointFiles(path)
 	if err != nil {
 		return nil, err
 	}
-	for _, f := range []string{CheckpointModelFile, CheckpointOptimFile} {
-		if _, ok := st.Files[f]; !ok {
-			return nil, fmt.Errorf("checkpoint %s: state.json lists no checksum for %s", path, f)
-		}
-	}
-	names := make([]string, 0, len(st.Files))
-	for name := range st.Files {
-		names = append(names, name)
-	}
-	sort.Strings(names)
 	buf := make([]byte, safetensorsIOBuf)
 	for _, name := range names {
 		if err := verifyCheckpointFile(path, name, st.Files[name], buf); err != nil {
