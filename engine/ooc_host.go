@@ -559,6 +559,12 @@ func (hs *hostState) setMaster(i int, fill func(master []float32)) error {
 			return fmt.Errorf("engine: layer %s: storing its master weights: %w", hs.m.Layers[i].Name(), err)
 		}
 	}
+	return hs.markHostModified(i)
+}
+
+// markHostModified records that layer i's weights and master changed on
+// the host (device copies are stale).
+func (hs *hostState) markHostModified(i int) error {
 	for _, cl := range []offload.Class{offload.Weights, offload.Master} {
 		k := offload.Key{Layer: i, Class: cl}
 		if r, _ := hs.table.Get(k); r.Valid.Has(offload.TierHost) {
@@ -706,13 +712,5 @@ func (hs *hostState) setTensor(ctx context.Context, i, kind int, ps ParamSpec, d
 	case h.master == nil || &w[0] != &h.master[lo]:
 		copy(w, data)
 	}
-	for _, cl := range []offload.Class{offload.Weights, offload.Master} {
-		k := offload.Key{Layer: i, Class: cl}
-		if r, _ := hs.table.Get(k); r.Valid.Has(offload.TierHost) {
-			if err := hs.table.Modified(k, offload.TierHost); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return hs.markHostModified(i)
 }

@@ -324,17 +324,3 @@ func (hs *hostState) setWeights(w []byte, x []float32) {
 	}
 	cpu.StoreF32(w, hs.m.DType, x)
 }
-
-// markHostModified records that layer i's weights and master changed on
-// the host (device copies are stale).
-func (hs *hostState) markHostModified(i int) error {
-	for _, cl := range []offload.Class{offload.Weights, offload.Master} {
-		k := offload.Key{Layer: i, Class: cl}
-		if r, _ := hs.table.Get(k); r.Valid.Has(offload.TierHost) {
-			if err := hs.table.Modified(k, offload.TierHost); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
