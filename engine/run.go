@@ -204,7 +204,7 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		return nil, err
 	}
 	if sampled && plan.Resident {
-		rec = nil
+		rec, sampled = nil, false
 	}
 	if opts.OnPlan != nil {
 		if err := opts.OnPlan(plan); err != nil {
