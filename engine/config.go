@@ -177,7 +177,8 @@ type Config struct {
 	// OffloadWeights, OffloadGrads and OffloadOptimizer pin a class's
 	// home to "device", "host" or (optimizer only) "disk"; "" = the
 	// planner's choice. An optimizer on the device means the resident
-	// trainer.
+	// trainer; on the host, none of it on the device (the last layers'
+	// on disk when the host budget is short).
 	OffloadWeights   string `toml:"offload_weights" json:"offload_weights"`
 	OffloadGrads     string `toml:"offload_grads" json:"offload_grads"`
 	OffloadOptimizer string `toml:"offload_optimizer" json:"offload_optimizer"`

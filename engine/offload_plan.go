@@ -369,7 +369,7 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 			return false
 		}
 		if (req.Weights != 0 && p.Weights != req.Weights) || (req.Grads != 0 && p.Grads != req.Grads) ||
-			(req.Optimizer != 0 && p.Optimizer != req.Optimizer) {
+			(req.Optimizer != 0 && p.Optimizer != req.Optimizer && (req.Optimizer != offload.TierHost || p.Optimizer != offload.TierDisk)) {
 			return false
 		}
 		if req.Prefetch > 0 && !resident && p.PrefetchDepth != req.Prefetch {

@@ -110,6 +110,8 @@ func (pl *planner) optimizerWhy(c *cand) string {
 	bytes := func(np int64) string { return kernels.FormatBytes(np * (8 + pl.masterBytes())) }
 	s := ""
 	switch {
+	case pl.req.Optimizer == offload.TierHost && c.nDisk > 0:
+		return fmt.Sprintf("none on the device, as pinned; %d layers on the host, the last %d layers' on disk: without, the host would be short", n-c.nDisk, c.nDisk)
 	case pl.req.Optimizer != 0:
 		return fmt.Sprintf("every layer's on %s, as pinned", pl.req.Optimizer)
 	case pl.req.DelayedUpdate:

@@ -124,7 +124,8 @@ type Request struct {
 	// allocations.
 	HostExtra int64
 	// Optimizer, if not 0, pins every layer's optimizer state to one
-	// tier (device: the resident trainer); 0 lets the planner split it per
+	// tier (device: the resident trainer; host: off the device, the last
+	// layers' on disk when the host budget is short); 0 lets the planner split it per
 	// layer: on the device for as many of the first layers as the device
 	// has room for after the weights, gradients and activations, on the
 	// host for the next ones while the host budget lasts, on disk for the
@@ -365,7 +366,8 @@ func (pl *planner) candidates() []*cand {
 					if o == offload.TierDisk && pl.req.Budgets.Disk == 0 {
 						continue
 					}
-					if pin := pl.req.Optimizer; pin != 0 && pin != o {
+					// Pinned to the host, the overflow may go to disk.
+					if pin := pl.req.Optimizer; pin != 0 && pin != o && (pin != offload.TierHost || o != offload.TierDisk) {
 						continue
 					}
 					depths := []int{1}

@@ -351,3 +351,32 @@ func TestPlanRefusesEveryTierShort(t *testing.T) {
 		}
 	}
 }
+
+// Pinned off the device (Optimizer host), the optimizer state still
+// overflows to disk when the host budget is short, and none of it is on
+// the device.
+func TestPlanHostPinOverflowsToDisk(t *testing.T) {
+	m := gpt(16, 1024, 16384, 512)
+	b := offload.Budgets{Device: 2 * GiB, Host: hostNeed(m)*60/100 + hw().HostReserve, Disk: 64 * GiB}
+	req := Request{Model: m, Batch: 8, Hardware: hw(), Budgets: b, Optimizer: offload.TierHost}
+	p, err := Plan(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, p, req)
+	n := p.OptimizerLayers
+	if n[0] != 0 || n[1] == 0 || n[2] == 0 || p.Optimizer != offload.TierDisk {
+		t.Fatalf("split %v (optimizer %s): want none on the device, layers on host and disk: %s", n, p.Optimizer, p.Summary())
+	}
+	if !strings.Contains(p.OptimizerWhy, "as pinned") || !strings.Contains(p.OptimizerWhy, "on disk") {
+		t.Errorf("why %q", p.OptimizerWhy)
+	}
+	// With the host budget enough, nothing goes to disk.
+	req.Budgets.Host = 2*hostNeed(m) + hw().HostReserve
+	if p, err = Plan(req); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.OptimizerLayers; n[0] != 0 || n[2] != 0 || p.Optimizer != offload.TierHost {
+		t.Fatalf("split %v (optimizer %s) with host enough: want all on the host", n, p.Optimizer)
+	}
+}
