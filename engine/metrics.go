@@ -281,6 +281,7 @@ func AppendMetricsJSON(b []byte, m StepMetrics) []byte {
 		b = num(b, "trace_compute_s", tr.Compute.Seconds())
 		b = num(b, "trace_exposed_transfer_s", tr.ExposedTransfer.Seconds())
 		b = num(b, "trace_optimizer_s", tr.Optimizer.Seconds())
+		b = num(b, "trace_exposed_optimizer_s", tr.ExposedOptimizer.Seconds())
 		b = num(b, "trace_loader_wait_s", tr.LoaderWait.Seconds())
 	}
 	return append(b, '}')
@@ -543,6 +544,7 @@ type metricsLine struct {
 	TraceCompute    *float64 `json:"trace_compute_s"`
 	TraceExposed    *float64 `json:"trace_exposed_transfer_s"`
 	TraceOptimizer  *float64 `json:"trace_optimizer_s"`
+	TraceExposedOpt *float64 `json:"trace_exposed_optimizer_s"`
 	TraceLoader     *float64 `json:"trace_loader_wait_s"`
 }
 
@@ -569,7 +571,25 @@ func parseMetricsLine(s string) (StepMetrics, error) {
 			return time.Duration(math.Round(*p * 1e9))
 		}
 		m.Trace = &StepTrace{Wall: d(l.TraceWall), Compute: d(l.TraceCompute), ExposedTransfer: d(l.TraceExposed),
-			Optimizer: d(l.TraceOptimizer), LoaderWait: d(l.TraceLoader)}
+			Optimizer: d(l.TraceOptimizer), ExposedOptimizer: d(l.TraceExposedOpt), LoaderWait: d(l.TraceLoader)}
 	}
 	return m, nil
+}
+
+// Phase is a named span of a run's start-up.
+type Phase struct {
+	Name string
+	D    time.Duration
+}
+
+// FormatPhases writes phases as "open 1.2s, plan 0.3s, ...".
+func FormatPhases(phases []Phase) string {
+	var b strings.Builder
+	for i, p := range phases {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %.1fs", p.Name, p.D.Seconds())
+	}
+	return b.String()
 }

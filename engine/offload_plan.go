@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spill-ml/spill/dataset"
 	"github.com/spill-ml/spill/kernels"
@@ -316,6 +317,8 @@ type TrainerPlan struct {
 	// free than the configured budget and the plan needed, and that the
 	// run was planned again for what is free (governHost).
 	HostNote string
+	// PlanTime is how long planning took (a run's start-up phase).
+	PlanTime time.Duration
 }
 
 // PlanTrainer chooses how to train m within req's budgets with the one
@@ -748,6 +751,7 @@ func governHost(cfg *Config, device string, m *Model, B, T int, budget int64, tp
 // recorder (OffloadOptions.Recorder); comm, if not nil, makes it a rank
 // of a data-parallel job (TrainerOptions.Comm). The plan is per rank.
 func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *stream.Recorder, comm kernels.Comm) (*Trainer, *TrainerPlan, error) {
+	t0 := time.Now()
 	budget := deviceBudget(cfg, be)
 	tp, req, err := choosePlanWorld(cfg, be.Name(), m, B, T, budget, nil, runWorld(cfg, comm, os.Getenv))
 	if err != nil {
@@ -756,6 +760,7 @@ func newRunTrainer(cfg *Config, be kernels.Backend, m *Model, B, T int, rec *str
 	if tp, req, err = governHost(cfg, be.Name(), m, B, T, budget, tp, req); err != nil {
 		return nil, nil, err
 	}
+	tp.PlanTime = time.Since(t0)
 	to := trainerOptions(cfg, tp.B, T)
 	to.Accum = tp.Accum
 	to.Comm = comm

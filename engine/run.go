@@ -58,8 +58,12 @@ type Summary struct {
 	MeanTrace  *StepTrace
 
 	// FirstStepAt is the time from the start of Run to the end of its
-	// first step (start-up included).
+	// first step (start-up included); StartUp splits it into phases, in
+	// order (open: the data, model and device; plan; state: the trainer's
+	// device and host memory; weights: their initialisation or loading;
+	// step 1).
 	FirstStepAt time.Duration
+	StartUp     []Phase
 	// H2DPerStep, D2HPerStep and DiskPerStep are the mean bytes an
 	// out-of-core trainer moved per step; PeakHostRSS the process's peak
 	// resident set (0 where unknown).
@@ -99,6 +103,13 @@ type RunOptions struct {
 // the whole run's in Summary.Breakdowns.
 func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err error) {
 	began := time.Now()
+	var phases []Phase
+	phaseAt := began
+	phase := func(name string) {
+		now := time.Now()
+		phases = append(phases, Phase{name, now.Sub(phaseAt)})
+		phaseAt = now
+	}
 	logf := func(format string, args ...any) {
 		if opts.Log != nil {
 			fmt.Fprintf(opts.Log, format+"\n", args...)
@@ -199,10 +210,13 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 	if sampled {
 		rec.SetActive(false)
 	}
+	phase("open")
 	tr, plan, err := newRunTrainer(&cfg, be, model, B, T, rec, comm)
 	if err != nil {
 		return nil, err
 	}
+	phases = append(phases, Phase{"plan", plan.PlanTime}, Phase{"state", time.Since(phaseAt) - plan.PlanTime})
+	phaseAt = time.Now()
 	if sampled && plan.Resident {
 		rec, sampled = nil, false
 	}
@@ -318,6 +332,8 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		}
 	}
 
+	phase("weights")
+
 	loader, err := dataset.NewLoader(ctx, trainSrc, dataset.LoaderOptions{
 		BatchSize: B, Shuffle: true, Seed: cfg.Seed, DropLast: true, Start: cursor,
 		Workers: min(2, runtime.GOMAXPROCS(0)), Rank: world.Rank, WorldSize: world.WorldSize,
@@ -426,7 +442,8 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		sum.tokens += tr.TokensPerStep()
 		cursor = feed.cursor
 		if first {
-			sum.FirstStepAt = time.Since(began)
+			phase("step 1")
+			sum.FirstStepAt, sum.StartUp = time.Since(began), phases
 			sum.FirstLoss, first = r.Loss, false
 		}
 		sum.LastLoss = r.Loss

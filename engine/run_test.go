@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spill-ml/spill/dataset"
 )
@@ -97,6 +98,16 @@ func TestRunLossDecreases(t *testing.T) {
 	}
 	if sum.PeakDeviceBytes <= 0 {
 		t.Errorf("peak device bytes %d", sum.PeakDeviceBytes)
+	}
+	// The start-up phases, in order, add up to the time to the first step.
+	var names []string
+	var total time.Duration
+	for _, p := range sum.StartUp {
+		names = append(names, p.Name)
+		total += p.D
+	}
+	if got := strings.Join(names, ","); got != "open,plan,state,weights,step 1" || total > sum.FirstStepAt || total < sum.FirstStepAt*9/10 {
+		t.Errorf("start-up phases %v (total %v), first step at %v", sum.StartUp, total, sum.FirstStepAt)
 	}
 }
 

@@ -34,15 +34,16 @@ func (s *tracedSource) Next(ctx context.Context, hb *HostBatch) error {
 // StepTrace is where one step's time went, from the trace (Config.Trace):
 // see stream.Breakdown for the definitions.
 type StepTrace struct {
-	Wall            time.Duration // the step, end to end
-	Compute         time.Duration // device compute
-	ExposedTransfer time.Duration // transfers not overlapped by compute
-	Optimizer       time.Duration // the optimizer (host AdamW out of core, device AdamW resident)
-	LoaderWait      time.Duration // waiting for the data loader
+	Wall             time.Duration // the step, end to end
+	Compute          time.Duration // device compute
+	ExposedTransfer  time.Duration // transfers not overlapped by compute
+	Optimizer        time.Duration // the optimizer (host AdamW out of core, device AdamW resident)
+	ExposedOptimizer time.Duration // the host optimizer while the device neither computes nor copies
+	LoaderWait       time.Duration // waiting for the data loader
 }
 
 func stepTraceOf(b stream.Breakdown) StepTrace {
-	return StepTrace{Wall: b.Wall, Compute: b.Compute, ExposedTransfer: b.ExposedTransfer, Optimizer: b.Optimizer, LoaderWait: b.LoaderWait}
+	return StepTrace{Wall: b.Wall, Compute: b.Compute, ExposedTransfer: b.ExposedTransfer, Optimizer: b.Optimizer, ExposedOptimizer: b.ExposedOptimizer, LoaderWait: b.LoaderWait}
 }
 
 // MeanStepTrace is the mean of the breakdowns, zero for none.
@@ -56,11 +57,12 @@ func MeanStepTrace(bs []stream.Breakdown) StepTrace {
 		m.Compute += b.Compute
 		m.ExposedTransfer += b.ExposedTransfer
 		m.Optimizer += b.Optimizer
+		m.ExposedOptimizer += b.ExposedOptimizer
 		m.LoaderWait += b.LoaderWait
 	}
 	n := time.Duration(len(bs))
 	return StepTrace{Wall: m.Wall / n, Compute: m.Compute / n, ExposedTransfer: m.ExposedTransfer / n,
-		Optimizer: m.Optimizer / n, LoaderWait: m.LoaderWait / n}
+		Optimizer: m.Optimizer / n, ExposedOptimizer: m.ExposedOptimizer / n, LoaderWait: m.LoaderWait / n}
 }
 
 // stepBreakdowns is stream.Breakdowns of every step span in spans (sorted
@@ -128,6 +130,6 @@ func writeTrace(path string, spans []stream.Span) error {
 // milliseconds.
 func FormatStepTrace(s StepTrace) string {
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
-	return fmt.Sprintf("wall %.2f ms, compute %.2f ms, exposed transfer %.2f ms, optimizer %.2f ms, loader wait %.2f ms",
-		ms(s.Wall), ms(s.Compute), ms(s.ExposedTransfer), ms(s.Optimizer), ms(s.LoaderWait))
+	return fmt.Sprintf("wall %.2f ms, compute %.2f ms, exposed transfer %.2f ms, optimizer %.2f ms (%.2f ms exposed), loader wait %.2f ms",
+		ms(s.Wall), ms(s.Compute), ms(s.ExposedTransfer), ms(s.Optimizer), ms(s.ExposedOptimizer), ms(s.LoaderWait))
 }

@@ -60,7 +60,7 @@ func TestStepBreakdownsMatchesStream(t *testing.T) {
 func TestMetricsTraceFields(t *testing.T) {
 	tr := &StepTrace{Wall: 12345678, Compute: 9000001, ExposedTransfer: 17, Optimizer: 2000000, LoaderWait: 333}
 	line := string(AppendMetricsJSON(nil, StepMetrics{Step: 4, Loss: 1, Trace: tr}))
-	for _, k := range []string{"trace_wall_s", "trace_compute_s", "trace_exposed_transfer_s", "trace_optimizer_s", "trace_loader_wait_s"} {
+	for _, k := range []string{"trace_wall_s", "trace_compute_s", "trace_exposed_transfer_s", "trace_optimizer_s", "trace_exposed_optimizer_s", "trace_loader_wait_s"} {
 		if !strings.Contains(line, `"`+k+`":`) {
 			t.Errorf("line lacks %s: %s", k, line)
 		}

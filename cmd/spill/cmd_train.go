@@ -455,7 +455,7 @@ func printTrainSummary(w io.Writer, s *engine.Summary, state string) {
 		}
 	}
 	if s.FirstStepAt > 0 {
-		fmt.Fprintf(w, "  first step    %s after start\n", engine.FormatDuration(s.FirstStepAt))
+		fmt.Fprintf(w, "  first step    %s after start (%s)\n", engine.FormatDuration(s.FirstStepAt), engine.FormatPhases(s.StartUp))
 	}
 	if s.MeanTrace != nil {
 		if s.Trace != "" {
