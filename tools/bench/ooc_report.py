@@ -58,9 +58,11 @@ def load_run(d, name):
     rss = [m.get("host_rss_bytes", 0) for m in ms]
     if rss:
         r["host_rss_max_bytes"] = max(rss)
-    m = re.search(r"first step\s+(\S+) after start", out)
+    m = re.search(r"first step\s+(\S+) after start(?: \(([^)]*)\))?", out)
     if m:
         r["first_step"] = m.group(1)
+        if m.group(2):
+            r["start_up"] = m.group(2)
     m = re.search(r"peak RSS ([^\n(]+)", out)
     if m:
         r["peak_rss"] = m.group(1).strip()
@@ -77,6 +79,8 @@ def load_run(d, name):
         r["exposed_transfer_share"] = statistics.median(m["trace_exposed_transfer_s"] / m["trace_wall_s"] for m in tw)
         r["trace_compute_share"] = statistics.median(m["trace_compute_s"] / m["trace_wall_s"] for m in tw)
         r["trace_optimizer_s"] = statistics.median(m["trace_optimizer_s"] for m in tw)
+        if all("trace_exposed_optimizer_s" in m for m in tw):
+            r["exposed_optimizer_share"] = statistics.median(m["trace_exposed_optimizer_s"] / m["trace_wall_s"] for m in tw)
     r["summary"] = out[-1500:]
     if r.get("exit") not in (None, "0"):
         r["stderr_tail"] = err
