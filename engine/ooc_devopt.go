@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 
+	"golang.org/x/sync/semaphore"
+
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/offload"
 	"github.com/spill-ml/spill/offload/exec"
@@ -104,7 +106,25 @@ func (hs *hostState) updateDevice(s *stream.Stream, names []string, hp kernels.A
 // writes the master on the host, which is copied up and cast to the
 // compute copy.
 func (hs *hostState) setDeviceMaster(i int, fill func(master []float32)) error {
-	b := offload.NewF32Bytes(4 * int64(hs.m.Layers[i].NumParams()))
+	n := 4 * int64(hs.m.Layers[i].NumParams())
+	hs.dev.mu.Lock()
+	if hs.dev.stage == nil {
+		var largest int64
+		for j, t := range hs.tier {
+			if t == offload.TierDevice {
+				largest = max(largest, 4*int64(hs.m.Layers[j].NumParams()))
+			}
+		}
+		hs.dev.cap = max(devStageBytes, largest)
+		hs.dev.stage = semaphore.NewWeighted(hs.dev.cap)
+	}
+	stage, w := hs.dev.stage, min(n, hs.dev.cap)
+	hs.dev.mu.Unlock()
+	if err := stage.Acquire(context.Background(), w); err != nil {
+		return err
+	}
+	defer stage.Release(w)
+	b := offload.NewF32Bytes(n)
 	fill(offload.F32s(b))
 	hs.dev.mu.Lock()
 	defer hs.dev.mu.Unlock()

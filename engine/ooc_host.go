@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"runtime/debug"
+	"slices"
 	"sync"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/kernels/cpu"
@@ -115,7 +118,16 @@ type devState struct {
 	q  kernels.Queue
 	ex *exec.Executor
 	mu sync.Mutex
+	// stage bounds the Go memory of the fp32 masters being filled on the
+	// host for device layers (setDeviceMaster), so that initialising on
+	// all cores does not hold every layer's master in the Go heap.
+	stage *semaphore.Weighted
+	cap   int64
 }
+
+// devStageBytes is the most host memory the device layers' masters take
+// while they are filled (at least one layer's).
+const devStageBytes = 4 << 30
 
 // hostSlab is the largest pinned allocation the host state asks for: few
 // large pins, not one per tensor.
@@ -587,7 +599,14 @@ func (hs *hostState) setMasters(fill func(i int, master []float32)) error {
 	for i := range hs.host {
 		g.Go(func() error { return hs.setMaster(i, func(m []float32) { fill(i, m) }) })
 	}
-	return g.Wait()
+	err := g.Wait()
+	if slices.Contains(hs.tier, offload.TierDevice) {
+		// The device layers' masters went through the Go heap: give it
+		// back, or the process keeps it as resident memory the plan
+		// does not count.
+		debug.FreeOSMemory()
+	}
+	return err
 }
 
 // optim returns copies of layer i's master, m and v (fp32 bytes).

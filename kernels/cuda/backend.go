@@ -47,6 +47,13 @@ type Backend struct {
 	// does by default; set at Open from SPILL_CUBLAS_REDUCED_PRECISION=1.
 	reducedPrecision bool
 
+	// dead holds the events whose cleanups ran, for destroyDead.
+	dead struct {
+		sync.Mutex
+		evs      []cu.Event
+		draining bool
+	}
+
 	mem struct {
 		sync.Mutex
 		allocated, peak, allocs, frees, failed int64
@@ -336,10 +343,46 @@ func (b *Backend) RecordEvent(kq kernels.Queue) (kernels.Event, error) {
 	})
 	runtime.AddCleanup(e, func(h *eventHandle) {
 		if h.err == nil && h.ev != (cu.Event{}) {
-			b.pool.run(func() { _ = cu.DestroyEvent(&h.ev) })
+			b.destroyLater(h.ev)
 		}
 	}, h)
 	return e, nil
+}
+
+// destroyLater destroys ev on a context goroutine. The garbage collector
+// runs the events' cleanups in bursts of thousands: they are destroyed
+// in batches by one pool job, not by one job (and thread) each.
+func (b *Backend) destroyLater(ev cu.Event) {
+	b.dead.Lock()
+	b.dead.evs = append(b.dead.evs, ev)
+	start := !b.dead.draining
+	b.dead.draining = true
+	b.dead.Unlock()
+	if start && !b.pool.run(b.destroyDead) {
+		// Closed: the context went, and its events with it.
+		b.dead.Lock()
+		b.dead.evs, b.dead.draining = nil, false
+		b.dead.Unlock()
+	}
+}
+
+// destroyDead destroys the events destroyLater collected until none is
+// left.
+func (b *Backend) destroyDead() {
+	for {
+		b.dead.Lock()
+		evs := b.dead.evs
+		b.dead.evs = nil
+		if len(evs) == 0 {
+			b.dead.draining = false
+			b.dead.Unlock()
+			return
+		}
+		b.dead.Unlock()
+		for i := range evs {
+			_ = cu.DestroyEvent(&evs[i])
+		}
+	}
 }
 
 // WaitEvent makes work enqueued on q from now on wait for e.

@@ -62,7 +62,7 @@ run() {
 }
 run big "$(( $(left) - ${SPILL_BIG_CMP_TIME:-230} ))" --steps "$steps"
 # shellcheck disable=SC2086
-run big-cmp "$(left)" --steps "${SPILL_BIG_CMP_STEPS:-3}" ${SPILL_BIG_CMP_ARGS:---device-memory 80GiB}
+[ "${SPILL_BIG_CMP_STEPS:-3}" -gt 0 ] && run big-cmp "$(left)" --steps "${SPILL_BIG_CMP_STEPS:-3}" ${SPILL_BIG_CMP_ARGS:---device-memory 80GiB}
 
 python3 - "$out/runs" "$out/13b_h200.json" "${SPILL_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" "$(cat "$out/nvidia-smi.txt")" <<'PY'
 import datetime, json, sys
