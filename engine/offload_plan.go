@@ -55,6 +55,20 @@ type FLOPer interface {
 	FwdFLOPs(T int) float64
 }
 
+// KernelEfficiencer is implemented by layers whose kernels run their
+// FLOPs at a different speed from the GPT blocks the hardware profile's
+// efficiency is fitted to (plan.Layer.Efficiency).
+type KernelEfficiencer interface {
+	KernelEfficiency() float64
+}
+
+func layerEfficiency(l Layer) float64 {
+	if e, ok := l.(KernelEfficiencer); ok {
+		return e.KernelEfficiency()
+	}
+	return 0
+}
+
 func layerFLOPs(l Layer, T int) float64 {
 	if f, ok := l.(FLOPer); ok {
 		return f.FwdFLOPs(T)
@@ -94,6 +108,7 @@ func PlanModel(name string, m *Model, T int) plan.Model {
 			OutBytes:     int64(l.OutputElems(1, T)) * es,
 			ScratchBytes: l.ScratchBytes(1, T),
 			FwdFLOPs:     layerFLOPs(l, T),
+			Efficiency:   layerEfficiency(l),
 			Tied:         l.Tied(),
 			Recomputable: i > 0 && i < n-1,
 		})

@@ -45,6 +45,11 @@ type Layer struct {
 	// FwdFLOPs is the forward pass's floating-point operations per token;
 	// the backward is taken as twice that.
 	FwdFLOPs float64
+	// Efficiency is the speed of the layer's kernels relative to the
+	// hardware profile's Efficiency, which is fitted to GPT blocks (0
+	// means 1): a layer whose elementwise work is not fused into its
+	// matmuls runs its FLOPs slower.
+	Efficiency float64
 	// Tied lists layers whose weights this one reads (schedule.Layer).
 	Tied []int
 	// Recomputable says whether the activation policy may recompute or
@@ -252,10 +257,10 @@ func newPlanner(req *Request) *planner {
 	for i, l := range m.Layers {
 		pl.P += l.Params
 		pl.Pmax = max(pl.Pmax, l.Params)
-		pl.allFlops += l.FwdFLOPs
+		pl.allFlops += l.timeFLOPs()
 		if l.Recomputable {
 			pl.rec = append(pl.rec, i)
-			pl.recFlops = append(pl.recFlops, pl.recFlops[len(pl.recFlops)-1]+l.FwdFLOPs)
+			pl.recFlops = append(pl.recFlops, pl.recFlops[len(pl.recFlops)-1]+l.timeFLOPs())
 		}
 	}
 	return pl

@@ -8,6 +8,15 @@ import (
 // its copies (each overlapping the compute of its own phase and layer),
 // the host optimizer, the disk and, with several ranks, the all-reduce.
 
+// timeFLOPs is the forward FLOPs per token the time model charges l
+// with: its FLOPs at the profile's rate divided by its efficiency.
+func (l *Layer) timeFLOPs() float64 {
+	if l.Efficiency > 0 {
+		return l.FwdFLOPs / l.Efficiency
+	}
+	return l.FwdFLOPs
+}
+
 // timeOf predicts c's step time and busy times.
 func (pl *planner) timeOf(c *cand) {
 	hw, s, P := pl.hw, float64(pl.s), float64(pl.P)
@@ -94,7 +103,7 @@ func (pl *planner) timeOf(c *cand) {
 		default:
 			continue
 		}
-		f := float64(A) * (tok*pl.m.Layers[i].FwdFLOPs/rate + hw.OpOverhead)
+		f := float64(A) * (tok*pl.m.Layers[i].timeFLOPs()/rate + hw.OpOverhead)
 		bw := 2 * f
 		if pol.Recomputes() {
 			bw = 3 * f
@@ -113,7 +122,7 @@ func (pl *planner) timeOf(c *cand) {
 			if i < c.nDev {
 				f = 0
 			}
-			cc := float64(c.grp) * tok * 3 * l.FwdFLOPs / rate
+			cc := float64(c.grp) * tok * 3 * l.timeFLOPs() / rate
 			sumMax += max(f, cc/3) + max(f, 2*cc/3)
 			sumF += 2 * f
 			sumC += cc
@@ -131,7 +140,7 @@ func (pl *planner) timeOf(c *cand) {
 	n := len(pl.m.Layers)
 	pols := pl.policies(c)
 	G := float64(min(c.grp, A))
-	fwd := func(i int) float64 { return G * tok * pl.m.Layers[i].FwdFLOPs / rate }
+	fwd := func(i int) float64 { return G * tok * pl.m.Layers[i].timeFLOPs() / rate }
 	bwd := func(i int) float64 {
 		k := 2.0
 		if pols[i].Recomputes() {
