@@ -66,39 +66,23 @@ func TestTrainKillAndResume(t *testing.T) {
 	ckA, mA := filepath.Join(tmp, "ckA"), filepath.Join(tmp, "a.jsonl")
 	run(args(ckA, mA))
 
-	// 2. Checkpoint every step, SIGKILL once a checkpoint at step >= N/2 exists.
+	// 2. Checkpoint every step, SIGKILL once a checkpoint at step >= N/2
+	// exists. A run this small can finish between two polls on a loaded
+	// machine: then it is started again, from nothing.
 	ckB, mB := filepath.Join(tmp, "ckB"), filepath.Join(tmp, "b.jsonl")
-	cmd := exec.Command(bin, args(ckB, mB, "--checkpoint-every", "1")...)
-	var killedOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &killedOut, &killedOut
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
 	killedAt := -1
-	deadline := time.Now().Add(2 * time.Minute)
-poll:
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-done:
-			t.Fatalf("run exited (%v) before a checkpoint at step >= %d was seen; output:\n%s", err, N/2, killedOut.String())
-		default:
-		}
-		if p, _ := engine.LatestCheckpoint(ckB); p != "" {
-			if step, _ := strconv.Atoi(strings.TrimPrefix(filepath.Base(p), "step-")); step >= N/2 {
-				cmd.Process.Kill() // SIGKILL: no chance to save anything
-				<-done
-				killedAt = step
-				break poll
+	for attempt := 1; killedAt < 0; attempt++ {
+		for _, p := range []string{ckB, mB} {
+			if err := os.RemoveAll(p); err != nil {
+				t.Fatal(err)
 			}
 		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	if killedAt < 0 {
-		cmd.Process.Kill()
-		<-done
-		t.Fatalf("no checkpoint at step >= %d within the deadline; output:\n%s", N/2, killedOut.String())
+		var out string
+		var exited error
+		killedAt, out, exited = killAfterCheckpoint(t, bin, args(ckB, mB, "--checkpoint-every", "1"), ckB, N/2)
+		if killedAt < 0 && attempt == 5 {
+			t.Fatalf("run exited (%v) before a checkpoint at step >= %d was seen, %d times; last output:\n%s", exited, N/2, attempt, out)
+		}
 	}
 	latest, _ := engine.LatestCheckpoint(ckB)
 	if latest == engine.CheckpointPath(ckB, N) {
@@ -187,7 +171,7 @@ poll:
 	}
 	// Ctrl-C: the run saves a checkpoint, prints its summary and exits 130.
 	ckC, mC := filepath.Join(tmp, "ckC"), filepath.Join(tmp, "c.jsonl")
-	cmd = exec.Command(bin, args(ckC, mC, "--checkpoint-every", "1000")...)
+	cmd := exec.Command(bin, args(ckC, mC, "--checkpoint-every", "1000")...)
 	var outC bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &outC, &outC
 	if err := cmd.Start(); err != nil {
@@ -209,4 +193,39 @@ poll:
 	if first, last := ma[0].Loss, ma[N-1].Loss; !(last < first) {
 		t.Errorf("loss did not fall: %v -> %v", first, last)
 	}
+}
+
+// killAfterCheckpoint starts spill with args and kills it (SIGKILL) once
+// ckDir holds a checkpoint at step >= atLeast: it returns that step, or -1
+// with the run's output and exit status if the run ended first.
+func killAfterCheckpoint(t *testing.T, bin string, args []string, ckDir string, atLeast int) (int, string, error) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-done:
+			return -1, out.String(), err
+		default:
+		}
+		if p, _ := engine.LatestCheckpoint(ckDir); p != "" {
+			if step, _ := strconv.Atoi(strings.TrimPrefix(filepath.Base(p), "step-")); step >= atLeast {
+				cmd.Process.Kill() // SIGKILL: no chance to save anything
+				<-done
+				return step, out.String(), nil
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	cmd.Process.Kill()
+	<-done
+	t.Fatalf("no checkpoint at step >= %d within the deadline; output:\n%s", atLeast, out.String())
+	return -1, "", nil
 }
