@@ -129,6 +129,9 @@ type devState struct {
 // while they are filled (at least one layer's).
 const devStageBytes = 4 << 30
 
+// pinWorkers is how many slabs are pinned at once.
+const pinWorkers = 4
+
 // hostSlab is the largest pinned allocation the host state asks for: few
 // large pins, not one per tensor.
 const hostSlab = 1 << 30
@@ -437,18 +440,33 @@ func (hs *hostState) openMemory(be kernels.Backend, req []hostRequest, slabs []i
 		hs.note = fmt.Sprintf("host state (%s) in unpinned Go memory: %v", kernels.FormatBytes(need), err)
 		return goMem
 	}
-	for _, s := range slabs {
-		b, ok, err := hs.pool.TryAcquire(max(s, 1))
-		if err != nil || !ok {
-			for _, b := range hs.slabs {
+	// The slabs are pinned a few at a time: pinning faults in and locks
+	// every page, which one thread does at a GB or two a second.
+	hs.slabs = make([]*offload.HostBuf, len(slabs))
+	var g errgroup.Group
+	g.SetLimit(pinWorkers)
+	for i, s := range slabs {
+		g.Go(func() error {
+			b, ok, err := hs.pool.TryAcquire(max(s, 1))
+			if err == nil && !ok {
+				err = errors.New("over the pool's budget")
+			}
+			if err != nil {
+				return fmt.Errorf("pinning a slab of %s failed (%w)", kernels.FormatBytes(s), err)
+			}
+			hs.slabs[i] = b
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		for _, b := range hs.slabs {
+			if b != nil {
 				b.Release()
 			}
-			hs.slabs = nil
-			hs.note = fmt.Sprintf("host state (%s) in unpinned Go memory: pinning a slab of %s failed (%v)",
-				kernels.FormatBytes(need), kernels.FormatBytes(s), err)
-			return goMem
 		}
-		hs.slabs = append(hs.slabs, b)
+		hs.slabs = nil
+		hs.note = fmt.Sprintf("host state (%s) in unpinned Go memory: %v", kernels.FormatBytes(need), err)
+		return goMem
 	}
 	hs.pinned = true
 	hs.note = fmt.Sprintf("host state (%s) pinned in %d slabs (%s); %s", kernels.FormatBytes(need), len(slabs), kind, d)

@@ -306,13 +306,20 @@ func (p *HostPool) take(size int64) (HostMemory, error) {
 		}
 		delete(p.mu.cache, sz)
 	}
-	m, err := p.pinner.Pin(size)
-	if err != nil {
-		p.mu.inUse -= size
-		return nil, fmt.Errorf("offload: pinning %s of host memory: %w", kernels.FormatBytes(size), err)
-	}
+	// Pinning is slow (the pages are faulted in and locked, a GB or two a
+	// second): it runs outside the lock, so that several buffers are
+	// pinned at once. The budget is held for it meanwhile.
 	p.mu.pinned += size
 	p.mu.pins++
+	p.mu.Unlock()
+	m, err := p.pinner.Pin(size)
+	p.mu.Lock()
+	if err != nil {
+		p.mu.inUse -= size
+		p.mu.pinned -= size
+		p.mu.pins--
+		return nil, fmt.Errorf("offload: pinning %s of host memory: %w", kernels.FormatBytes(size), err)
+	}
 	return m, nil
 }
 

@@ -255,3 +255,75 @@ func TestHostPoolTryAcquireAndAllocatorPinner(t *testing.T) {
 		t.Fatalf("Close: %v, %d buffers still allocated", err, len(a.live))
 	}
 }
+
+// slowPinner pins slowly, counting how many pins run at once, and fails
+// the pin numbered fail (1-based; 0: none).
+type slowPinner struct {
+	countingPinner
+	mu2         sync.Mutex
+	now, most   int
+	calls, fail int
+}
+
+func (p *slowPinner) Pin(n int64) (HostMemory, error) {
+	p.mu2.Lock()
+	p.calls++
+	call := p.calls
+	p.now++
+	p.most = max(p.most, p.now)
+	p.mu2.Unlock()
+	time.Sleep(20 * time.Millisecond)
+	p.mu2.Lock()
+	p.now--
+	p.mu2.Unlock()
+	if call == p.fail {
+		return nil, errors.New("no more")
+	}
+	return p.countingPinner.Pin(n)
+}
+
+// TestHostPoolPinsConcurrently: buffers taken from several goroutines are
+// pinned at once (pinning runs outside the pool's lock), within the
+// budget, and a failed pin gives its reservation back.
+func TestHostPoolPinsConcurrently(t *testing.T) {
+	pin := &slowPinner{fail: 3}
+	p, err := NewHostPool(HostConfig{Budget: 8 * MiB, Pinner: pin, ReadLimits: limitsOf(Limits{-1, -1})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var bufs []*HostBuf
+	var fails int
+	for range 6 {
+		wg.Go(func() {
+			b, ok, err := p.TryAcquire(1 * MiB)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				fails++
+			case !ok:
+				t.Errorf("TryAcquire refused within the budget")
+			default:
+				bufs = append(bufs, b)
+			}
+		})
+	}
+	wg.Wait()
+	if pin.most < 2 {
+		t.Errorf("at most %d pins at once: pinning is serialised", pin.most)
+	}
+	if fails != 1 || len(bufs) != 5 {
+		t.Fatalf("%d failed, %d pinned; want 1 and 5", fails, len(bufs))
+	}
+	if s := p.Stats(); s.Pinned != 5*MiB || s.InUse != 5*MiB || s.Pins != 5 || pin.pinned != 5*MiB {
+		t.Fatalf("stats %+v, pinner holds %d: the failed pin's reservation was not given back", s, pin.pinned)
+	}
+	for _, b := range bufs {
+		b.Release()
+	}
+	if err := p.Close(); err != nil || pin.pinned != 0 {
+		t.Fatalf("Close: %v, %d bytes still pinned", err, pin.pinned)
+	}
+}
