@@ -45,21 +45,7 @@ func TestCheckpointStreamsSplitModel(t *testing.T) {
 				o.Optimizer, o.OptimizerTiers = offload.TierDisk, splitTiers(len(m.Layers), 1, 2)
 				o.DiskDir, o.DiskBudget, o.DiskMaster = t.TempDir(), 64<<20, dt != kernels.F32
 				o.Activations = recomputeBlocks(m)
-				by, err := OffloadDeviceBytes(m, to.B, to.T, to.Accum, o)
-				if err != nil {
-					t.Fatal(err)
-				}
-				o.DeviceBudget = byteClasses(by).total()
-				be, err := kernels.Open("cpu", kernels.Config{Threads: 2, MemoryLimit: o.DeviceBudget})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { be.Close() })
-				tr, err := NewOffloadTrainer(be, m, to, o)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(tr.Close)
+				tr, _ := newOffloadAtPeak(t, m, to, o)
 				return tr
 			}
 			steps := func(tr *Trainer, feed *rowsFeed, n int) []float64 {

@@ -9,9 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/spill-ml/spill/dataset"
 	"github.com/spill-ml/spill/kernels"
@@ -54,40 +52,26 @@ func TestDataParallelInitBroadcast(t *testing.T) {
 // Comm set), and returns their errors.
 func withRanks(t *testing.T, ranks int, to TrainerOptions, body func(ctx context.Context, r int, tr *Trainer) error) []error {
 	t.Helper()
-	bes := make([]kernels.Backend, ranks)
-	for r := range bes {
-		bes[r] = openCPU(t)
-	}
-	id, err := bes[0].(kernels.CommOpener).NewCommID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	errs := make([]error, ranks)
-	var wg sync.WaitGroup
-	for r := range ranks {
-		wg.Go(func() {
-			comm, err := bes[r].(kernels.CommOpener).OpenComm(ctx, id, r, ranks)
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			defer comm.Close()
-			o := to
-			o.Comm = comm
-			tr, err := NewTrainer(bes[r], tinyGPT(t, kernels.F32), o)
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			defer tr.Close()
-			if errs[r] = body(ctx, r, tr); errs[r] != nil {
-				_ = comm.Abort()
-			}
-		})
-	}
-	wg.Wait()
+	eachRank(t, ranks, func(ctx context.Context, r int, be kernels.Backend, id []byte) {
+		comm, err := be.(kernels.CommOpener).OpenComm(ctx, id, r, ranks)
+		if err != nil {
+			errs[r] = err
+			return
+		}
+		defer comm.Close()
+		o := to
+		o.Comm = comm
+		tr, err := NewTrainer(be, tinyGPT(t, kernels.F32), o)
+		if err != nil {
+			errs[r] = err
+			return
+		}
+		defer tr.Close()
+		if errs[r] = body(ctx, r, tr); errs[r] != nil {
+			_ = comm.Abort()
+		}
+	})
 	return errs
 }
 

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/offload"
@@ -72,24 +70,10 @@ type rankResult struct {
 // s*ranks*accum + r*accum + k (k < accum).
 func runRanks(t *testing.T, c ddpCase, in, tg []int32, build func(rank int) *Model) []rankResult {
 	t.Helper()
-	bes := make([]kernels.Backend, c.ranks)
-	for r := range bes {
-		bes[r] = openCPU(t)
-	}
-	id, err := bes[0].(kernels.CommOpener).NewCommID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	res := make([]rankResult, c.ranks)
-	var wg sync.WaitGroup
-	for r := range c.ranks {
-		wg.Go(func() {
-			res[r] = runRank(ctx, c, bes[r], id, r, build(r), in, tg)
-		})
-	}
-	wg.Wait()
+	eachRank(t, c.ranks, func(ctx context.Context, r int, be kernels.Backend, id []byte) {
+		res[r] = runRank(ctx, c, be, id, r, build(r), in, tg)
+	})
 	return res
 }
 

@@ -6,7 +6,6 @@ import (
 	"io"
 
 	"github.com/spill-ml/spill/dataset"
-	"github.com/spill-ml/spill/kernels"
 )
 
 // EvalResult is what Eval measured.
@@ -49,42 +48,21 @@ func Eval(ctx context.Context, cfg Config, log io.Writer) (*EvalResult, error) {
 	if dir == "" {
 		dir = cfg.Data
 	}
-	if dir == "" {
-		var err error
-		if dir, err = DefaultDataset(ctx, ""); err != nil {
-			return nil, fmt.Errorf("engine: default dataset: %w", err)
-		}
+	dir, err := dataDirOrDefault(ctx, dir)
+	if err != nil {
+		return nil, err
 	}
 	ds, err := dataset.Open(dir)
 	if err != nil {
 		return nil, err
 	}
 	defer ds.Close()
-	if err := resolveData(&cfg, ds, dir); err != nil {
-		return nil, err
-	}
-	model, err := BuildModel(&cfg, ds.Schema())
+	rs, err := openRun(&cfg, ds, dir, 0, logf)
 	if err != nil {
 		return nil, err
 	}
-	pre, err := openInitFrom(&cfg, model)
-	if err != nil {
-		return nil, err
-	}
-	if pre != nil {
-		defer pre.Close()
-	}
-	be, note, err := OpenDevice(cfg.Device, kernels.Config{MemoryLimit: cfg.DeviceMemory, Threads: cfg.Threads})
-	if err != nil {
-		return nil, err
-	}
-	defer be.Close()
-	if note != "" {
-		logf("%s", note)
-	}
-	if err := CheckBackend(be, model); err != nil {
-		return nil, err
-	}
+	defer rs.Close()
+	model, pre, be := rs.model, rs.pre, rs.be
 	B, T := cfg.Batch, cfg.SeqLen
 	if !cfg.tokens() {
 		T = 1

@@ -883,12 +883,9 @@ func PlanConfigWorld(ctx context.Context, cfg Config, device string, deviceLimit
 		}
 		schema = dataset.Schema{Kind: dataset.KindTokens, SeqLen: cfg.SeqLen, VocabSize: cfg.Vocab}
 	} else {
-		dataDir := cfg.Data
-		if dataDir == "" {
-			var err error
-			if dataDir, err = DefaultDataset(ctx, ""); err != nil {
-				return nil, nil, fmt.Errorf("engine: default dataset: %w", err)
-			}
+		dataDir, err := dataDirOrDefault(ctx, cfg.Data)
+		if err != nil {
+			return nil, nil, err
 		}
 		ds, err := dataset.Open(dataDir)
 		if err != nil {

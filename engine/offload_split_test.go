@@ -40,22 +40,7 @@ func newSplit(t *testing.T, to TrainerOptions, o OffloadOptions, dev, disk int) 
 	if o.Activations == nil {
 		o.Activations = recomputeBlocks(m)
 	}
-	by, err := OffloadDeviceBytes(m, to.B, to.T, to.Accum, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o.DeviceBudget = byteClasses(by).total()
-	be, err := kernels.Open("cpu", kernels.Config{Threads: 2, MemoryLimit: o.DeviceBudget})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { be.Close() })
-	tr, err := NewOffloadTrainer(be, m, to, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(tr.Close)
-	return tr, be
+	return newOffloadAtPeak(t, m, to, o)
 }
 
 // TestOptimizerSplitBitwiseFP32: a GPT whose optimizer state is split

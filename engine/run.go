@@ -129,12 +129,9 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 	if err != nil {
 		return nil, err
 	}
-	dataDir := cfg.Data
-	if dataDir == "" {
-		var err error
-		if dataDir, err = DefaultDataset(ctx, ""); err != nil {
-			return nil, fmt.Errorf("engine: default dataset: %w", err)
-		}
+	dataDir, err := dataDirOrDefault(ctx, cfg.Data)
+	if err != nil {
+		return nil, err
 	}
 	ds, err := dataset.Open(dataDir)
 	if err != nil {
@@ -159,34 +156,15 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 			trainSrc, evalSrc = &subSource{ds, 0, n - ne}, &subSource{ds, n - ne, ne}
 		}
 	}
-	if err := resolveData(&cfg, ds, dataDir); err != nil {
-		return nil, err
-	}
-	model, err := BuildModel(&cfg, ds.Schema())
-	if err != nil {
-		return nil, err
-	}
 	// Pretrained weights are checked against the model before anything
-	// is allocated for training.
-	pre, err := openInitFrom(&cfg, model)
+	// is allocated for training (openRun).
+	rs, err := openRun(&cfg, ds, dataDir, world.LocalRank, logf)
 	if err != nil {
 		return nil, err
 	}
-	if pre != nil {
-		defer pre.Close()
-	}
-	be, note, err := OpenDevice(cfg.Device, kernels.Config{MemoryLimit: cfg.DeviceMemory, Threads: cfg.Threads, Device: world.LocalRank})
-	if err != nil {
-		return nil, err
-	}
-	defer be.Close()
-	if note != "" {
-		logf("%s", note)
-	}
+	defer rs.Close()
+	model, pre, be := rs.model, rs.pre, rs.be
 	cfg.Device = be.Name()
-	if err := CheckBackend(be, model); err != nil {
-		return nil, err
-	}
 	// Data parallel (engine/ddp.go): every rank trains on its own share
 	// of each global batch of WORLD_SIZE x Batch x Accum rows.
 	comm, err := openComm(ctx, world, be)
@@ -509,6 +487,72 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		return finish(), err
 	}
 	return finish(), nil
+}
+
+// dataDirOrDefault returns dir, or when dir is "" the directory of the
+// embedded default dataset (DefaultDataset), made if need be.
+func dataDirOrDefault(ctx context.Context, dir string) (string, error) {
+	if dir != "" {
+		return dir, nil
+	}
+	dir, err := DefaultDataset(ctx, "")
+	if err != nil {
+		return "", fmt.Errorf("engine: default dataset: %w", err)
+	}
+	return dir, nil
+}
+
+// runSetup is what Run and Eval open before their trainer: the model, the
+// pretrained weights it starts from and the device it runs on.
+type runSetup struct {
+	model *Model
+	pre   *Pretrained // cfg.InitFrom's weights bound to model; nil without
+	be    kernels.Backend
+}
+
+// openRun fills the dataset-derived fields of cfg from ds, read from dir
+// (resolveData), builds the model, opens and binds cfg.InitFrom's weights
+// (so that they are checked before the device is opened), opens
+// cfg.Device's backend on local device index device, logging through logf
+// the note OpenDevice gives, and checks that the backend runs the model.
+// On error it closes what it opened; otherwise the caller closes the
+// runSetup.
+func openRun(cfg *Config, ds *dataset.Dataset, dir string, device int, logf func(format string, args ...any)) (*runSetup, error) {
+	if err := resolveData(cfg, ds, dir); err != nil {
+		return nil, err
+	}
+	model, err := BuildModel(cfg, ds.Schema())
+	if err != nil {
+		return nil, err
+	}
+	pre, err := openInitFrom(cfg, model)
+	if err != nil {
+		return nil, err
+	}
+	be, note, err := OpenDevice(cfg.Device, kernels.Config{MemoryLimit: cfg.DeviceMemory, Threads: cfg.Threads, Device: device})
+	if err != nil {
+		if pre != nil {
+			pre.Close()
+		}
+		return nil, err
+	}
+	r := &runSetup{model: model, pre: pre, be: be}
+	if note != "" {
+		logf("%s", note)
+	}
+	if err := CheckBackend(be, model); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// Close closes the device, then the pretrained weights.
+func (r *runSetup) Close() {
+	r.be.Close()
+	if r.pre != nil {
+		r.pre.Close()
+	}
 }
 
 // openInitFrom opens cfg.InitFrom and binds it to m; nil without one.

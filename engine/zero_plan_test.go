@@ -3,9 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/offload"
@@ -53,60 +51,46 @@ func TestZeroPlanMatchesTrainers(t *testing.T) {
 				wantHost := h.Peak - h.Reserve - h.ByClass[offload.Workspace]
 				t.Logf("%s; host %d, device %d", p.Summary(), wantHost, tp.DevicePeak)
 
-				bes := make([]kernels.Backend, ranks)
-				for r := range bes {
-					bes[r] = openCPU(t)
-				}
-				id, err := bes[0].(kernels.CommOpener).NewCommID()
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
 				type result struct {
 					host, dev int64
 					losses    []float64
 					err       error
 				}
 				res := make([]result, ranks)
-				var wg sync.WaitGroup
-				for r := range ranks {
-					wg.Go(func() {
-						res[r].err = func() error {
-							comm, err := bes[r].(kernels.CommOpener).OpenComm(ctx, id, r, ranks)
+				eachRank(t, ranks, func(ctx context.Context, r int, be kernels.Backend, id []byte) {
+					res[r].err = func() error {
+						comm, err := be.(kernels.CommOpener).OpenComm(ctx, id, r, ranks)
+						if err != nil {
+							return err
+						}
+						defer comm.Close()
+						mr := m
+						if r > 0 {
+							mr = build()
+							mr.SetLeanActivations(tp.Lean)
+						}
+						to := trainerOptions(&cfg, tp.B, oocT)
+						to.Accum, to.Comm, to.ZeroStage = tp.Accum, comm, stage
+						tr, err := NewOffloadTrainer(be, mr, to, tp.Options)
+						if err != nil {
+							return err
+						}
+						defer tr.Close()
+						res[r].host, res[r].dev = tr.HostBytes(), tr.PredictedDevicePeak()
+						if err := tr.InitWeights(ctx, 7); err != nil {
+							return err
+						}
+						feed := oocFeed()
+						for range 2 {
+							sr, err := tr.TrainStep(ctx, feed)
 							if err != nil {
 								return err
 							}
-							defer comm.Close()
-							mr := m
-							if r > 0 {
-								mr = build()
-								mr.SetLeanActivations(tp.Lean)
-							}
-							to := trainerOptions(&cfg, tp.B, oocT)
-							to.Accum, to.Comm, to.ZeroStage = tp.Accum, comm, stage
-							tr, err := NewOffloadTrainer(bes[r], mr, to, tp.Options)
-							if err != nil {
-								return err
-							}
-							defer tr.Close()
-							res[r].host, res[r].dev = tr.HostBytes(), tr.PredictedDevicePeak()
-							if err := tr.InitWeights(ctx, 7); err != nil {
-								return err
-							}
-							feed := oocFeed()
-							for range 2 {
-								sr, err := tr.TrainStep(ctx, feed)
-								if err != nil {
-									return err
-								}
-								res[r].losses = append(res[r].losses, sr.Loss)
-							}
-							return nil
-						}()
-					})
-				}
-				wg.Wait()
+							res[r].losses = append(res[r].losses, sr.Loss)
+						}
+						return nil
+					}()
+				})
 				for r, x := range res {
 					if x.err != nil {
 						t.Fatalf("rank %d: %v", r, x.err)

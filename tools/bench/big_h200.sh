@@ -15,50 +15,30 @@
 # within bf16 noise. Writes $OUT/13b_h200.json (date, commit, commands).
 # SPILL_DEADLINE (default 570 s) bounds the whole script.
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$root"
-out=${OUT:-$(mktemp -d /tmp/spill-big.XXXXXX)}
-mkdir -p "$out/runs"
-if [ -f tools/cuda/gpuenv.sh ]; then source tools/cuda/gpuenv.sh; fi
-[ -f tools/cuda/env.sh ] && source tools/cuda/env.sh
+# shellcheck source=tools/bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_init big
 deadline=${SPILL_DEADLINE:-570}
 model=${SPILL_BIG_MODEL:-llama2-13b}
 steps=${SPILL_BIG_STEPS:-10}
-left() { echo $((deadline - SECONDS)); }
 
-echo "== build $(date -u +%FT%TZ)"
-go build -tags "${SPILL_BUILD_TAGS-cuda}" -o /tmp/spill ./cmd/spill 2>&1 | tail -20
+build_spill
 [ -x /tmp/spill ] || { echo "build failed"; exit 1; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/nvidia-smi.txt"
-free -g | tee "$out/free.txt"
+machine_info
 df -h "${HOME:-/root}" | tail -1 | tee "$out/df.txt"
 
 # Synthetic tokens: 1000 sequences of 2049 ids below 32000.
 rm -rf /tmp/big-data
-python3 - "$out/t.bin" <<'PY'
-import array, random, sys
-r = random.Random(0)
-open(sys.argv[1], "wb").write(array.array("H", (r.randrange(32000) for _ in range(1000 * 2049))).tobytes())
-PY
+random_tokens "$out/t.bin" 32000 $((1000 * 2049))
 /tmp/spill convert --out /tmp/big-data --seq-len 2048 --vocab 32000 "$out/t.bin" >"$out/convert.log" 2>&1 || { cat "$out/convert.log"; exit 1; }
 rm -f "$out/t.bin"
 
+# run NAME LIMIT ARGS...: one spill train of the model on the tokens, its
+# command recorded (run_spill).
 run() {
   local name=$1 limit=$2; shift 2
-  local l; l=$(left)
-  if [ "$l" -lt 40 ]; then echo "== $name: skipped, ${l}s left"; return 1; fi
-  [ "$limit" -le "$l" ] || limit=$l
-  local args=(train --data /tmp/big-data --model "$model" --seq-len "${SPILL_BIG_SEQ:-2048}" --batch 8 --accum 8 --lr 1e-4 --warmup 2
-    --precision bf16 --eval-every 0 --quiet --metrics "$out/runs/$name.jsonl" --plan-json "$out/runs/$name.plan.json" "$@")
-  echo "spill ${args[*]}" >"$out/runs/$name.cmd"
-  echo "== $name (limit ${limit}s): spill ${args[*]}"
-  local t0=$SECONDS
-  timeout "$limit" /tmp/spill "${args[@]}" >"$out/runs/$name.out" 2>"$out/runs/$name.err"
-  local rc=$?
-  echo "$rc" >"$out/runs/$name.rc"
-  echo "== $name: exit $rc after $((SECONDS - t0))s"
-  tail -n 16 "$out/runs/$name.out"
-  [ $rc -eq 0 ] || tail -n 20 "$out/runs/$name.err"
+  run_spill "$name" "$limit" 40 16 train --data /tmp/big-data --model "$model" --seq-len "${SPILL_BIG_SEQ:-2048}" --batch 8 --accum 8 \
+    --lr 1e-4 --warmup 2 --precision bf16 --eval-every 0 --quiet --metrics "$out/runs/$name.jsonl" --plan-json "$out/runs/$name.plan.json" "$@"
 }
 run big "$(( $(left) - ${SPILL_BIG_CMP_TIME:-230} ))" --steps "$steps"
 # shellcheck disable=SC2086

@@ -31,20 +31,16 @@
 # pass/fail). SPILL_DEADLINE (default 560 s) bounds the whole script;
 # SPILL_LLAMA_PARTS (default all) picks parts: loss,finetune,tp,ooc.
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$root"
-out=${OUT:-$(mktemp -d /tmp/spill-llama.XXXXXX)}
-runs=$out/runs
 work=${SPILL_LLAMA_WORK:-/tmp/spill-llama-work}
-mkdir -p "$runs"
+# shellcheck source=tools/bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_init llama
+runs=$out/runs
 rm -rf "$work" && mkdir -p "$work"
-if [ -f tools/cuda/gpuenv.sh ]; then source tools/cuda/gpuenv.sh; fi
-[ -f tools/cuda/env.sh ] && source tools/cuda/env.sh
 deadline=${SPILL_DEADLINE:-560}
 parts=${SPILL_LLAMA_PARTS:-all}
 devices=${SPILL_LLAMA_DEVICES:-cpu cuda}
 want() { [ "$parts" = all ] || [[ ",$parts," == *",$1,"* ]]; }
-left() { echo $((deadline - SECONDS)); }
 ref=tools/bench/llama_ref.py
 
 # step NAME LIMIT STDOUT_FILE CMD...: one command, recorded under $runs
@@ -67,8 +63,7 @@ step() {
   return $rc
 }
 
-echo "== build $(date -u +%FT%TZ)"
-go build -tags "${SPILL_BUILD_TAGS-cuda}" -o /tmp/spill ./cmd/spill 2>&1 | tail -20
+build_spill
 [ -x /tmp/spill ] || { echo "build failed"; exit 1; }
 spill=/tmp/spill
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no GPU"; } | tee "$out/nvidia-smi.txt"
@@ -110,11 +105,7 @@ done
 
 # Tokens of 2048 positions for parts 3 and 4 (ids below 50000: uint16).
 if want tp || want ooc; then
-  python3 - "$work/t2048.bin" <<'PY'
-import array, random, sys
-r = random.Random(0)
-open(sys.argv[1], "wb").write(array.array("H", (r.randrange(50000) for _ in range(160 * 2048 + 1))).tobytes())
-PY
+  random_tokens "$work/t2048.bin" 50000 $((160 * 2048 + 1))
   step convert-2048 60 - "$spill" convert --out "$work/t2048" --seq-len 2048 --vocab 128256 "$work/t2048.bin"
 fi
 if want tp; then

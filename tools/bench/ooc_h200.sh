@@ -17,31 +17,21 @@
 # (runs/NAME.pprof). SPILL_DEADLINE (default 560 s) bounds the
 # whole script; SPILL_OOC_RUNS (default all) picks runs by name.
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$root"
-out=${OUT:-$(mktemp -d /tmp/spill-ooc.XXXXXX)}
-mkdir -p "$out/runs"
-if [ -f tools/cuda/gpuenv.sh ]; then source tools/cuda/gpuenv.sh; fi
-[ -f tools/cuda/env.sh ] && source tools/cuda/env.sh
+# shellcheck source=tools/bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_init ooc
 deadline=${SPILL_DEADLINE:-560}
 runs=${SPILL_OOC_RUNS:-all}
 want() { [ "$runs" = all ] || [[ ",$runs," == *",$1,"* ]]; }
-left() { echo $((deadline - SECONDS)); }
 
-echo "== build $(date -u +%FT%TZ)"
-go build -tags "${SPILL_BUILD_TAGS-cuda}" -o /tmp/spill ./cmd/spill 2>&1 | tail -20 || exit 1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/nvidia-smi.txt"
-free -g | tee "$out/free.txt"
+build_spill || exit 1
+machine_info
 if want doctor; then
   timeout 120 /tmp/spill doctor --json "$out/doctor.json" 2>&1 | tee "$out/doctor.txt"
 fi
 
 # Synthetic tokens: 2400 sequences of 1025 GPT-2 token ids.
-python3 - "$out/train.bin" <<'PY'
-import array, random, sys
-r = random.Random(0)
-open(sys.argv[1], "wb").write(array.array("H", (r.randrange(50257) for _ in range(2400 * 1025))).tobytes())
-PY
+random_tokens "$out/train.bin" 50257 $((2400 * 1025))
 /tmp/spill convert --out /tmp/ooc-data --seq-len 1024 --vocab 50304 "$out/train.bin" >"$out/convert.log" 2>&1 || { cat "$out/convert.log"; exit 1; }
 rm -f "$out/train.bin"
 
@@ -49,20 +39,9 @@ rm -f "$out/train.bin"
 run() {
   local name=$1 limit=$2; shift 2
   want "$name" || return 0
-  local l; l=$(left)
-  if [ "$l" -lt 30 ]; then echo "== $name: skipped, ${l}s left"; return 1; fi
-  [ "$limit" -le "$l" ] || limit=$l
   local args=(train --data /tmp/ooc-data --eval-every 0 --quiet --metrics "$out/runs/$name.jsonl" --plan-json "$out/runs/$name.plan.json" "$@")
   [ -z "${SPILL_PROFILE:-}" ] || args+=(--cpu-profile "$out/runs/$name.pprof")
-  echo "spill ${args[*]}" >"$out/runs/$name.cmd"
-  echo "== $name (limit ${limit}s): spill ${args[*]}"
-  local t0=$SECONDS
-  timeout "$limit" /tmp/spill "${args[@]}" >"$out/runs/$name.out" 2>"$out/runs/$name.err"
-  local rc=$?
-  echo "$rc" >"$out/runs/$name.rc"
-  echo "== $name: exit $rc after $((SECONDS - t0))s"
-  tail -n 14 "$out/runs/$name.out"
-  [ $rc -eq 0 ] || tail -n 20 "$out/runs/$name.err"
+  run_spill "$name" "$limit" 30 14 "${args[@]}"
 }
 m13=(--model gpt2-1.3b --seq-len 1024 --lr 1e-4 --warmup 2)
 run vram-1.3b-64 110 "${m13[@]}" --batch 8 --accum 8 --steps 50 --offload none
