@@ -32,13 +32,15 @@ fi
 
 # Synthetic tokens: 2400 sequences of 1025 GPT-2 token ids.
 random_tokens "$out/train.bin" 50257 $((2400 * 1025))
+rm -rf /tmp/ooc-data # convert refuses a directory that is not empty (a warm machine keeps /tmp)
 /tmp/spill convert --out /tmp/ooc-data --seq-len 1024 --vocab 50304 "$out/train.bin" >"$out/convert.log" 2>&1 || { cat "$out/convert.log"; exit 1; }
 rm -f "$out/train.bin"
 
-# run NAME LIMIT ARGS...: one spill train, its command recorded.
+# run NAME LIMIT ARGS...: one spill train, its command recorded (when
+# SPILL_OOC_RUNS names it; a name starting with "trace" always runs).
 run() {
   local name=$1 limit=$2; shift 2
-  want "$name" || return 0
+  [[ $name == trace* ]] || want "$name" || return 0
   local args=(train --data /tmp/ooc-data --eval-every 0 --quiet --metrics "$out/runs/$name.jsonl" --plan-json "$out/runs/$name.plan.json" "$@")
   [ -z "${SPILL_PROFILE:-}" ] || args+=(--cpu-profile "$out/runs/$name.pprof")
   run_spill "$name" "$limit" 30 14 "${args[@]}"
@@ -59,7 +61,7 @@ run ooc-1.3b-64-8g-delayed 100 "${m13[@]}" --batch 8 --accum 8 --steps 4 --devic
 # Every out-of-core run times its 2nd step and every 10th after it (the
 # exposed transfer share in the report); a full trace is only for a look.
 if [ -n "${SPILL_OOC_TRACE:-}" ]; then
-  run ooc-1.3b-64-8g-trace 100 "${m13[@]}" --batch 8 --accum 8 --steps 3 --device-memory 8GiB --trace "$out/runs/trace.json"
+  run trace-ooc-1.3b-64-8g 100 "${m13[@]}" --batch 8 --accum 8 --steps 3 --device-memory 8GiB --trace "$out/runs/trace.json"
 fi
 
 python3 tools/bench/ooc_report.py "$out/runs" "$out/ooc_h200.json" "${SPILL_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" \
