@@ -63,6 +63,7 @@ func (t *Trainer) setMasters(ctx context.Context, fill func(i int, master []floa
 	}
 	defer t.be.Free(buf)
 	tensor := kernels.View(buf, 0, kernels.F32, n)
+	defer hs.dropStage()
 	for i := range t.model.Layers {
 		var berr error
 		err := hs.setMaster(i, func(m []float32) {

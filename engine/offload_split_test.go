@@ -109,6 +109,17 @@ func TestOptimizerSplitBitwiseFP32(t *testing.T) {
 			if tr.Step != steps {
 				t.Errorf("Step %d after %d steps", tr.Step, steps)
 			}
+			// The device layers' masters were filled through a bounded
+			// set of host buffers, dropped once they were set.
+			if d := &tr.off.host.dev; d.stage != nil || d.staged != 0 {
+				t.Errorf("staging buffers for the device masters kept after the initialisation (%d made)", d.staged)
+			}
+			b, stage := tr.off.host.stageBuf()
+			if n := cap(stage); n < 1 || int64(n)*int64(len(b)) > max(devStageBytes, int64(len(b))) {
+				t.Errorf("%d staging buffers of %d bytes: over the bound of %d", n, len(b), devStageBytes)
+			}
+			stage <- b
+			tr.off.host.dropStage()
 		})
 	}
 }

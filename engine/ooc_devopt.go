@@ -2,8 +2,7 @@ package engine
 
 import (
 	"context"
-
-	"golang.org/x/sync/semaphore"
+	"runtime/debug"
 
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/offload"
@@ -107,24 +106,9 @@ func (hs *hostState) updateDevice(s *stream.Stream, names []string, hp kernels.A
 // compute copy.
 func (hs *hostState) setDeviceMaster(i int, fill func(master []float32)) error {
 	n := 4 * int64(hs.m.Layers[i].NumParams())
-	hs.dev.mu.Lock()
-	if hs.dev.stage == nil {
-		var largest int64
-		for j, t := range hs.tier {
-			if t == offload.TierDevice {
-				largest = max(largest, 4*int64(hs.m.Layers[j].NumParams()))
-			}
-		}
-		hs.dev.cap = max(devStageBytes, largest)
-		hs.dev.stage = semaphore.NewWeighted(hs.dev.cap)
-	}
-	stage, w := hs.dev.stage, min(n, hs.dev.cap)
-	hs.dev.mu.Unlock()
-	if err := stage.Acquire(context.Background(), w); err != nil {
-		return err
-	}
-	defer stage.Release(w)
-	b := offload.NewF32Bytes(n)
+	b, stage := hs.stageBuf()
+	b = b[:n]
+	defer func() { stage <- b }() // never blocks: the channel holds every buffer
 	fill(offload.F32s(b))
 	hs.dev.mu.Lock()
 	defer hs.dev.mu.Unlock()
@@ -135,6 +119,50 @@ func (hs *hostState) setDeviceMaster(i int, fill func(master []float32)) error {
 		be.Cast(q, d.weights, d.master)
 	}
 	return q.Synchronize(context.Background()) // b must outlive the copy
+}
+
+// stageBuf returns a buffer of the largest device layer's fp32 master
+// (an idle one, a new one while there are fewer than devStageBytes allow,
+// else the next one given back) and the channel to give it back to.
+func (hs *hostState) stageBuf() ([]byte, chan []byte) {
+	var largest int64
+	for j, t := range hs.tier {
+		if t == offload.TierDevice {
+			largest = max(largest, 4*int64(hs.m.Layers[j].NumParams()))
+		}
+	}
+	hs.dev.mu.Lock()
+	if hs.dev.stage == nil {
+		hs.dev.stageN = int(max(1, devStageBytes/largest))
+		hs.dev.stage = make(chan []byte, hs.dev.stageN)
+	}
+	stage := hs.dev.stage
+	select {
+	case b := <-stage:
+		hs.dev.mu.Unlock()
+		return b, stage
+	default:
+	}
+	if hs.dev.staged < hs.dev.stageN {
+		hs.dev.staged++
+		hs.dev.mu.Unlock()
+		return offload.NewF32Bytes(largest), stage
+	}
+	hs.dev.mu.Unlock()
+	return <-stage, stage
+}
+
+// dropStage frees stageBuf's buffers (none may be in use) and gives the
+// heap back to the system: the process would otherwise keep it as
+// resident memory that the plan does not count.
+func (hs *hostState) dropStage() {
+	hs.dev.mu.Lock()
+	had := hs.dev.stage != nil
+	hs.dev.stage, hs.dev.stageN, hs.dev.staged = nil, 0, 0
+	hs.dev.mu.Unlock()
+	if had {
+		debug.FreeOSMemory()
+	}
 }
 
 // deviceOptim copies layer i's master and moments from the device.

@@ -5,12 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"runtime/debug"
-	"slices"
 	"sync"
 
 	"golang.org/x/sync/errgroup"
-	"golang.org/x/sync/semaphore"
 
 	"github.com/spill-ml/spill/kernels"
 	"github.com/spill-ml/spill/kernels/cpu"
@@ -118,16 +115,18 @@ type devState struct {
 	q  kernels.Queue
 	ex *exec.Executor
 	mu sync.Mutex
-	// stage bounds the Go memory of the fp32 masters being filled on the
-	// host for device layers (setDeviceMaster), so that initialising on
-	// all cores does not hold every layer's master in the Go heap.
-	stage *semaphore.Weighted
-	cap   int64
+	// stage holds the buffers the fp32 masters of device layers are
+	// filled in on the host (setDeviceMaster): at most stageN of them,
+	// each as large as the largest device layer's, reused rather than
+	// left to the garbage collector (whose heap may grow to twice what is
+	// live), and dropped by dropStage once the masters are set.
+	stage          chan []byte
+	stageN, staged int
 }
 
-// devStageBytes is the most host memory the device layers' masters take
-// while they are filled (at least one layer's).
-const devStageBytes = 4 << 30
+// devStageBytes bounds the host memory of the device layers' masters
+// being filled (at least one layer's).
+const devStageBytes = 2 << 30
 
 // pinWorkers is how many slabs are pinned at once.
 const pinWorkers = 4
@@ -618,12 +617,7 @@ func (hs *hostState) setMasters(fill func(i int, master []float32)) error {
 		g.Go(func() error { return hs.setMaster(i, func(m []float32) { fill(i, m) }) })
 	}
 	err := g.Wait()
-	if slices.Contains(hs.tier, offload.TierDevice) {
-		// The device layers' masters went through the Go heap: give it
-		// back, or the process keeps it as resident memory the plan
-		// does not count.
-		debug.FreeOSMemory()
-	}
+	hs.dropStage()
 	return err
 }
 

@@ -545,6 +545,7 @@ func (t *Trainer) SaveTensors(ctx context.Context) (weights, optim []NamedTensor
 // from them the compute copy) and, if optim is not nil, the Adam moments.
 // Every parameter must be present with its exact shape.
 func (t *Trainer) LoadTensors(ctx context.Context, weights, optim []NamedTensor) error {
+	defer t.off.host.dropStage() // the device layers' masters pass through it
 	byName := make(map[string]*NamedTensor, len(weights)+len(optim))
 	for _, ts := range [][]NamedTensor{weights, optim} {
 		for i := range ts {
