@@ -115,7 +115,7 @@ if want tp; then
 fi
 if want ooc; then
   # shellcheck disable=SC2086
-  step ooc-8b 240 - "$spill" train --model llama3.1-8b --data "$work/t2048" --batch 8 --accum 4 --seq-len 2048 --steps 3 \
+  step ooc-8b 240 - "$spill" train --model llama3.1-8b --data "$work/t2048" --batch 8 --accum 4 --seq-len 2048 --steps "${SPILL_LLAMA_8B_STEPS:-6}" \
     --lr 1e-5 --warmup 1 --precision bf16 --device cuda --device-memory 24GiB --eval-every 0 \
     --metrics "$runs/ooc-8b.jsonl" --plan-json "$runs/ooc-8b.plan.json" --memory-report ${SPILL_LLAMA_8B_ARGS:-}
 fi
