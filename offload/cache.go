@@ -1,8 +1,10 @@
 package offload
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 
@@ -71,6 +73,7 @@ type cacheState struct {
 	small, large freeList
 	segments     map[*segment]struct{}
 	pending      []pendingFree
+	ordered      []pendingFree // FreeOrdered blocks whose events have not passed
 	nextSeg      int64
 	stats        CacheStats
 }
@@ -97,6 +100,7 @@ type Block struct {
 	req        int64 // requested bytes
 	class      Class
 	free       bool
+	freeing    bool   // counted as freed, not yet reusable (FreeOrdered)
 	prev, next *Block // neighbours in the segment, by address
 }
 
@@ -206,24 +210,42 @@ func (c *Cache) Alloc(n int64, cl Class) (*Block, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.processPendingLocked()
+	c.processOrderedLocked()
 	fl := &c.st.large
 	if small {
 		fl = &c.st.small
 	}
-	var b *Block
-	if c.cfg.Whole {
-		b = fl.takeExact(size)
-	} else {
-		b = fl.takeBestFit(size)
-	}
-	if b != nil {
-		c.st.stats.CacheHits++
-	} else {
-		seg, err := c.newSegmentLocked(size, small, cl)
-		if seg == nil {
-			c.st.stats.BudgetFailures++
-			return nil, c.budgetErrorLocked(n, cl, err)
+	take := func() *Block {
+		if c.cfg.Whole {
+			return fl.takeExact(size)
 		}
+		return fl.takeBestFit(size)
+	}
+	b := take()
+	if b == nil && c.waitOrderedLocked(func(o *Block) bool { return !c.cfg.Whole || o.size == size }) {
+		// A block freed in order is still in use: wait for it rather
+		// than take new memory (as if it had been freed at once).
+		b = take()
+	}
+	var seg *segment
+	var err error
+	if b == nil {
+		seg, err = c.newSegmentLocked(size, small, cl)
+		if seg == nil && c.waitOrderedLocked(nil) {
+			// Over the budget: with every block freed in order back,
+			// one may serve, or their segments make room.
+			if b = take(); b == nil {
+				seg, err = c.newSegmentLocked(size, small, cl)
+			}
+		}
+	}
+	switch {
+	case b != nil:
+		c.st.stats.CacheHits++
+	case seg == nil:
+		c.st.stats.BudgetFailures++
+		return nil, c.budgetErrorLocked(n, cl, err)
+	default:
 		b = seg.first
 	}
 	if !c.cfg.Whole {
@@ -370,6 +392,67 @@ func (c *Cache) FreeAfter(b *Block, ev kernels.Event) {
 	c.st.pending = append(c.st.pending, pendingFree{b, ev})
 }
 
+// FreeOrdered frees b as of now for the cache's accounting (its
+// statistics, and so the peak, follow the order of the frees and
+// allocations), while its memory is reused only once ev has passed: an
+// allocation that finds no free block waits for such a block (of its
+// size, in Whole mode) before it takes new memory, and for all of them
+// before it fails on the budget. A caller that frees in a program's
+// order so gets the program's peak without waiting for the device at
+// every free.
+func (c *Cache) FreeOrdered(b *Block, ev kernels.Event) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ev == nil || ev.Done() {
+		c.freeLocked(b)
+		return
+	}
+	c.accountFreeLocked(b)
+	c.st.ordered = append(c.st.ordered, pendingFree{b, ev})
+}
+
+// waitOrderedLocked waits for the oldest FreeOrdered block that match
+// accepts and returns it to the free lists, or, with match nil, for all
+// of them; it reports whether there was one.
+func (c *Cache) waitOrderedLocked(match func(*Block) bool) bool {
+	for i, o := range c.st.ordered {
+		if match != nil && !match(o.b) {
+			continue
+		}
+		if match == nil {
+			for _, o := range c.st.ordered {
+				_ = o.ev.Synchronize(context.Background()) // a failed queue fails its own next call
+				c.insertFreeLocked(o.b)
+			}
+			clear(c.st.ordered)
+			c.st.ordered = c.st.ordered[:0]
+			return true
+		}
+		_ = o.ev.Synchronize(context.Background())
+		c.insertFreeLocked(o.b)
+		c.st.ordered = slices.Delete(c.st.ordered, i, i+1)
+		return true
+	}
+	return false
+}
+
+// processOrderedLocked returns the FreeOrdered blocks whose events have
+// passed to the free lists, oldest first, up to the first that has not
+// (one query of the device for a block still in use).
+func (c *Cache) processOrderedLocked() {
+	n := 0
+	for _, o := range c.st.ordered {
+		if !o.ev.Done() {
+			break
+		}
+		c.insertFreeLocked(o.b)
+		n++
+	}
+	if n > 0 {
+		c.st.ordered = slices.Delete(c.st.ordered, 0, n)
+	}
+}
+
 func (c *Cache) processPendingLocked() {
 	keep := c.st.pending[:0]
 	for _, p := range c.st.pending {
@@ -384,9 +467,16 @@ func (c *Cache) processPendingLocked() {
 }
 
 func (c *Cache) freeLocked(b *Block) {
-	if b.free {
+	c.accountFreeLocked(b)
+	c.insertFreeLocked(b)
+}
+
+// accountFreeLocked counts b as freed in the statistics.
+func (c *Cache) accountFreeLocked(b *Block) {
+	if b.free || b.freeing {
 		panic("offload: block freed twice")
 	}
+	b.freeing = true
 	s := &c.st.stats
 	s.Frees++
 	s.Allocated -= b.size
@@ -396,6 +486,13 @@ func (c *Cache) freeLocked(b *Block) {
 	cs.Allocated -= b.size
 	cs.Blocks--
 	cs.Frees++
+}
+
+// insertFreeLocked returns b, counted as freed, to its free list, merged
+// with its free neighbours.
+func (c *Cache) insertFreeLocked(b *Block) {
+	b.freeing = false
+	s := &c.st.stats
 	fl := &c.st.large
 	if b.seg.small {
 		fl = &c.st.small
@@ -430,6 +527,7 @@ func (c *Cache) EmptyCache() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.processPendingLocked()
+	c.processOrderedLocked()
 	c.releaseFreeSegmentsLocked()
 }
 

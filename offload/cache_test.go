@@ -337,3 +337,52 @@ func BenchmarkCacheAllocFree(b *testing.B) {
 		c.Free(blk)
 	}
 }
+
+// syncEvent is a fakeEvent that passes when it is waited for, counting
+// the waits.
+type syncEvent struct {
+	fakeEvent
+	waits int
+}
+
+func (e *syncEvent) Synchronize(ctx context.Context) error { e.waits++; e.set(); return nil }
+
+// TestCacheFreeOrdered: a block freed in order counts as freed at once
+// (the peak follows the program), is reused by an allocation of its size
+// after a wait for its event rather than new memory, and an allocation
+// over the budget waits for all such blocks and makes room from them.
+func TestCacheFreeOrdered(t *testing.T) {
+	c := NewCache(newFakeRaw(0), CacheConfig{Whole: true, Limit: 3 * MiB})
+	a := mustAlloc(t, c, 1*MiB, Activations)
+	b := mustAlloc(t, c, 2*MiB, Weights)
+	evA, evB := &syncEvent{}, &syncEvent{}
+	c.FreeOrdered(a, evA)
+	if s := c.Stats(); s.Allocated != 2*MiB || s.Reserved != 3*MiB {
+		t.Fatalf("after FreeOrdered: allocated %d, reserved %d; want 2 MiB, 3 MiB", s.Allocated, s.Reserved)
+	}
+	a2 := mustAlloc(t, c, 1*MiB, Activations) // waits for a's event and reuses it
+	if s := c.Stats(); evA.waits != 1 || s.CacheHits != 1 || s.Reserved != 3*MiB {
+		t.Fatalf("same-size allocation: %d waits, %d cache hits, reserved %d", evA.waits, s.CacheHits, s.Reserved)
+	}
+	// A passed event needs no wait.
+	done := &syncEvent{}
+	done.set()
+	c.FreeOrdered(a2, done)
+	a3 := mustAlloc(t, c, 1*MiB, Activations)
+	if done.waits != 0 {
+		t.Fatalf("waited %d times for a passed event", done.waits)
+	}
+	// Over the budget: b and a3 freed in order, a 3 MiB block needs their
+	// memory back.
+	c.FreeOrdered(b, evB)
+	evA3 := &syncEvent{}
+	c.FreeOrdered(a3, evA3)
+	big := mustAlloc(t, c, 3*MiB, Workspace)
+	if s := c.Stats(); evB.waits != 1 || evA3.waits != 1 || s.Reserved != 3*MiB || s.Allocated != 3*MiB {
+		t.Fatalf("over-budget allocation: waits %d, %d; reserved %d, allocated %d", evB.waits, evA3.waits, s.Reserved, s.Allocated)
+	}
+	c.Free(big)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -675,8 +675,12 @@ func (r *run) evict(i int, ev kernels.Event) (kernels.Event, error) {
 	return done, nil
 }
 
-// release frees the pending intervals that ended before op `before`, once
-// their events have passed.
+// release frees the pending intervals that ended before op `before`,
+// without waiting for their events: the cache counts them freed at once
+// and reuses their memory once the events have passed, waiting for them
+// only when an allocation needs that memory (offload.Cache.FreeOrdered).
+// So the host enqueues ahead of the device as far as the memory lets it,
+// and the device holds what the program's peak counts.
 func (r *run) release(before int) error {
 	keep := 0
 	for n, i := range r.pending {
@@ -685,13 +689,11 @@ func (r *run) release(before int) error {
 			keep++
 			continue
 		}
-		if err := r.pendEv[n].Synchronize(r.ctx); err != nil {
-			return err
-		}
 		r.e.offDevice(&r.p.Intervals[i])
-		r.e.cfg.Cache.Free(r.blocks[i])
+		r.e.cfg.Cache.FreeOrdered(r.blocks[i], r.pendEv[n])
 		r.blocks[i] = nil
 	}
+	clear(r.pendEv[keep:])
 	r.pending, r.pendEv = r.pending[:keep], r.pendEv[:keep]
 	return nil
 }
