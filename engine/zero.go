@@ -265,8 +265,9 @@ func (t *Trainer) ShardsOptimizer() bool { return t.off != nil && t.off.opts.zer
 // fp32 master, which is the weights, held whole on every rank.
 func (t *Trainer) OptimizerHostBytes() int64 {
 	var n int64
-	for _, h := range t.off.host.host {
-		if h.m != nil { // host tier (the disk tier's moments are in files)
+	for i := range t.off.host.host {
+		h := &t.off.host.host[i] // not a copy: an update in flight writes its other fields
+		if h.m != nil {          // host tier (the disk tier's moments are in files)
 			n += int64(len(h.master) + len(h.m) + len(h.v))
 		}
 	}
