@@ -411,10 +411,20 @@ func (c *Cache) FreeOrdered(b *Block, ev kernels.Event) {
 	c.st.ordered = append(c.st.ordered, pendingFree{b, ev})
 }
 
-// waitOrderedLocked waits for the oldest FreeOrdered block that match
-// accepts and returns it to the free lists, or, with match nil, for all
-// of them; it reports whether there was one.
+// waitOrderedLocked returns to the free lists a FreeOrdered block that
+// match accepts, one whose event has passed if there is one, else the
+// oldest after waiting for it, or, with match nil, all of them after
+// waiting for each; it reports whether there was one.
 func (c *Cache) waitOrderedLocked(match func(*Block) bool) bool {
+	if match != nil {
+		for i, o := range c.st.ordered {
+			if match(o.b) && o.ev.Done() {
+				c.insertFreeLocked(o.b)
+				c.st.ordered = slices.Delete(c.st.ordered, i, i+1)
+				return true
+			}
+		}
+	}
 	for i, o := range c.st.ordered {
 		if match != nil && !match(o.b) {
 			continue
