@@ -96,6 +96,9 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(stdout, "host AdamW    %.2f G params/s pinned, %.2f G params/s Go memory (%d threads, %dM params)\n",
 			hr.AdamPinned/1e9, hr.AdamGo/1e9, runtime.GOMAXPROCS(0), *hostM)
 		fmt.Fprintf(stdout, "host finite   %.1f G params/s; memcpy %.1f GB/s\n", hr.Finite/1e9, hr.Copy/1e9)
+		if hr.Pin1 > 0 {
+			fmt.Fprintf(stdout, "host pinning  %.1f GB/s one buffer at a time, %.1f GB/s four at once\n", hr.Pin1/1e9, hr.Pin4/1e9)
+		}
 		hw.HostAdam = hr.AdamGo
 		if hr.AdamPinned > 0 {
 			hw.HostAdam = hr.AdamPinned

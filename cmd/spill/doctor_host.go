@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/spill-ml/spill/kernels"
@@ -14,6 +16,10 @@ type hostRates struct {
 	AdamPinned, AdamGo float64 // host AdamW, parameters/s (bf16 grads and weights)
 	Finite             float64 // the gradients' finiteness check, parameters/s
 	Copy               float64 // memcpy, bytes/s
+	// Pin1 and Pin4 are how fast fresh pinned memory is taken (allocated,
+	// page-locked and cleared), bytes/s, one buffer at a time and four
+	// at once: the start-up of an out-of-core run pins its host state so.
+	Pin1, Pin4 float64
 }
 
 // measureHost times the host AdamW on n parameters of state in pinned
@@ -83,6 +89,46 @@ func measureHost(be kernels.Backend, n int) (hostRates, error) {
 		}
 		pinned = append(pinned, b)
 	}
-	r.AdamPinned, _, err = run(pinned)
+	if r.AdamPinned, _, err = run(pinned); err != nil {
+		return r, err
+	}
+	r.Pin1, r.Pin4, err = measurePinning(pa, max(int64(n)*8, 64<<20))
 	return r, err
+}
+
+// measurePinning times taking 4 fresh pinned buffers of size bytes one
+// after the other, then 4 at once, each set freed after; it returns the
+// bytes/s of each way.
+func measurePinning(pa kernels.PinnedAllocator, size int64) (serial, parallel float64, err error) {
+	take := func(workers int) (float64, error) {
+		bufs := make([][]byte, 4)
+		errs := make([]error, 4)
+		start := time.Now()
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, workers)
+		for i := range bufs {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				bufs[i], errs[i] = pa.AllocPinned(int(size))
+			}()
+		}
+		wg.Wait()
+		rate := float64(4*size) / time.Since(start).Seconds()
+		for _, b := range bufs {
+			if b != nil {
+				errs = append(errs, pa.FreePinned(b))
+			}
+		}
+		return rate, errors.Join(errs...)
+	}
+	if serial, err = take(1); err != nil {
+		return 0, 0, fmt.Errorf("pinning %s: %w", kernels.FormatBytes(size), err)
+	}
+	if parallel, err = take(4); err != nil {
+		return 0, 0, fmt.Errorf("pinning %s four at once: %w", kernels.FormatBytes(size), err)
+	}
+	return serial, parallel, nil
 }
