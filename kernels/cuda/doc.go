@@ -44,7 +44,9 @@
 //     through this package's own cuLaunchKernel call (launchArgs);
 //     HostStats reports how long the goroutines spend issuing work;
 //   - everything else (Alloc, Free, event waits, pinned memory) runs on a
-//     small pool of such goroutines, grown when all are busy.
+//     small pool of such goroutines, grown when all are busy up to 128
+//     (each is an OS thread); past that a caller waits for one. Events
+//     the garbage collector drops are destroyed in batches by one job.
 //
 // Synchronize and Event.Synchronize wait on blocking-sync events from the
 // pool, so a waiting caller does not spin a CPU core.
