@@ -144,34 +144,23 @@ func showSetting(v any) string {
 	return fmt.Sprint(v)
 }
 
+// hfFields are the fields of c that config.json can set, by their
+// setting's key: pointers to an int, a float64, a *bool or a
+// *RoPEScalingConfig.
+func hfFields(c *Config) map[string]any {
+	return map[string]any{
+		"layers": &c.Layers, "heads": &c.Heads, "embd": &c.Embd, "vocab": &c.Vocab,
+		"max_seq": &c.MaxSeq, "kv_heads": &c.KVHeads, "ffn": &c.FFN,
+		"rope_theta": &c.RoPETheta, "norm_eps": &c.NormEps,
+		"tie_embeddings": &c.TieEmbeddings, "rope_scaling": &c.RoPEScaling,
+	}
+}
+
 // applySetting sets s in c when c leaves it unset; a different value
 // already there is returned as the error's text.
 func applySetting(c *Config, s hfSetting) error {
-	var p any
-	switch s.key {
-	case "layers":
-		p = &c.Layers
-	case "heads":
-		p = &c.Heads
-	case "embd":
-		p = &c.Embd
-	case "vocab":
-		p = &c.Vocab
-	case "max_seq":
-		p = &c.MaxSeq
-	case "kv_heads":
-		p = &c.KVHeads
-	case "ffn":
-		p = &c.FFN
-	case "rope_theta":
-		p = &c.RoPETheta
-	case "norm_eps":
-		p = &c.NormEps
-	case "tie_embeddings":
-		p = &c.TieEmbeddings
-	case "rope_scaling":
-		p = &c.RoPEScaling
-	default:
+	p, ok := hfFields(c)[s.key]
+	if !ok {
 		panic("engine: unknown setting " + s.key)
 	}
 	switch p := p.(type) {
