@@ -30,6 +30,8 @@ func (b *Backend) AttentionBackward(q kernels.Queue, dqkv, dout, qkv, out, lse k
 	b.GQAttentionBackward(q, dqkv, dout, qkv, out, lse, B, T, NH, NH, hs)
 }
 
+// dot is Σ a[i]·b[i] over a (b is at least as long) in float32, with four
+// partial sums; RMSNormForward takes its Σ x² as dot(x, x).
 func dot(a, b []float32) float32 {
 	b = b[:len(a)]
 	var s0, s1, s2, s3 float32

@@ -32,7 +32,7 @@ func (b *Backend) RMSNormForward(q kernels.Queue, out, rstd, inp, weight kernels
 			defer putScratch(oa)
 			for r := lo; r < hi; r++ {
 				xs := x.load(r*C, r*C+C, xa)
-				s := sumSquares(xs)
+				s := dot(xs, xs) // Σ x²
 				rstd := 1 / float32(math.Sqrt(float64(s/float32(C)+eps)))
 				row := oa[:C]
 				if o.dt == kernels.F32 {
@@ -47,22 +47,6 @@ func (b *Backend) RMSNormForward(q kernels.Queue, out, rstd, inp, weight kernels
 		})
 		return nil
 	})
-}
-
-// sumSquares is Σ x² in float32 with four partial sums.
-func sumSquares(x []float32) float32 {
-	var s0, s1, s2, s3 float32
-	i := 0
-	for ; i+4 <= len(x); i += 4 {
-		s0 += x[i] * x[i]
-		s1 += x[i+1] * x[i+1]
-		s2 += x[i+2] * x[i+2]
-		s3 += x[i+3] * x[i+3]
-	}
-	for ; i < len(x); i++ {
-		s0 += x[i] * x[i]
-	}
-	return (s0 + s1) + (s2 + s3)
 }
 
 // RMSNormBackward implements kernels.LlamaOps. With n = x·rstd the
