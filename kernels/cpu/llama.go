@@ -64,17 +64,9 @@ func (b *Backend) RMSNormBackward(q kernels.Queue, dinp, dweight, dout, inp, wei
 	b.queue(q).enqueue(op, func() error {
 		wf, relW := b.inputSmall(w)
 		defer relW()
-		chunks := min(b.threads*4, max(1, N*C/8192), N)
-		size := (N + chunks - 1) / chunks
-		chunks = (N + size - 1) / size
-		pdw := make([]float32, chunks*C) // per-chunk partial sums
-		b.pool.run(chunks, func(ch int) {
-			xa, ya, da := getScratch(C), getScratch(C), getScratch(C)
-			defer putScratch(xa)
-			defer putScratch(ya)
-			defer putScratch(da)
-			cw := pdw[ch*C : ch*C+C]
-			for r := ch * size; r < min(ch*size+size, N); r++ {
+		sums := b.normChunks(N, C, 1, func(lo, hi int, parts [][]float32, xa, ya, da []float32) {
+			cw := parts[0]
+			for r := lo; r < hi; r++ {
 				xs, ys := x.load(r*C, r*C+C, xa), dy.load(r*C, r*C+C, ya)
 				s := rs[r]
 				var dot float32
@@ -93,13 +85,7 @@ func (b *Backend) RMSNormBackward(q kernels.Queue, dinp, dweight, dout, inp, wei
 				}
 			}
 		})
-		d := dw.load(0, C, make([]float32, C))
-		for ch := 0; ch < chunks; ch++ {
-			for i, v := range pdw[ch*C : ch*C+C] {
-				d[i] += v
-			}
-		}
-		dw.store(0, d)
+		addPartials(dw, sums[0], make([]float32, C))
 		return nil
 	})
 }

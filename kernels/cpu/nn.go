@@ -181,6 +181,48 @@ func (b *Backend) inputSmall(v view) ([]float32, func()) {
 	return s, func() { putScratch(s) }
 }
 
+// normChunks runs the rows of a norm's backward pass, N rows of C, in
+// parallel chunks of rows. It calls chunk once a chunk, with its rows
+// [lo, hi), nparts zeroed partial sums of C floats that only the chunk
+// adds to (its part of the weight gradients) and three scratch rows of C
+// floats. It returns, for each part, the partial sums of all the chunks,
+// in the order of the chunks, for addPartials.
+func (b *Backend) normChunks(N, C, nparts int, chunk func(lo, hi int, parts [][]float32, xa, ya, da []float32)) [][]float32 {
+	chunks := min(b.threads*4, max(1, N*C/8192), N)
+	size := (N + chunks - 1) / chunks
+	chunks = (N + size - 1) / size
+	sums := make([][]float32, nparts)
+	for k := range sums {
+		sums[k] = make([]float32, chunks*C)
+	}
+	b.pool.run(chunks, func(ch int) {
+		xa, ya, da := getScratch(C), getScratch(C), getScratch(C)
+		defer putScratch(xa)
+		defer putScratch(ya)
+		defer putScratch(da)
+		parts := make([][]float32, nparts)
+		for k, s := range sums {
+			parts[k] = s[ch*C : ch*C+C]
+		}
+		chunk(ch*size, min(ch*size+size, N), parts, xa, ya, da)
+	})
+	return sums
+}
+
+// addPartials adds to dst, C floats, the partial sums of normChunks' chunks
+// (sums, C floats a chunk), one chunk after another; buf (C floats) holds
+// dst converted to float32 when it is not F32.
+func addPartials(dst view, sums, buf []float32) {
+	C := len(buf)
+	d := dst.load(0, C, buf)
+	for ch := 0; ch < len(sums)/C; ch++ {
+		for i, v := range sums[ch*C : ch*C+C] {
+			d[i] += v
+		}
+	}
+	dst.store(0, d)
+}
+
 // LayerNormBackward implements kernels.Ops.
 func (b *Backend) LayerNormBackward(q kernels.Queue, dinp, dweight, dbias, dout, inp, weight, mean, rstd kernels.Tensor, N, C int) {
 	const op = "LayerNormBackward"
@@ -196,18 +238,9 @@ func (b *Backend) LayerNormBackward(q kernels.Queue, dinp, dweight, dbias, dout,
 	b.queue(q).enqueue(op, func() error {
 		wf, relW := b.inputSmall(w)
 		defer relW()
-		chunks := min(b.threads*4, max(1, N*C/8192), N)
-		size := (N + chunks - 1) / chunks
-		chunks = (N + size - 1) / size
-		pdw := make([]float32, chunks*C) // per-chunk partial sums
-		pdb := make([]float32, chunks*C)
-		b.pool.run(chunks, func(ch int) {
-			xa, ya, da := getScratch(C), getScratch(C), getScratch(C)
-			defer putScratch(xa)
-			defer putScratch(ya)
-			defer putScratch(da)
-			cw, cb := pdw[ch*C:ch*C+C], pdb[ch*C:ch*C+C]
-			for r := ch * size; r < min(ch*size+size, N); r++ {
+		sums := b.normChunks(N, C, 2, func(lo, hi int, parts [][]float32, xa, ya, da []float32) {
+			cw, cb := parts[0], parts[1]
+			for r := lo; r < hi; r++ {
 				xs, ys := x.load(r*C, r*C+C, xa), dy.load(r*C, r*C+C, ya)
 				m, s := mu[r], rs[r]
 				var dnMean, dnNormMean float32
@@ -232,18 +265,9 @@ func (b *Backend) LayerNormBackward(q kernels.Queue, dinp, dweight, dbias, dout,
 			}
 		})
 		acc := make([]float32, C)
-		sum := func(dst view, parts []float32) {
-			d := dst.load(0, C, acc)
-			for ch := 0; ch < chunks; ch++ {
-				for i, v := range parts[ch*C : ch*C+C] {
-					d[i] += v
-				}
-			}
-			dst.store(0, d)
-		}
-		sum(dw, pdw)
+		addPartials(dw, sums[0], acc)
 		if hasDb {
-			sum(db, pdb)
+			addPartials(db, sums[1], acc)
 		}
 		return nil
 	})
