@@ -26,24 +26,13 @@ func (b *Backend) RMSNormForward(q kernels.Queue, out, rstd, inp, weight kernels
 	b.queue(q).enqueue(op, func() error {
 		wf, relW := b.inputSmall(w)
 		defer relW()
-		b.pool.parallel(N, max(1, 8192/C), func(lo, hi int) {
-			xa, oa := getScratch(C), getScratch(C)
-			defer putScratch(xa)
-			defer putScratch(oa)
-			for r := lo; r < hi; r++ {
-				xs := x.load(r*C, r*C+C, xa)
-				s := dot(xs, xs) // Σ x²
-				rstd := 1 / float32(math.Sqrt(float64(s/float32(C)+eps)))
-				row := oa[:C]
-				if o.dt == kernels.F32 {
-					row = o.f[r*C : r*C+C]
-				}
-				for i, v := range xs {
-					row[i] = v * rstd * wf[i]
-				}
-				o.store(r*C, row)
-				rs[r] = rstd
+		b.normRows(o, x, N, C, func(r int, xs, row []float32) {
+			s := dot(xs, xs) // Σ x²
+			rstd := 1 / float32(math.Sqrt(float64(s/float32(C)+eps)))
+			for i, v := range xs {
+				row[i] = v * rstd * wf[i]
 			}
+			rs[r] = rstd
 		})
 		return nil
 	})

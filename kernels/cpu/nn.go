@@ -116,6 +116,27 @@ func (b *Backend) EncoderBackward(q kernels.Queue, dwte, dwpe, dout, tokens kern
 
 const lnEps = 1e-5
 
+// normRows runs the rows of a norm's forward pass, N rows of C, in
+// parallel: it calls row for each row r with xs, row r of x as float32,
+// and ys, the output row to fill, then stores ys into o. ys is o's own
+// memory when o is F32, else a scratch row that the store rounds.
+func (b *Backend) normRows(o, x view, N, C int, row func(r int, xs, ys []float32)) {
+	b.pool.parallel(N, max(1, 8192/C), func(lo, hi int) {
+		xa, oa := getScratch(C), getScratch(C)
+		defer putScratch(xa)
+		defer putScratch(oa)
+		for r := lo; r < hi; r++ {
+			xs := x.load(r*C, r*C+C, xa)
+			ys := oa[:C]
+			if o.dt == kernels.F32 {
+				ys = o.f[r*C : r*C+C]
+			}
+			row(r, xs, ys)
+			o.store(r*C, ys)
+		}
+	})
+}
+
 // LayerNormForward implements kernels.Ops.
 func (b *Backend) LayerNormForward(q kernels.Queue, out, mean, rstd, inp, weight, bias kernels.Tensor, N, C int) {
 	const op = "LayerNormForward"
@@ -135,37 +156,26 @@ func (b *Backend) LayerNormForward(q kernels.Queue, out, mean, rstd, inp, weight
 			bf, relB = b.inputSmall(bi)
 			defer relB()
 		}
-		b.pool.parallel(N, max(1, 8192/C), func(lo, hi int) {
-			xa, oa := getScratch(C), getScratch(C)
-			defer putScratch(xa)
-			defer putScratch(oa)
-			for r := lo; r < hi; r++ {
-				xs := x.load(r*C, r*C+C, xa)
-				var s float32
-				for _, v := range xs {
-					s += v
-				}
-				m := s / float32(C)
-				var vs float32
-				for _, v := range xs {
-					d := v - m
-					vs += d * d
-				}
-				rstd := 1 / float32(math.Sqrt(float64(vs/float32(C)+lnEps)))
-				row := oa[:C]
-				if o.dt == kernels.F32 {
-					row = o.f[r*C : r*C+C]
-				}
-				for i, v := range xs {
-					y := (v - m) * rstd * wf[i]
-					if bf != nil {
-						y += bf[i]
-					}
-					row[i] = y
-				}
-				o.store(r*C, row)
-				mu[r], rs[r] = m, rstd
+		b.normRows(o, x, N, C, func(r int, xs, row []float32) {
+			var s float32
+			for _, v := range xs {
+				s += v
 			}
+			m := s / float32(C)
+			var vs float32
+			for _, v := range xs {
+				d := v - m
+				vs += d * d
+			}
+			rstd := 1 / float32(math.Sqrt(float64(vs/float32(C)+lnEps)))
+			for i, v := range xs {
+				y := (v - m) * rstd * wf[i]
+				if bf != nil {
+					y += bf[i]
+				}
+				row[i] = y
+			}
+			mu[r], rs[r] = m, rstd
 		})
 		return nil
 	})
