@@ -33,6 +33,30 @@ func newOffloadAtPeak(t *testing.T, m *Model, to TrainerOptions, o OffloadOption
 	return tr, be
 }
 
+// gradCheckTrainer builds a resident fp32 trainer of m (B 2, T 6, no loss
+// scaling) on a CPU backend, and a feed of one fixed batch of random
+// tokens below 13, the vocabulary of the models the gradient checks
+// build. The trainer and the backend are closed when t ends.
+func gradCheckTrainer(t *testing.T, m *Model) (*Trainer, *fixedFeed) {
+	t.Helper()
+	be := openCPU(t)
+	const B, T = 2, 6
+	tr, err := NewTrainer(be, m, TrainerOptions{B: B, T: T, Accum: 1, LossScale: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tr.Close)
+	r := &rng{s: 3}
+	in, tg := make([]int32, B*T), make([]int32, B*T)
+	for i := range in {
+		in[i], tg[i] = int32(r.next()%13), int32(r.next()%13)
+	}
+	feed := &fixedFeed{hb: HostBatch{Input: make([]byte, 4*B*T), Targets: make([]byte, 4*B*T)}}
+	putI32(feed.hb.Input, in)
+	putI32(feed.hb.Targets, tg)
+	return tr, feed
+}
+
 // eachRank opens a CPU backend for each of ranks fake ranks (closed when t
 // ends) and one communicator id for them all, runs body for every rank on
 // its own goroutine, with a context that times out after a minute, and

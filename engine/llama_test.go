@@ -27,25 +27,11 @@ func gradLlama(tied bool) LlamaShape {
 func TestLlamaGradientCheck(t *testing.T) {
 	for _, tied := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tied=%v", tied), func(t *testing.T) {
-			be := openCPU(t)
 			m, err := NewLlama(gradLlama(tied), kernels.F32)
 			if err != nil {
 				t.Fatal(err)
 			}
-			const B, T = 2, 6
-			tr, err := NewTrainer(be, m, TrainerOptions{B: B, T: T, Accum: 1, LossScale: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tr.Close()
-			r := &rng{s: 3}
-			in, tg := make([]int32, B*T), make([]int32, B*T)
-			for i := range in {
-				in[i], tg[i] = int32(r.next()%13), int32(r.next()%13)
-			}
-			feed := &fixedFeed{hb: HostBatch{Input: make([]byte, 4*B*T), Targets: make([]byte, 4*B*T)}}
-			putI32(feed.hb.Input, in)
-			putI32(feed.hb.Targets, tg)
+			tr, feed := gradCheckTrainer(t, m)
 			// A step of 2e-3: the tied embedding enters the loss twice
 			// (input and logits), and at these order-one weights the
 			// O(h²) error of a 1e-2 step is some 5% on its largest

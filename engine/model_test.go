@@ -120,25 +120,11 @@ func gradCheckStep(t *testing.T, tr *Trainer, feed *fixedFeed, h float64) {
 }
 
 func TestGPTGradientCheck(t *testing.T) {
-	be := openCPU(t)
 	m, err := NewGPT(GPTShape{Layers: 2, Heads: 2, Embd: 16, Vocab: 13, MaxSeq: 8}, kernels.F32)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const B, T = 2, 6
-	tr, err := NewTrainer(be, m, TrainerOptions{B: B, T: T, Accum: 1, LossScale: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
-	r := &rng{s: 3}
-	in, tg := make([]int32, B*T), make([]int32, B*T)
-	for i := range in {
-		in[i], tg[i] = int32(r.next()%13), int32(r.next()%13)
-	}
-	feed := &fixedFeed{hb: HostBatch{Input: make([]byte, 4*B*T), Targets: make([]byte, 4*B*T)}}
-	putI32(feed.hb.Input, in)
-	putI32(feed.hb.Targets, tg)
+	tr, feed := gradCheckTrainer(t, m)
 	gradCheck(t, tr, feed)
 }
 
