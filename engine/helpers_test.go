@@ -57,6 +57,29 @@ func gradCheckTrainer(t *testing.T, m *Model) (*Trainer, *fixedFeed) {
 	return tr, feed
 }
 
+// trainFrom initialises tr's weights from seed, runs steps steps on feed
+// and returns the losses and the final master weights.
+func trainFrom(t *testing.T, tr *Trainer, seed uint64, feed BatchSource, steps int) ([]float64, [][]float32) {
+	t.Helper()
+	ctx := context.Background()
+	if err := tr.InitWeights(ctx, seed); err != nil {
+		t.Fatal(err)
+	}
+	var losses []float64
+	for s := 0; s < steps; s++ {
+		r, err := tr.TrainStep(ctx, feed)
+		if err != nil {
+			t.Fatalf("step %d: %v", s, err)
+		}
+		losses = append(losses, r.Loss)
+	}
+	w, err := tr.MasterWeights(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return losses, w
+}
+
 // eachRank opens a CPU backend for each of ranks fake ranks (closed when t
 // ends) and one communicator id for them all, runs body for every rank on
 // its own goroutine, with a context that times out after a minute, and

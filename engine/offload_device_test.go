@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"math"
 	"testing"
 
@@ -48,24 +47,7 @@ func deviceFeed(perBatch int) *rowsFeed {
 // losses and the final master weights.
 func trainOn(t *testing.T, tr *Trainer, perBatch int) ([]float64, [][]float32) {
 	t.Helper()
-	ctx := context.Background()
-	if err := tr.InitWeights(ctx, 11); err != nil {
-		t.Fatal(err)
-	}
-	feed := deviceFeed(perBatch)
-	var losses []float64
-	for s := 0; s < deviceSteps; s++ {
-		r, err := tr.TrainStep(ctx, feed)
-		if err != nil {
-			t.Fatalf("step %d: %v", s, err)
-		}
-		losses = append(losses, r.Loss)
-	}
-	w, err := tr.MasterWeights(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return losses, w
+	return trainFrom(t, tr, 11, deviceFeed(perBatch), deviceSteps)
 }
 
 // runDeviceCase trains the device GPT resident with no budget, then out of

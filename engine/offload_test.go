@@ -56,24 +56,7 @@ func randomFeed(seed uint64, rows, T, perBatch int) *rowsFeed {
 // trainSteps runs steps and returns the losses and final master weights.
 func trainSteps(t *testing.T, tr *Trainer, steps int) ([]float64, [][]float32) {
 	t.Helper()
-	ctx := context.Background()
-	if err := tr.InitWeights(ctx, 7); err != nil {
-		t.Fatal(err)
-	}
-	feed := oocFeed()
-	var losses []float64
-	for s := 0; s < steps; s++ {
-		r, err := tr.TrainStep(ctx, feed)
-		if err != nil {
-			t.Fatalf("step %d: %v", s, err)
-		}
-		losses = append(losses, r.Loss)
-	}
-	w, err := tr.MasterWeights(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return losses, w
+	return trainFrom(t, tr, 7, oocFeed(), steps)
 }
 
 func recomputeBlocks(m *Model) []offload.ActPolicy {
