@@ -119,7 +119,6 @@ func runRank(ctx context.Context, c ddpCase, be kernels.Backend, id []byte, r in
 // same micro-batches, in global order, accumulated.
 func runSingle(t *testing.T, be kernels.Backend, c ddpCase, in, tg []int32) ([]float64, [][]float32) {
 	t.Helper()
-	ctx := context.Background()
 	to := c.options()
 	to.Accum = c.ranks * c.accum
 	tr, err := c.newTrainer(be, tinyGPT(t, kernels.F32), to)
@@ -127,26 +126,11 @@ func runSingle(t *testing.T, be kernels.Backend, c ddpCase, in, tg []int32) ([]f
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	if err := tr.InitWeights(ctx, 42); err != nil {
-		t.Fatal(err)
-	}
 	f := &mbFeed{in: in, tg: tg, n: ddpB * ddpT}
 	for i := range c.steps * to.Accum {
 		f.idx = append(f.idx, i)
 	}
-	var losses []float64
-	for s := range c.steps {
-		sr, err := tr.TrainStep(ctx, f)
-		if err != nil {
-			t.Fatalf("single rank, step %d: %v", s, err)
-		}
-		losses = append(losses, sr.Loss)
-	}
-	w, err := tr.MasterWeights(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return losses, w
+	return trainFrom(t, tr, 42, f, c.steps)
 }
 
 // TestDataParallelMatchesSingleRank trains the tiny fp32 GPT on 2 and 3
