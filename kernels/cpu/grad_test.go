@@ -58,40 +58,10 @@ func gelu64(x []float64) []float64 {
 	return out
 }
 
+// attention64 is causal attention over qkv(B,T,3C): gqa64 with as many
+// key/value heads as query heads.
 func attention64(qkv []float64, B, T, C, NH int) (out, lse []float64) {
-	hs := C / NH
-	out, lse = make([]float64, B*T*C), make([]float64, B*NH*T)
-	for b := 0; b < B; b++ {
-		for h := 0; h < NH; h++ {
-			for t := 0; t < T; t++ {
-				q := qkv[(b*T+t)*3*C+h*hs:][:hs]
-				s := make([]float64, t+1)
-				mx := math.Inf(-1)
-				for t2 := 0; t2 <= t; t2++ {
-					k := qkv[(b*T+t2)*3*C+C+h*hs:][:hs]
-					d := 0.0
-					for i := range q {
-						d += q[i] * k[i]
-					}
-					s[t2] = d / math.Sqrt(float64(hs))
-					mx = math.Max(mx, s[t2])
-				}
-				sum := 0.0
-				for t2 := range s {
-					s[t2] = math.Exp(s[t2] - mx)
-					sum += s[t2]
-				}
-				lse[(b*NH+h)*T+t] = mx + math.Log(sum)
-				for t2 := range s {
-					v := qkv[(b*T+t2)*3*C+2*C+h*hs:][:hs]
-					for i := range v {
-						out[(b*T+t)*C+h*hs+i] += s[t2] / sum * v[i]
-					}
-				}
-			}
-		}
-	}
-	return
+	return gqa64(qkv, B, T, NH, NH, C/NH)
 }
 
 func crossEntropy64(logits []float64, targets []int32, BT, V int) []float64 {
