@@ -3,7 +3,9 @@
 // offload cache when the program says, fetches weights, gradients and
 // offloaded activations from the host on the host-to-device queue, sends
 // gradients and activations back on the device-to-host queue, orders the
-// three queues with events, frees blocks once their last user has run, and
+// three queues with events, frees blocks in the program's order (their
+// memory reused once their last user has run, the host waiting for that
+// only when an allocation needs the memory), and
 // keeps the residency table up to date.
 //
 // It knows nothing of what the layers compute. A Model binds the blocks
