@@ -72,8 +72,7 @@ type Cache struct {
 type cacheState struct {
 	small, large freeList
 	segments     map[*segment]struct{}
-	pending      []pendingFree
-	ordered      []pendingFree // FreeOrdered blocks whose events have not passed
+	ordered      []pendingFree // FreeAfter blocks whose events have not passed
 	nextSeg      int64
 	stats        CacheStats
 }
@@ -100,7 +99,7 @@ type Block struct {
 	req        int64 // requested bytes
 	class      Class
 	free       bool
-	freeing    bool   // counted as freed, not yet reusable (FreeOrdered)
+	freeing    bool   // counted as freed, not yet reusable (FreeAfter)
 	prev, next *Block // neighbours in the segment, by address
 }
 
@@ -209,7 +208,6 @@ func (c *Cache) Alloc(n int64, cl Class) (*Block, error) {
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.processPendingLocked()
 	c.processOrderedLocked()
 	fl := &c.st.large
 	if small {
@@ -380,19 +378,7 @@ func (c *Cache) Free(b *Block) {
 	c.freeLocked(b)
 }
 
-// FreeAfter returns b to the cache once ev has passed: the block can be
-// released as soon as the last use has been enqueued, without waiting.
-func (c *Cache) FreeAfter(b *Block, ev kernels.Event) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if ev == nil || ev.Done() {
-		c.freeLocked(b)
-		return
-	}
-	c.st.pending = append(c.st.pending, pendingFree{b, ev})
-}
-
-// FreeOrdered frees b as of now for the cache's accounting (its
+// FreeAfter frees b as of now for the cache's accounting (its
 // statistics, and so the peak, follow the order of the frees and
 // allocations), while its memory is reused only once ev has passed: an
 // allocation that finds no free block waits for such a block (of its
@@ -400,7 +386,7 @@ func (c *Cache) FreeAfter(b *Block, ev kernels.Event) {
 // before it fails on the budget. A caller that frees in a program's
 // order so gets the program's peak without waiting for the device at
 // every free.
-func (c *Cache) FreeOrdered(b *Block, ev kernels.Event) {
+func (c *Cache) FreeAfter(b *Block, ev kernels.Event) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if ev == nil || ev.Done() {
@@ -411,7 +397,7 @@ func (c *Cache) FreeOrdered(b *Block, ev kernels.Event) {
 	c.st.ordered = append(c.st.ordered, pendingFree{b, ev})
 }
 
-// waitOrderedLocked returns to the free lists a FreeOrdered block that
+// waitOrderedLocked returns to the free lists a FreeAfter block that
 // match accepts, one whose event has passed if there is one, else the
 // oldest after waiting for it, or, with match nil, all of them after
 // waiting for each; it reports whether there was one.
@@ -446,7 +432,7 @@ func (c *Cache) waitOrderedLocked(match func(*Block) bool) bool {
 	return false
 }
 
-// processOrderedLocked returns the FreeOrdered blocks whose events have
+// processOrderedLocked returns the FreeAfter blocks whose events have
 // passed to the free lists, oldest first, up to the first that has not
 // (one query of the device for a block still in use).
 func (c *Cache) processOrderedLocked() {
@@ -461,19 +447,6 @@ func (c *Cache) processOrderedLocked() {
 	if n > 0 {
 		c.st.ordered = slices.Delete(c.st.ordered, 0, n)
 	}
-}
-
-func (c *Cache) processPendingLocked() {
-	keep := c.st.pending[:0]
-	for _, p := range c.st.pending {
-		if p.ev.Done() {
-			c.freeLocked(p.b)
-		} else {
-			keep = append(keep, p)
-		}
-	}
-	clear(c.st.pending[len(keep):])
-	c.st.pending = keep
 }
 
 func (c *Cache) freeLocked(b *Block) {
@@ -536,7 +509,6 @@ func (c *Cache) insertFreeLocked(b *Block) {
 func (c *Cache) EmptyCache() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.processPendingLocked()
 	c.processOrderedLocked()
 	c.releaseFreeSegmentsLocked()
 }

@@ -269,21 +269,6 @@ func (e *fakeEvent) Synchronize(ctx context.Context) error { return nil }
 func (e *fakeEvent) Done() bool                            { e.mu.Lock(); defer e.mu.Unlock(); return e.done }
 func (e *fakeEvent) set()                                  { e.mu.Lock(); e.done = true; e.mu.Unlock() }
 
-func TestCacheFreeAfterEvent(t *testing.T) {
-	c := NewCache(newFakeRaw(0), CacheConfig{})
-	ev := &fakeEvent{}
-	c.FreeAfter(mustAlloc(t, c, 40*MiB, Workspace), ev)
-	mustAlloc(t, c, 40*MiB, Workspace) // event not passed: needs new memory
-	if s := c.Stats(); s.Blocks != 2 || s.CacheHits != 0 {
-		t.Fatalf("block freed before its event: %+v", s)
-	}
-	ev.set()
-	mustAlloc(t, c, 40*MiB, Workspace)
-	if s := c.Stats(); s.CacheHits != 1 || s.Frees != 1 {
-		t.Fatalf("block not freed after its event: hits %d frees %d", s.CacheHits, s.Frees)
-	}
-}
-
 func TestMemorySummary(t *testing.T) {
 	c := NewCache(newFakeRaw(0), CacheConfig{Limit: 1 << 30})
 	w := mustAlloc(t, c, 100*MiB, Weights)
@@ -347,18 +332,18 @@ type syncEvent struct {
 
 func (e *syncEvent) Synchronize(ctx context.Context) error { e.waits++; e.set(); return nil }
 
-// TestCacheFreeOrdered: a block freed in order counts as freed at once
+// TestCacheFreeAfter: a block freed in order counts as freed at once
 // (the peak follows the program), is reused by an allocation of its size
 // after a wait for its event rather than new memory, and an allocation
 // over the budget waits for all such blocks and makes room from them.
-func TestCacheFreeOrdered(t *testing.T) {
+func TestCacheFreeAfter(t *testing.T) {
 	c := NewCache(newFakeRaw(0), CacheConfig{Whole: true, Limit: 3 * MiB})
 	a := mustAlloc(t, c, 1*MiB, Activations)
 	b := mustAlloc(t, c, 2*MiB, Weights)
 	evA, evB := &syncEvent{}, &syncEvent{}
-	c.FreeOrdered(a, evA)
+	c.FreeAfter(a, evA)
 	if s := c.Stats(); s.Allocated != 2*MiB || s.Reserved != 3*MiB {
-		t.Fatalf("after FreeOrdered: allocated %d, reserved %d; want 2 MiB, 3 MiB", s.Allocated, s.Reserved)
+		t.Fatalf("after FreeAfter: allocated %d, reserved %d; want 2 MiB, 3 MiB", s.Allocated, s.Reserved)
 	}
 	a2 := mustAlloc(t, c, 1*MiB, Activations) // waits for a's event and reuses it
 	if s := c.Stats(); evA.waits != 1 || s.CacheHits != 1 || s.Reserved != 3*MiB {
@@ -367,16 +352,16 @@ func TestCacheFreeOrdered(t *testing.T) {
 	// A passed event needs no wait.
 	done := &syncEvent{}
 	done.set()
-	c.FreeOrdered(a2, done)
+	c.FreeAfter(a2, done)
 	a3 := mustAlloc(t, c, 1*MiB, Activations)
 	if done.waits != 0 {
 		t.Fatalf("waited %d times for a passed event", done.waits)
 	}
 	// Over the budget: b and a3 freed in order, a 3 MiB block needs their
 	// memory back.
-	c.FreeOrdered(b, evB)
+	c.FreeAfter(b, evB)
 	evA3 := &syncEvent{}
-	c.FreeOrdered(a3, evA3)
+	c.FreeAfter(a3, evA3)
 	big := mustAlloc(t, c, 3*MiB, Workspace)
 	if s := c.Stats(); evB.waits != 1 || evA3.waits != 1 || s.Reserved != 3*MiB || s.Allocated != 3*MiB {
 		t.Fatalf("over-budget allocation: waits %d, %d; reserved %d, allocated %d", evB.waits, evA3.waits, s.Reserved, s.Allocated)

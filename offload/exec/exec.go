@@ -680,7 +680,7 @@ func (r *run) evict(i int, ev kernels.Event) (kernels.Event, error) {
 // release frees the pending intervals that ended before op `before`,
 // without waiting for their events: the cache counts them freed at once
 // and reuses their memory once the events have passed, waiting for them
-// only when an allocation needs that memory (offload.Cache.FreeOrdered).
+// only when an allocation needs that memory (offload.Cache.FreeAfter).
 // So the host enqueues ahead of the device as far as the memory lets it,
 // and the device holds what the program's peak counts.
 func (r *run) release(before int) error {
@@ -692,7 +692,7 @@ func (r *run) release(before int) error {
 			continue
 		}
 		r.e.offDevice(&r.p.Intervals[i])
-		r.e.cfg.Cache.FreeOrdered(r.blocks[i], r.pendEv[n])
+		r.e.cfg.Cache.FreeAfter(r.blocks[i], r.pendEv[n])
 		r.blocks[i] = nil
 	}
 	clear(r.pendEv[keep:])

@@ -778,7 +778,7 @@ func RoundBlock(n int64) int64 { return (max(n, 1) + 511) &^ 511 }
 // live at that moment. Ended intervals are freed at the iteration after
 // the one that follows their last op (the executor frees them there, in
 // the program's order, and their memory is reused once that op and any
-// copy out have finished: offload.Cache.FreeOrdered).
+// copy out have finished: offload.Cache.FreeAfter).
 func (p *Program) Peak() (int64, map[offload.Class]int64) {
 	// delta[it][class]: bytes allocated minus bytes freed at iteration it.
 	delta := make([][numClasses]int64, len(p.Ops)+2)
