@@ -316,6 +316,7 @@ type event struct {
 	b        *Backend
 	recorded chan struct{} // closed once the record call has been issued
 	h        *eventHandle  // set before recorded is closed
+	passed   atomic.Bool   // the device has passed it: no more queries
 }
 
 type eventHandle struct {
@@ -404,6 +405,9 @@ func (b *Backend) WaitEvent(kq kernels.Queue, ke kernels.Event) error {
 
 // Synchronize blocks until the queue has passed the event.
 func (e *event) Synchronize(ctx context.Context) error {
+	if e.passed.Load() {
+		return nil
+	}
 	select {
 	case <-e.recorded:
 	case <-ctx.Done():
@@ -423,6 +427,7 @@ func (e *event) Synchronize(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("kernels/cuda: event: %w", err)
 		}
+		e.passed.Store(true)
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -431,6 +436,9 @@ func (e *event) Synchronize(ctx context.Context) error {
 
 // Done reports whether the queue has passed the event.
 func (e *event) Done() bool {
+	if e.passed.Load() {
+		return true
+	}
 	select {
 	case <-e.recorded:
 	default:
@@ -442,6 +450,9 @@ func (e *event) Done() bool {
 	h := e.h
 	err := e.b.pool.call(func() error { return h.ev.Query() })
 	runtime.KeepAlive(e)
+	if err == nil {
+		e.passed.Store(true)
+	}
 	return err == nil
 }
 
