@@ -102,3 +102,18 @@ func eachRank(t *testing.T, ranks int, body func(ctx context.Context, r int, be 
 	}
 	wg.Wait()
 }
+
+// rankPlanConfig is the configuration of the data-parallel planning tests:
+// the out-of-core test GPT (m) with half its state's bytes of device
+// memory, 8 GiB of host memory, a 64 MiB disk tier and (for the test) as
+// much memory available as wanted.
+func rankPlanConfig(t *testing.T, m *Model) Config {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Model, cfg.Layers, cfg.Heads, cfg.Embd, cfg.Vocab, cfg.MaxSeq = "custom", oocShape.Layers, oocShape.Heads, oocShape.Embd, oocShape.Vocab, oocShape.MaxSeq
+	cfg.Accum = oocAccum
+	cfg.DeviceMemory, cfg.HostMemory = stateBytes(m)/2, 8<<30
+	cfg.DiskDir, cfg.DiskMemory = t.TempDir(), 64<<20
+	withMemAvailable(t, 1<<50)
+	return cfg
+}

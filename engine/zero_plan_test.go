@@ -29,12 +29,7 @@ func TestZeroPlanMatchesTrainers(t *testing.T) {
 					return m
 				}
 				m := build()
-				cfg := DefaultConfig()
-				cfg.Model, cfg.Layers, cfg.Heads, cfg.Embd, cfg.Vocab, cfg.MaxSeq = "custom", oocShape.Layers, oocShape.Heads, oocShape.Embd, oocShape.Vocab, oocShape.MaxSeq
-				cfg.Accum = oocAccum
-				cfg.DeviceMemory, cfg.HostMemory = stateBytes(m)/2, 8<<30
-				cfg.DiskDir, cfg.DiskMemory = t.TempDir(), 64<<20
-				withMemAvailable(t, 1<<50)
+				cfg := rankPlanConfig(t, m)
 				tp, _, err := choosePlanWorld(&cfg, "cpu", m, oocB, oocT, cfg.DeviceMemory, nil, PlanWorld{Ranks: ranks, Shard: shard})
 				if err != nil {
 					t.Fatal(err)

@@ -44,14 +44,10 @@ func runEval(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if fs.NArg() > 0 {
 		return usagef("eval takes no arguments, got %q (flags start with --)", fs.Arg(0))
 	}
-	cfg := engine.DefaultConfig()
-	if *configPath != "" {
-		var err error
-		if cfg, err = engine.LoadConfig(*configPath); err != nil {
-			return usagef("%v", err)
-		}
+	cfg, err := cf.config(*configPath)
+	if err != nil {
+		return err
 	}
-	cf.apply(&cfg)
 	if err := zeroSettings(cfg); err != nil {
 		return err
 	}

@@ -77,14 +77,10 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if fs.NArg() > 0 {
 		return usagef("plan takes no arguments (got %q)", fs.Args())
 	}
-	cfg := engine.DefaultConfig()
-	if *configPath != "" {
-		var err error
-		if cfg, err = engine.LoadConfig(*configPath); err != nil {
-			return usagef("%v", err)
-		}
+	cfg, err := cf.config(*configPath)
+	if err != nil {
+		return err
 	}
-	cf.apply(&cfg)
 	if err := engine.ResolveInitFrom(&cfg); err != nil {
 		return err
 	}

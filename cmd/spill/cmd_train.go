@@ -73,6 +73,20 @@ func bindValue(f *configFlags, name string, v flag.Value, set func(dst *engine.C
 	f.copy[name] = set
 }
 
+// config is the run's configuration: the defaults, overridden by the
+// TOML file at path (none when ""), overridden by the flags that were set.
+func (cf *configFlags) config(path string) (engine.Config, error) {
+	cfg := engine.DefaultConfig()
+	if path != "" {
+		var err error
+		if cfg, err = engine.LoadConfig(path); err != nil {
+			return engine.Config{}, usagef("%v", err)
+		}
+	}
+	cf.apply(&cfg)
+	return cfg, nil
+}
+
 func newConfigFlags(fs *flag.FlagSet) *configFlags {
 	f := &configFlags{fs: fs, copy: map[string]func(*engine.Config){}}
 	d := engine.DefaultConfig()
@@ -244,14 +258,10 @@ func parseTrainArgs(args []string, stderr io.Writer) (engine.Config, trainOption
 	if fs.NArg() > 0 {
 		return engine.Config{}, opts, usagef("train takes no arguments, got %q (flags start with --)", fs.Arg(0))
 	}
-	cfg := engine.DefaultConfig()
-	if opts.configPath != "" {
-		var err error
-		if cfg, err = engine.LoadConfig(opts.configPath); err != nil {
-			return engine.Config{}, opts, usagef("%v", err)
-		}
+	cfg, err := cf.config(opts.configPath)
+	if err != nil {
+		return engine.Config{}, opts, err
 	}
-	cf.apply(&cfg)
 	if err := zeroSettings(cfg); err != nil {
 		return engine.Config{}, opts, err
 	}
