@@ -389,10 +389,12 @@ func (c *Cache) Free(b *Block) {
 func (c *Cache) FreeAfter(b *Block, ev kernels.Event) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if ev == nil || ev.Done() {
+	if ev == nil {
 		c.freeLocked(b)
 		return
 	}
+	// Not asked whether ev has passed (a query of the device per free):
+	// the next allocation asks, oldest first.
 	c.accountFreeLocked(b)
 	c.st.ordered = append(c.st.ordered, pendingFree{b, ev})
 }

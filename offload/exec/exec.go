@@ -433,9 +433,7 @@ func (e *Executor) Run(ctx context.Context, p *schedule.Program, m Model, h Host
 			return err
 		}
 		// Free what ended at the previous op, then allocate and prefetch.
-		if err := r.release(j); err != nil {
-			return err
-		}
+		r.release(j)
 		if err := r.iteration(j + 1); err != nil {
 			return err
 		}
@@ -443,9 +441,7 @@ func (e *Executor) Run(ctx context.Context, p *schedule.Program, m Model, h Host
 			e.cfg.AfterOp(j)
 		}
 	}
-	if err := r.release(len(p.Ops)); err != nil {
-		return err
-	}
+	r.release(len(p.Ops))
 	if err := sync3(ctx, q); err != nil {
 		return err
 	}
@@ -683,7 +679,7 @@ func (r *run) evict(i int, ev kernels.Event) (kernels.Event, error) {
 // only when an allocation needs that memory (offload.Cache.FreeAfter).
 // So the host enqueues ahead of the device as far as the memory lets it,
 // and the device holds what the program's peak counts.
-func (r *run) release(before int) error {
+func (r *run) release(before int) {
 	keep := 0
 	for n, i := range r.pending {
 		if r.p.Intervals[i].End >= before {
@@ -697,7 +693,6 @@ func (r *run) release(before int) error {
 	}
 	clear(r.pendEv[keep:])
 	r.pending, r.pendEv = r.pending[:keep], r.pendEv[:keep]
-	return nil
 }
 
 // direct copies without staging.
