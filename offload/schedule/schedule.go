@@ -392,7 +392,15 @@ func (c *compiler) ops() {
 	}
 	for g0 := 0; g0 < A; g0 += s.Group {
 		g1 := min(g0+s.Group, A)
-		for l := 0; l < n; l++ {
+		// Training, the last layer turns each micro-batch around at
+		// once (its forward, then its backward): a group's outputs of the
+		// last layer (a language model's logits, often the largest
+		// activations of all) are then never live together.
+		last := n
+		if s.Train {
+			last = n - 1
+		}
+		for l := 0; l < last; l++ {
 			for k := g0; k < g1; k++ {
 				add(Forward, l, k, c.fwd)
 			}
@@ -400,7 +408,11 @@ func (c *compiler) ops() {
 		if !s.Train {
 			continue
 		}
-		for l := n - 1; l >= 0; l-- {
+		for k := g0; k < g1; k++ {
+			add(Forward, n-1, k, c.fwd)
+			add(Backward, n-1, k, c.bwd)
+		}
+		for l := n - 2; l >= 0; l-- {
 			for k := g0; k < g1; k++ {
 				if s.policy(l).Recomputes() {
 					add(Recompute, l, k, c.rec)
@@ -459,11 +471,13 @@ func (c *compiler) params(cl Class) {
 	}
 	uses := make([][]int, c.n)
 	for j, op := range c.p.Ops {
-		if cl == Grads && op.Kind == Forward {
+		if cl == Grads && op.Kind == Forward && op.Layer != c.n-1 {
 			continue
 		}
 		uses[op.Layer] = append(uses[op.Layer], j)
 		if cl == Grads {
+			// Nor is the last layer's forward, but it interleaves with the
+			// layer's backwards likewise (ops); trimmed below.
 			// A recompute is not a user, but a layer-major backward
 			// interleaves it with the layer's backwards: one run, not one
 			// per micro-batch. Tying layers accumulate into TGrads.
@@ -483,6 +497,9 @@ func (c *compiler) params(cl Class) {
 		devOpt := s.OptOnDevice(l)
 		resident := tier == offload.TierDevice || devOpt
 		rs := runs(u, resident)
+		if cl == Grads {
+			rs = c.trim(rs)
+		}
 		for i, r := range rs {
 			iv := Interval{Class: cl, Layer: l, MB: -1, Bytes: s.Layers[l].ParamBytes, Start: r[0], End: r[1], Persistent: resident}
 			la := c.depth
@@ -517,13 +534,13 @@ func (c *compiler) tied() {
 		for _, t := range l.Tied {
 			var u []int
 			for j, op := range c.p.Ops {
-				if op.Layer == i && op.Kind != Forward {
+				if op.Layer == i && (op.Kind != Forward || i == c.n-1) {
 					u = append(u, j)
 				}
 			}
 			u = append(u, lastB[t])
 			sortInts(u)
-			rs := runs(u, resident)
+			rs := c.trim(runs(u, resident))
 			slot := -1
 			prev := -1
 			for k, r := range rs {
@@ -736,6 +753,25 @@ func (c *compiler) spans() {
 		}
 		p.Ends[iv.End] = append(p.Ends[iv.End], i)
 	}
+}
+
+// trim drops the forwards at either end of each run (the last layer's,
+// which interleave with its backwards but use no gradients) and the runs
+// of forwards only.
+func (c *compiler) trim(rs [][2]int) [][2]int {
+	out := rs[:0]
+	for _, r := range rs {
+		for r[0] <= r[1] && c.p.Ops[r[0]].Kind == Forward {
+			r[0]++
+		}
+		for r[1] >= r[0] && c.p.Ops[r[1]].Kind == Forward {
+			r[1]--
+		}
+		if r[0] <= r[1] {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // runs splits sorted op indexes into runs of adjacent ones ([first, last]
