@@ -19,7 +19,9 @@
 //   - layer-major (Group = MicroBatches, the vertical or zig-zag order of
 //     FlexGen and GreedySnake): each layer runs its forward for all the
 //     micro-batches of the group, then the next layer; backward likewise
-//     from the last layer. Each streamed layer's weights cross once for the
+//     from the last layer, which turns each micro-batch around at once
+//     (its forward, then its backward, so that the group's logits are
+//     never live together). Each streamed layer's weights cross once for the
 //     forward and once for the backward of the whole group, its gradients
 //     accumulate on the device over the group and leave once, and every
 //     micro-batch's boundary activations (kept, recomputed or offloaded as
