@@ -82,10 +82,11 @@ func HostFinite(b []byte, dt kernels.DType) bool {
 			if !scan(b[lo:min(lo+finiteChunk, len(b))]) {
 				bad.Store(true)
 			}
+			runtime.Gosched() // as HostAdamW's workers
 		}
 	}
 	var wg sync.WaitGroup
-	for range min(int64(runtime.GOMAXPROCS(0)), chunks) - 1 {
+	for range min(int64(hostHelpers(runtime.GOMAXPROCS(0))), chunks-1) {
 		wg.Go(work)
 	}
 	work()

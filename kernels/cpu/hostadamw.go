@@ -25,8 +25,9 @@ const hostChunk = 1 << 16
 // dtype odt. grad and out must be aligned to their element size.
 //
 // A call on a large layer is split into chunks of hostChunk elements that
-// the calling goroutine and up to GOMAXPROCS-1 host workers (started on
-// first need and kept) update in parallel; it returns when all are done.
+// the calling goroutine and up to GOMAXPROCS-2 host workers (hostHelpers;
+// started on first need and kept) update in parallel, yielding between
+// chunks; it returns when all are done.
 // It allocates nothing in the steady state.
 func HostAdamW(param []float32, grad []byte, gdt kernels.DType, m, v []float32, out []byte, odt kernels.DType, p kernels.AdamWParams) error {
 	n := len(param)
@@ -58,7 +59,7 @@ func HostAdamW(param []float32, grad []byte, gdt kernels.DType, m, v []float32, 
 		}
 		return nil
 	}
-	k := min(runtime.GOMAXPROCS(0)-1, (n+hostChunk-1)/hostChunk-1)
+	k := min(hostHelpers(runtime.GOMAXPROCS(0)), (n+hostChunk-1)/hostChunk-1)
 	j, jobs := acquireJob(k)
 	j.p, j.m, j.v, j.g, j.o, j.hasOut, j.c = param, m, v, g, o, out != nil, c
 	j.chunks = int64((n + hostChunk - 1) / hostChunk)
@@ -67,6 +68,19 @@ func HostAdamW(param []float32, grad []byte, gdt kernels.DType, m, v []float32, 
 	j.p, j.m, j.v, j.g, j.o = nil, nil, nil, view{}, view{} // drop the caller's arrays
 	releaseJob(j)
 	return nil
+}
+
+// hostHelpers is how many workers help a caller when GOMAXPROCS is p:
+// all the other Ps but one from 4 up, so that the goroutines that drive
+// a device (an executor enqueuing kernels while the host optimizer runs
+// beside it) find a P at once instead of at the scheduler's next
+// preemption, up to 10 ms later. The update is bound by memory
+// bandwidth, which one core fewer barely changes.
+func hostHelpers(p int) int {
+	if p >= 4 {
+		return p - 2
+	}
+	return p - 1
 }
 
 // hostView views host bytes as n elements of the float dtype dt.
@@ -100,7 +114,7 @@ type hostJob struct {
 }
 
 // hostWorkers run the chunks of HostAdamW calls. They are started when a
-// call first needs them, up to GOMAXPROCS-1, and live as long as the
+// call first needs them, up to hostHelpers(GOMAXPROCS), and live as long as the
 // process (idle, they cost a blocked goroutine each). free recycles the
 // jobs of finished calls, so a call allocates nothing once warm.
 var hostWorkers struct {
@@ -170,5 +184,9 @@ func (j *hostJob) work() {
 		for s := lo; s < hi; s += blk {
 			adamwBlock(j.p, j.m, j.v, j.g, j.o, j.hasOut, s, min(s+blk, hi), &j.c, &ga)
 		}
+		// A chunk is a few hundred microseconds: yield between them, so
+		// that a goroutine made runnable meanwhile (a queue's, an
+		// executor's) waits no longer than that for a P.
+		runtime.Gosched()
 	}
 }
