@@ -273,7 +273,7 @@ func (pl *planner) estimate(c *cand) int64 {
 		return n
 	}
 	sh := pl.shape(c.mb)
-	var w, acts, maxAct, out int64
+	var w, acts, last, maxAct, out int64
 	for i, l := range sh {
 		w = max(w, l.ParamBytes)
 		pol := offload.Keep
@@ -287,16 +287,20 @@ func (pl *planner) estimate(c *cand) int64 {
 		}
 		maxAct = max(maxAct, l.ActBytes)
 		out = max(out, l.OutBytes)
-		switch pol {
-		case offload.Keep:
+		switch {
+		case pol == offload.Keep && i == len(sh)-1:
+			// The last layer turns each micro-batch around at once
+			// (schedule): one micro-batch's activations, not a group's.
+			last = l.ActBytes
+		case pol == offload.Keep:
 			acts += l.ActBytes
-		case offload.Recompute:
+		case pol == offload.Recompute:
 			if !c.ckptHost {
 				acts += l.OutBytes
 			}
 		}
 	}
-	n := int64(c.grp)*acts + 2*maxAct + 2*int64(c.grp)*out
+	n := int64(c.grp)*acts + last + 2*maxAct + 2*int64(c.grp)*out
 	if c.w == offload.TierDevice {
 		n += pl.s * pl.P
 	} else {

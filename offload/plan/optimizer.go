@@ -74,8 +74,12 @@ func (pl *planner) maxDev(c *cand, base int64) int {
 		return 0
 	}
 	room := pl.req.Budgets.Device - pl.hw.DeviceReserve - base
+	limit := len(pl.m.Layers) - 1
+	if m := pl.req.MaxDeviceOptimizerLayers; m > 0 {
+		limit = min(limit, m)
+	}
 	k := 0
-	for k < len(pl.m.Layers)-1 {
+	for k < limit {
 		a := pl.devAdd(c, k)
 		if a > room {
 			break

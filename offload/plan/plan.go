@@ -136,6 +136,11 @@ type Request struct {
 	// host for the next ones while the host budget lasts, on disk for the
 	// rest.
 	Optimizer offload.Tier
+	// MaxDeviceOptimizerLayers, if positive, bounds how many of the first
+	// layers' optimizer state a split puts on the device (a run that
+	// keeps device memory free for something else, or that replays a
+	// measured placement).
+	MaxDeviceOptimizerLayers int
 	// Ranks is the world size of a data-parallel job, one process per
 	// GPU (0 or 1: one process). Batch and the plan are each rank's;
 	// Budgets.Device is each GPU's, Budgets.Host and Budgets.Disk the

@@ -59,8 +59,11 @@ d, path, commit, machine = sys.argv[1:5]
 a, b = load_run(d, "big"), load_run(d, "big-cmp")
 if not a.get("losses"):
     try:  # SPILL_BIG_RUNS=cmp: the first run is the one kept in the results
-        a = json.load(open("tools/bench/results/13b_h200.json"))["runs"]["big"]
+        kept = json.load(open("tools/bench/results/13b_h200.json"))
+        a = kept["runs"]["big"]
         a["kept_from"] = "tools/bench/results/13b_h200.json"
+        a.setdefault("commit", kept.get("commit"))  # the run's own, not this call's
+        a.setdefault("date", kept.get("date"))
     except (OSError, KeyError, ValueError):
         pass
 targets = []
@@ -75,6 +78,9 @@ if n:
                     "max_relative_difference": dmax, "target": "within bf16 noise (< 1e-2)", "met": dmax < 1e-2})
 doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
        "machine": machine, "script": "bash tools/bench/big_h200.sh", "targets": targets, "runs": {"big": a, "big-cmp": b}}
+if b.get("losses"):
+    b.setdefault("commit", commit)
+    b.setdefault("date", doc["date"])
 json.dump(doc, open(path, "w"), indent=1)
 print(json.dumps(targets, indent=1))
 PY
