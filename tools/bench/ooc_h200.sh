@@ -15,7 +15,8 @@
 # the date, commit and commands; spill doctor's measured profile is in
 # $OUT/doctor.json. SPILL_PROFILE=1 adds a Go CPU profile of each run
 # (runs/NAME.pprof). SPILL_DEADLINE (default 560 s) bounds the
-# whole script; SPILL_OOC_RUNS (default all) picks runs by name.
+# whole script; SPILL_OOC_RUNS (default all) picks runs by name;
+# SPILL_OOC_STEPS (default 50) sets the steps of the side-by-side pair.
 set -uo pipefail
 # shellcheck source=tools/bench/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -45,9 +46,10 @@ run() {
   [ -z "${SPILL_PROFILE:-}" ] || args+=(--cpu-profile "$out/runs/$name.pprof")
   run_spill "$name" "$limit" 30 14 "${args[@]}"
 }
+steps13=${SPILL_OOC_STEPS:-50} # of the two 64-sequence runs compared side by side
 m13=(--model gpt2-1.3b --seq-len 1024 --lr 1e-4 --warmup 2)
-run vram-1.3b-64 110 "${m13[@]}" --batch 8 --accum 8 --steps 50 --offload none
-run ooc-1.3b-64-8g 170 "${m13[@]}" --batch 8 --accum 8 --steps 50 --device-memory 8GiB
+run vram-1.3b-64 110 "${m13[@]}" --batch 8 --accum 8 --steps "$steps13" --offload none
+run ooc-1.3b-64-8g 170 "${m13[@]}" --batch 8 --accum 8 --steps "$steps13" --device-memory 8GiB
 run ooc-1.3b-8-8g 60 "${m13[@]}" --batch 8 --accum 1 --steps 10 --device-memory 8GiB
 if want fsdp-1.3b-8 && [ "$(left)" -gt 60 ]; then
   echo "== fsdp-1.3b-8"
