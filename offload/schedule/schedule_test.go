@@ -528,3 +528,45 @@ func TestResidentProgram(t *testing.T) {
 		}
 	}
 }
+
+// TestLastLayerTurnsAround: in every order, the last layer's activations
+// (a language model's logits) are live for one micro-batch at a time, and
+// its gradients still form one run per group (not one per micro-batch).
+func TestLastLayerTurnsAround(t *testing.T) {
+	for _, G := range []int{1, 2, 4} {
+		s := fourLayers(4, G, offload.Recompute) // streamed weights and gradients
+		p, err := Compile(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := len(s.Layers) - 1
+		var acts, grads []Interval
+		for _, iv := range p.Intervals {
+			if iv.Layer != last {
+				continue
+			}
+			switch iv.Class {
+			case Acts:
+				acts = append(acts, iv)
+			case Grads:
+				grads = append(grads, iv)
+			}
+		}
+		for i := range acts {
+			for j := range i {
+				if acts[i].Start <= acts[j].End && acts[j].Start <= acts[i].End {
+					t.Errorf("group %d: the last layer's activations of micro-batches %d [%d,%d] and %d [%d,%d] are live together",
+						G, acts[j].MB, acts[j].Start, acts[j].End, acts[i].MB, acts[i].Start, acts[i].End)
+				}
+			}
+		}
+		if groups := (s.MicroBatches + G - 1) / G; len(grads) != groups {
+			t.Errorf("group %d: the last layer's gradients in %d runs, want one per group (%d)", G, len(grads), groups)
+		}
+		for _, g := range grads {
+			if op := p.Ops[g.Start]; op.Kind != Backward {
+				t.Errorf("group %d: the last layer's gradients start at %s, not at a backward", G, op)
+			}
+		}
+	}
+}
