@@ -83,6 +83,10 @@ func hostHelpers(p int) int {
 	return p - 1
 }
 
+// hostChunkHook, if set (by tests), runs as a goroutine starts and ends a
+// chunk.
+var hostChunkHook func(start bool)
+
 // hostView views host bytes as n elements of the float dtype dt.
 func hostView(b []byte, dt kernels.DType, n int) (view, error) {
 	v := view{dt: dt, n: n}
@@ -181,12 +185,18 @@ func (j *hostJob) work() {
 		}
 		lo := int(k) * hostChunk
 		hi := min(lo+hostChunk, n)
+		if hostChunkHook != nil {
+			hostChunkHook(true)
+		}
 		for s := lo; s < hi; s += blk {
 			adamwBlock(j.p, j.m, j.v, j.g, j.o, j.hasOut, s, min(s+blk, hi), &j.c, &ga)
 		}
 		// A chunk is a few hundred microseconds: yield between them, so
 		// that a goroutine made runnable meanwhile (a queue's, an
 		// executor's) waits no longer than that for a P.
+		if hostChunkHook != nil {
+			hostChunkHook(false)
+		}
 		runtime.Gosched()
 	}
 }

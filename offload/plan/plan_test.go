@@ -380,3 +380,27 @@ func TestPlanHostPinOverflowsToDisk(t *testing.T) {
 		t.Fatalf("split %v (optimizer %s) with host enough: want all on the host", n, p.Optimizer)
 	}
 }
+
+// TestPlanMaxDeviceOptimizerLayers: the cap bounds the device's share of
+// the split (the rest goes to the host), and the plan still fits.
+func TestPlanMaxDeviceOptimizerLayers(t *testing.T) {
+	m := gpt(16, 1024, 16384, 512)
+	b := offload.Budgets{Device: 2 * GiB, Host: 64 * GiB}
+	req := Request{Model: m, Batch: 8, Hardware: hw(), Budgets: b}
+	free, err := Plan(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if free.OptimizerLayers[0] < 2 {
+		t.Fatalf("uncapped split %v: want at least 2 layers on the device for the cap to bind", free.OptimizerLayers)
+	}
+	req.MaxDeviceOptimizerLayers = 1
+	p, err := Plan(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, p, req)
+	if n := p.OptimizerLayers; n[0] != 1 || n[0]+n[1]+n[2] != len(m.Layers) {
+		t.Errorf("capped at 1, split %v (uncapped %v)", n, free.OptimizerLayers)
+	}
+}
