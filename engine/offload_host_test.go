@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"unsafe"
+
 	"os"
 	"path/filepath"
 	"strings"
@@ -76,11 +78,46 @@ func TestPlannerHostBytesCoverTrainer(t *testing.T) {
 				t.Errorf("host state not pinned: %q", note)
 			}
 			hs := tr.off.host
-			if s := hs.pool.Stats(); s.InUse < got || s.InUse > got+int64(len(hs.slabs))*(4<<10)+int64(len(m.Layers))*8*hostAlign {
-				t.Errorf("pool holds %d bytes in use for %d bytes of state in %d slabs", s.InUse, got, len(hs.slabs))
+			var plain int64
+			for _, b := range hs.plain {
+				plain += int64(len(b.Bytes()))
 			}
-			if len(hs.slabs) > int(got/hostSlab)+len(m.Layers) {
-				t.Errorf("%d slabs for %d bytes", len(hs.slabs), got)
+			nslabs := len(hs.slabs) + len(hs.plain)
+			if s := hs.pool.Stats(); s.InUse+plain < got || s.InUse+plain > got+int64(nslabs)*(4<<10)+int64(len(m.Layers))*8*hostAlign {
+				t.Errorf("pool holds %d bytes in use and %d in ordinary slabs for %d bytes of state in %d slabs", s.InUse, plain, got, nslabs)
+			}
+			if nslabs > int(got/hostSlab)+2*len(m.Layers) {
+				t.Errorf("%d slabs for %d bytes", nslabs, got)
+			}
+			// What the copies use is pinned; the moments, which only the
+			// host reads, are not.
+			in := func(b []byte, mems ...[]byte) bool {
+				p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+				for _, m := range mems {
+					lo := uintptr(unsafe.Pointer(unsafe.SliceData(m)))
+					if p >= lo && p+uintptr(len(b)) <= lo+uintptr(len(m)) {
+						return true
+					}
+				}
+				return false
+			}
+			var pinnedMem, plainMem [][]byte
+			for _, b := range hs.slabs {
+				pinnedMem = append(pinnedMem, b.Bytes())
+			}
+			for _, b := range hs.plain {
+				plainMem = append(plainMem, b.Bytes())
+			}
+			for i, h := range hs.host {
+				if h.grads != nil && !in(h.grads, pinnedMem...) {
+					t.Errorf("layer %d: gradients not in pinned memory", i)
+				}
+				if h.weights != nil && !in(h.weights, pinnedMem...) {
+					t.Errorf("layer %d: weights not in pinned memory", i)
+				}
+				if h.m != nil && (!in(h.m, plainMem...) || !in(h.v, plainMem...)) {
+					t.Errorf("layer %d: moments not in ordinary memory", i)
+				}
 			}
 		})
 	}

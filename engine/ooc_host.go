@@ -97,6 +97,7 @@ type hostState struct {
 	bytes  int64 // state bytes handed out
 	pool   *offload.HostPool
 	slabs  []*offload.HostBuf
+	plain  []offload.HostMemory // the slabs of what only the host uses
 	pinned bool
 	note   string
 	stage  *exec.Staging // the ring of a degraded pool, else nil
@@ -139,8 +140,15 @@ const hostSlab = 1 << 30
 const hostAlign = 256
 
 // hostRequest is one host tensor of the host state: n bytes at an offset
-// aligned to align within its slab.
-type hostRequest struct{ n, align int64 }
+// aligned to align within its slab. dma marks the tensors that copies to
+// and from the device read or write (compute-dtype weights, gradients,
+// activation slots), which are pinned; the others (fp32 masters that are
+// not also the weights, Adam moments, the disk tier's buffers) only the
+// host reads, and pinning them would only slow the start.
+type hostRequest struct {
+	n, align int64
+	dma      bool
+}
 
 // hostRequests lists the host tensors NewOffloadTrainer allocates for m,
 // in allocation order (see newHostState): per layer off the device its
@@ -151,8 +159,19 @@ func hostRequests(m *Model, o *OffloadOptions, slots []int64) []hostRequest {
 	var r []hostRequest
 	add := func(ns ...int64) {
 		for _, n := range ns {
-			r = append(r, hostRequest{n, hostAlign})
+			r = append(r, hostRequest{n, hostAlign, true})
 		}
+	}
+	addHost := func(ns ...int64) {
+		for _, n := range ns {
+			r = append(r, hostRequest{n, hostAlign, false})
+		}
+	}
+	// The fp32 master is what the device copies read only when it is the
+	// weights too (fp32 compute without DelayedUpdate).
+	addMaster := add
+	if m.DType != kernels.F32 || o.DelayedUpdate {
+		addMaster = addHost
 	}
 	es := int64(m.DType.Size())
 	var ndisk int
@@ -165,9 +184,12 @@ func hostRequests(m *Model, o *OffloadOptions, slots []int64) []hostRequest {
 			continue // all of it on the device
 		}
 		if o.forward {
-			add(4 * np) // the weights alone (forwardHost)
+			// The weights alone (forwardHost).
 			if m.DType != kernels.F32 {
+				addHost(4 * np)
 				add(cb)
+			} else {
+				add(4 * np)
 			}
 			continue
 		}
@@ -180,9 +202,9 @@ func hostRequests(m *Model, o *OffloadOptions, slots []int64) []hostRequest {
 		ns := int64(o.shardCap(i, int(np)))
 		if t != offload.TierDisk || !o.DiskMaster {
 			if lo, hi := o.masterOf(m.DType, i, int(np)); hi-lo == int(np) {
-				add(4 * np)
+				addMaster(4 * np)
 			} else {
-				add(4 * ns)
+				addMaster(4 * ns)
 			}
 		}
 		if m.DType != kernels.F32 || o.DelayedUpdate {
@@ -193,13 +215,13 @@ func hostRequests(m *Model, o *OffloadOptions, slots []int64) []hostRequest {
 			add(cb, cb)
 		}
 		if t == offload.TierHost {
-			add(4*ns, 4*ns)
+			addHost(4*ns, 4*ns)
 		}
 	}
 	for range min(ndisk, diskBuffers) {
-		r = append(r, hostRequest{4 * maxDisk, offload.DiskAlign}, hostRequest{4 * maxDisk, offload.DiskAlign})
+		r = append(r, hostRequest{4 * maxDisk, offload.DiskAlign, false}, hostRequest{4 * maxDisk, offload.DiskAlign, false})
 		if o.DiskMaster {
-			r = append(r, hostRequest{4 * maxDisk, offload.DiskAlign})
+			r = append(r, hostRequest{4 * maxDisk, offload.DiskAlign, false})
 		}
 	}
 	for _, n := range slots {
@@ -208,23 +230,28 @@ func hostRequests(m *Model, o *OffloadOptions, slots []int64) []hostRequest {
 	return r
 }
 
-// packSlabs lays requests out in slabs of at most hostSlab bytes (a larger
-// request gets a slab of its own): the slab sizes and, per request, its
-// slab and offset.
-func packSlabs(req []hostRequest) (slabs []int64, at [][2]int64) {
-	for _, rq := range req {
+// packSlabs lays the requests whose dma field equals dma out in slabs of
+// at most hostSlab bytes (a larger request gets a slab of its own): the
+// slab sizes and, per request, its slab and offset (the others' are left
+// zero).
+func packSlabs(req []hostRequest, dma bool) (slabs []int64, at [][2]int64) {
+	at = make([][2]int64, len(req))
+	for i, rq := range req {
+		if rq.dma != dma {
+			continue
+		}
 		n := rq.n
 		off := int64(0)
 		if k := len(slabs); k > 0 {
 			off = (slabs[k-1] + rq.align - 1) &^ (rq.align - 1)
 			if off+n <= hostSlab {
 				slabs[k-1] = off + n
-				at = append(at, [2]int64{int64(k - 1), off})
+				at[i] = [2]int64{int64(k - 1), off}
 				continue
 			}
 		}
 		slabs = append(slabs, n)
-		at = append(at, [2]int64{int64(len(slabs) - 1), 0})
+		at[i] = [2]int64{int64(len(slabs) - 1), 0}
 	}
 	return slabs, at
 }
@@ -263,11 +290,10 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 		}
 	}
 	req := hostRequests(m, o, slots)
-	slabs, at := packSlabs(req)
-	mem := hs.openMemory(be, req, slabs)
+	mem := hs.openMemory(be, req)
 	next := 0
 	take := func() []byte {
-		b := mem(next, at[next], req[next])
+		b := mem(next, req[next])
 		hs.bytes += req[next].n
 		next++
 		return b
@@ -377,17 +403,25 @@ func (hs *hostState) slotAlloc(n int64) []byte {
 	return b[:n]
 }
 
-// openMemory decides where the host state lives: in slabs of pinned memory
-// from a pool (what the system can pin), or, when it cannot pin that much
-// (the pool would degrade to a staging ring), in Go memory with the copies
-// staged. It returns the function that yields request i's memory.
-func (hs *hostState) openMemory(be kernels.Backend, req []hostRequest, slabs []int64) func(i int, at [2]int64, r hostRequest) []byte {
+// openMemory decides where the host state lives: the tensors that copies
+// use (hostRequest.dma) in slabs of pinned memory from a pool (what the
+// system can pin) and the others in slabs of ordinary anonymous memory
+// (zero, faulted in by first use); or, when the system cannot pin that
+// much (the pool would degrade to a staging ring), all of it in Go memory
+// with the copies staged. It returns the function that yields request i's
+// memory.
+func (hs *hostState) openMemory(be kernels.Backend, req []hostRequest) func(i int, r hostRequest) []byte {
 	o := hs.opts
-	var need int64
+	var need, dmaBytes int64
 	for _, r := range req {
 		need += r.n
+		if r.dma {
+			dmaBytes += r.n
+		}
 	}
-	goMem := func(_ int, _ [2]int64, r hostRequest) []byte {
+	slabs, at := packSlabs(req, true)
+	plainSlabs, plainAt := packSlabs(req, false)
+	goMem := func(_ int, r hostRequest) []byte {
 		if r.align > hostAlign {
 			return offload.AlignedBytes(r.n)
 		}
@@ -458,21 +492,46 @@ func (hs *hostState) openMemory(be kernels.Backend, req []hostRequest, slabs []i
 		})
 	}
 	if err := g.Wait(); err != nil {
-		for _, b := range hs.slabs {
-			if b != nil {
-				b.Release()
-			}
-		}
-		hs.slabs = nil
+		hs.releaseSlabs()
 		hs.note = fmt.Sprintf("host state (%s) in unpinned Go memory: %v", kernels.FormatBytes(need), err)
 		return goMem
 	}
-	hs.pinned = true
-	hs.note = fmt.Sprintf("host state (%s) pinned in %d slabs (%s); %s", kernels.FormatBytes(need), len(slabs), kind, d)
-	return func(_ int, at [2]int64, r hostRequest) []byte {
-		// Fresh pins are zeroed by the pinner: nothing to clear.
-		return hs.slabs[at[0]].Bytes()[at[1] : at[1]+r.n : at[1]+r.n]
+	for _, n := range plainSlabs {
+		b, err := offload.MmapPinner{}.Pin(max(n, 1))
+		if err != nil {
+			hs.releaseSlabs()
+			hs.note = fmt.Sprintf("host state (%s) in unpinned Go memory: %v", kernels.FormatBytes(need), err)
+			return goMem
+		}
+		hs.plain = append(hs.plain, b)
 	}
+	hs.pinned = true
+	hs.note = fmt.Sprintf("host state (%s): %s that copies use pinned in %d slabs (%s; %s), %s only the host uses in %d slabs of ordinary memory",
+		kernels.FormatBytes(need), kernels.FormatBytes(dmaBytes), len(slabs), kind, d, kernels.FormatBytes(need-dmaBytes), len(plainSlabs))
+	return func(i int, r hostRequest) []byte {
+		// Fresh pins and mappings are zero: nothing to clear.
+		if r.dma {
+			a := at[i]
+			return hs.slabs[a[0]].Bytes()[a[1] : a[1]+r.n : a[1]+r.n]
+		}
+		a := plainAt[i]
+		return hs.plain[a[0]].Bytes()[a[1] : a[1]+r.n : a[1]+r.n]
+	}
+}
+
+// releaseSlabs gives back the pinned slabs and frees the ordinary ones.
+func (hs *hostState) releaseSlabs() {
+	for _, b := range hs.slabs {
+		if b != nil {
+			b.Release()
+		}
+	}
+	for _, b := range hs.plain {
+		if err := b.Free(); err != nil {
+			hs.recErr(err)
+		}
+	}
+	hs.slabs, hs.plain = nil, nil
 }
 
 // close waits for the updates and releases the host memory and the disk
@@ -502,10 +561,8 @@ func (hs *hostState) close() {
 		hs.stage.Close()
 		hs.stage = nil
 	}
-	for _, b := range hs.slabs {
-		b.Release()
-	}
-	hs.slabs, hs.host = nil, nil
+	hs.releaseSlabs()
+	hs.host = nil
 	if hs.pool != nil {
 		_ = hs.pool.Close()
 		hs.pool = nil

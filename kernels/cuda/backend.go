@@ -63,7 +63,7 @@ type Backend struct {
 	mu struct {
 		sync.Mutex
 		queues []*queue
-		pinned map[uintptr]unsafe.Pointer
+		pinned map[uintptr]pinnedMem
 	}
 }
 
@@ -108,7 +108,7 @@ func Open(cfg kernels.Config) (*Backend, error) {
 	b.pool = newPool(b.ctx)
 	b.mem.byTag = map[string]int64{}
 	b.mem.live = map[*buffer]struct{}{}
-	b.mu.pinned = map[uintptr]unsafe.Pointer{}
+	b.mu.pinned = map[uintptr]pinnedMem{}
 	var free int64
 	err = b.pool.call(func() error {
 		var err error
@@ -534,7 +534,7 @@ func (b *Backend) Close() error {
 			_ = cu.MemFree(buf.ptr)
 		}
 		for _, p := range pinned {
-			_ = hostFree(p)
+			_ = p.free()
 		}
 		return nil
 	}))
@@ -543,27 +543,37 @@ func (b *Backend) Close() error {
 }
 
 // AllocPinned returns n bytes of zeroed page-locked host memory.
+//
+// Pinning is first touch of every page: the kernel (and, in a virtual
+// machine, the hypervisor) faults each one in and zeroes it, which
+// cuMemHostAlloc does on one thread at a GB or two a second, and slower on
+// a freshly started machine. So the memory is mapped anonymously (zero by
+// construction, in huge pages where the kernel grants them), faulted in on
+// all cores, and only then registered with the driver. Where that fails,
+// cuMemHostAlloc and a clear on all cores.
 func (b *Backend) AllocPinned(n int) ([]byte, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("kernels/cuda: AllocPinned(%d): size must be positive", n)
 	}
-	var p unsafe.Pointer
-	err := b.pool.call(func() error {
-		var err error
-		p, err = hostAlloc(n)
-		return err
-	})
+	pm, err := b.registerHost(n)
 	if err != nil {
-		return nil, err
+		var p unsafe.Pointer
+		err2 := b.pool.call(func() error {
+			var err error
+			p, err = hostAlloc(n)
+			return err
+		})
+		if err2 != nil {
+			return nil, errors.Join(err2, err)
+		}
+		pm = pinnedMem{p: p, n: n}
+		// cuMemHostAlloc does not promise zeros.
+		memclr.Clear(unsafe.Slice((*byte)(p), n))
 	}
-	s := unsafe.Slice((*byte)(p), n)
-	// cuMemHostAlloc does not promise zeros; tens of GiB of host state
-	// are cleared on all cores (one core clears a few GB/s).
-	memclr.Clear(s)
 	b.mu.Lock()
-	b.mu.pinned[uintptr(p)] = p
+	b.mu.pinned[uintptr(pm.p)] = pm
 	b.mu.Unlock()
-	return s, nil
+	return unsafe.Slice((*byte)(pm.p), n), nil
 }
 
 // FreePinned releases memory from AllocPinned.
@@ -579,7 +589,7 @@ func (b *Backend) FreePinned(s []byte) error {
 	if !ok {
 		return errors.New("kernels/cuda: FreePinned of memory not from AllocPinned (or freed twice)")
 	}
-	return b.pool.call(func() error { return hostFree(p) })
+	return b.pool.call(p.free)
 }
 
 // DeviceInfo describes the device.

@@ -60,6 +60,12 @@ static int spill_host_alloc(void **p, size_t n) {
 
 static int spill_host_free(void *p) { return (int)cuMemFreeHost(p); }
 
+static int spill_host_register(void *p, size_t n) {
+	return (int)cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE);
+}
+
+static int spill_host_unregister(void *p) { return (int)cuMemHostUnregister(p); }
+
 // spill_blas_create makes a cuBLAS handle on stream; reduced allows split-K
 // reductions in the output type (bf16/f16) as PyTorch does by default,
 // else they stay in float32.
@@ -455,6 +461,22 @@ func hostAlloc(n int) (unsafe.Pointer, error) {
 func hostFree(p unsafe.Pointer) error {
 	if r := C.spill_host_free(p); r != 0 {
 		return fmt.Errorf("kernels/cuda: cuMemFreeHost: %w", driverError(r))
+	}
+	return nil
+}
+
+// hostRegister page-locks n bytes of host memory at p for the driver
+// (current context).
+func hostRegister(p unsafe.Pointer, n int) error {
+	if r := C.spill_host_register(p, C.size_t(n)); r != 0 {
+		return fmt.Errorf("kernels/cuda: cuMemHostRegister(%d): %w", n, driverError(r))
+	}
+	return nil
+}
+
+func hostUnregister(p unsafe.Pointer) error {
+	if r := C.spill_host_unregister(p); r != 0 {
+		return fmt.Errorf("kernels/cuda: cuMemHostUnregister: %w", driverError(r))
 	}
 	return nil
 }

@@ -35,3 +35,28 @@ func BenchmarkClear(b *testing.B) {
 		Clear(buf)
 	}
 }
+
+// TestFault checks that Fault writes a zero at every multiple of page
+// from b's start, parts and workers included, and nothing else: each page
+// is touched once and a zero b stays zero.
+func TestFault(t *testing.T) {
+	for _, n := range []int{0, 1, page + 1, chunk - 1, 3*chunk + 5*page + 7} {
+		buf := make([]byte, n+2)
+		for i := range buf {
+			buf[i] = 0xa5
+		}
+		Fault(buf[1 : n+1])
+		for i, v := range buf[1 : n+1] {
+			want := byte(0xa5)
+			if i%page == 0 {
+				want = 0
+			}
+			if v != want {
+				t.Fatalf("n=%d: byte %d is %#x after Fault, want %#x", n, i, v, want)
+			}
+		}
+		if buf[0] != 0xa5 || buf[n+1] != 0xa5 {
+			t.Fatalf("n=%d: Fault wrote outside its buffer", n)
+		}
+	}
+}
