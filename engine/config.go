@@ -186,7 +186,10 @@ type Config struct {
 	// fetched; 0 = the planner's choice.
 	Prefetch int `toml:"prefetch" json:"prefetch"`
 	// Activations is the policy of every recomputable layer: "keep",
-	// "recompute" or "offload"; "" = the planner's choice per layer.
+	// "recompute" (whole or selective, the planner's choice),
+	// "recompute-full", "recompute-selective" (keep the attention's output
+	// and rerun the rest) or "offload"; "" = the planner's choice per
+	// layer.
 	Activations string `toml:"activations" json:"activations"`
 	// DelayedUpdate runs the host optimizer of step t during step t+1
 	// (DeepSpeed's delayed parameter update): each step computes on the
@@ -594,12 +597,12 @@ func (c *Config) validateOffload(bad func(key, format string, args ...any)) {
 	}
 	switch c.Activations {
 	case "", "keep":
-	case "recompute", "offload":
+	case "recompute", "recompute-full", "recompute-selective", "offload":
 		if c.Offload == OffloadNone {
 			bad("activations", "%s conflicts with offload = none (the resident trainer keeps all activations)", c.Activations)
 		}
 	default:
-		bad("activations", "unknown policy %q (want keep, recompute or offload)", c.Activations)
+		bad("activations", "unknown policy %q (want keep, recompute, recompute-full, recompute-selective or offload)", c.Activations)
 	}
 	if c.DelayedUpdate && c.Offload == OffloadNone {
 		bad("delayed_update", "conflicts with offload = none (the resident trainer updates on the device, in step)")

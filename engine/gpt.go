@@ -202,6 +202,8 @@ func newBlock(s GPTShape, dt kernels.DType, idx int) *block {
 
 // blockActs are a block's saved activations (llm.c's per-layer
 // activations, without the T×T attention matrix: attention saves lse).
+// The output comes first and the attention's output and lse next: that
+// start is the block's selective checkpoint (RecomputeSelective).
 type blockActs struct {
 	out     kernels.Tensor // (BT,C) first: the block's output
 	ln1     kernels.Tensor // (BT,C)
@@ -216,7 +218,10 @@ type blockActs struct {
 	ln2Rstd kernels.Tensor // (BT) f32
 	fch     kernels.Tensor // (BT,4C)
 	fchGelu kernels.Tensor // (BT,4C)
-	size    int64
+	// save is the size of the selective checkpoint: out, ln_1's
+	// statistics, atty and lse.
+	save int64
+	size int64
 }
 
 func (k *block) acts(buf kernels.Buffer, B, T int) blockActs {
@@ -224,14 +229,15 @@ func (k *block) acts(buf kernels.Buffer, B, T int) blockActs {
 	a := scratchAlloc{buf: buf}
 	var r blockActs
 	r.out = a.take(k.dt, BT*C)
+	r.ln1Mean = a.take(kernels.F32, BT)
+	r.ln1Rstd = a.take(kernels.F32, BT)
+	r.atty = a.take(k.dt, BT*C)
+	r.lse = a.take(kernels.F32, B*k.s.Heads*T)
+	r.save = a.off
 	if !k.lean {
 		r.ln1 = a.take(k.dt, BT*C)
 	}
-	r.ln1Mean = a.take(kernels.F32, BT)
-	r.ln1Rstd = a.take(kernels.F32, BT)
 	r.qkv = a.take(k.dt, BT*3*C)
-	r.atty = a.take(k.dt, BT*C)
-	r.lse = a.take(kernels.F32, B*k.s.Heads*T)
 	r.res2 = a.take(k.dt, BT*C)
 	if !k.lean {
 		r.ln2 = a.take(k.dt, BT*C)
@@ -284,6 +290,47 @@ func (k *block) ScratchBytes(B, T int) int64 {
 	return n
 }
 
+// SelectiveBytes implements SelectiveRecomputer.
+func (k *block) SelectiveBytes(B, T int) int64 { return k.acts(nil, B, T).save }
+
+// SelectiveFLOPs implements SelectiveRecomputer: the c_attn, attention
+// c_proj and c_fc matmuls, not the attention or the MLP's c_proj.
+func (k *block) SelectiveFLOPs(T int) float64 {
+	C := float64(k.s.Embd)
+	return 2 * (3*C*C + C*C + 4*C*C)
+}
+
+// RecomputeSelective implements SelectiveRecomputer: with the selective
+// checkpoint in place, the rest of what Forward saves (qkv, res2, ln_2's
+// statistics, fch and, not lean, the layer norms' and GELU's outputs) by
+// Forward's kernels on the same inputs: the same bits. It neither runs
+// the attention nor writes the output.
+func (k *block) RecomputeSelective(q kernels.Queue, p *Pass, i int) {
+	o, w := p.Ops, p.Table.Layers[i].Weights
+	B, T, C := p.B, p.T, k.s.Embd
+	BT := B * T
+	a := k.acts(p.Table.Layers[i].Acts, B, T)
+	k.leanActs(&a, p.Scratch, B, T)
+	x := p.In(i)
+	o.LayerNormForward(q, a.ln1, a.ln1Mean, a.ln1Rstd, x, param(w, k.ln1w), param(w, k.ln1b), BT, C)
+	o.MatmulForward(q, a.qkv, a.ln1, param(w, k.attnW), param(w, k.attnB), BT, C, 3*C)
+	o.MatmulForward(q, a.res2, a.atty, param(w, k.projW), param(w, k.projB), BT, C, C)
+	o.Add(q, a.res2, x)
+	k.mlpInput(q, o, w, &a, BT, C)
+}
+
+// mlpInput is the forward from res2 to the MLP's hidden activations:
+// ln_2, c_fc and the GELU.
+func (k *block) mlpInput(q kernels.Queue, o kernels.Backend, w kernels.Tensor, a *blockActs, BT, C int) {
+	o.LayerNormForward(q, a.ln2, a.ln2Mean, a.ln2Rstd, a.res2, param(w, k.ln2w), param(w, k.ln2b), BT, C)
+	if gm, ok := o.(kernels.GeluMatmuler); ok {
+		gm.MatmulGeluForward(q, a.fchGelu, a.fch, a.ln2, param(w, k.fcW), param(w, k.fcB), BT, C, 4*C)
+	} else {
+		o.MatmulForward(q, a.fch, a.ln2, param(w, k.fcW), param(w, k.fcB), BT, C, 4*C)
+		o.GeluForward(q, a.fchGelu, a.fch, BT*4*C)
+	}
+}
+
 func (k *block) Forward(q kernels.Queue, p *Pass, i int) {
 	o, w := p.Ops, p.Table.Layers[i].Weights
 	B, T, C, NH := p.B, p.T, k.s.Embd, k.s.Heads
@@ -301,13 +348,7 @@ func (k *block) Forward(q kernels.Queue, p *Pass, i int) {
 	o.MatmulForward(q, a.res2, a.atty, param(w, k.projW), param(w, k.projB), BT, C, C)
 	o.Add(q, a.res2, x)
 
-	o.LayerNormForward(q, a.ln2, a.ln2Mean, a.ln2Rstd, a.res2, param(w, k.ln2w), param(w, k.ln2b), BT, C)
-	if gm, ok := o.(kernels.GeluMatmuler); ok {
-		gm.MatmulGeluForward(q, a.fchGelu, a.fch, a.ln2, param(w, k.fcW), param(w, k.fcB), BT, C, 4*C)
-	} else {
-		o.MatmulForward(q, a.fch, a.ln2, param(w, k.fcW), param(w, k.fcB), BT, C, 4*C)
-		o.GeluForward(q, a.fchGelu, a.fch, BT*4*C)
-	}
+	k.mlpInput(q, o, w, &a, BT, C)
 	o.MatmulForward(q, a.out, a.fchGelu, param(w, k.fcProjW), param(w, k.fcProjB), BT, 4*C, C)
 	o.Add(q, a.out, a.res2)
 }

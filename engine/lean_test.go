@@ -46,7 +46,8 @@ func TestLeanActivations(t *testing.T) {
 			o := streamed()
 			o.Activations = make([]offload.ActPolicy, len(m.Layers))
 			for i := range o.Activations {
-				o.Activations[i] = []offload.ActPolicy{offload.Keep, offload.Recompute, offload.OffloadTo}[i%3]
+				o.Activations[i] = []offload.ActPolicy{offload.Keep, offload.Recompute, offload.OffloadTo,
+					offload.RecomputeSelective, offload.RecomputeSelectiveHost}[i%5]
 			}
 			tr2, check := newOOCModel(t, m, oocOptions(), o)
 			gotL, gotW = trainSteps(t, tr2, steps)

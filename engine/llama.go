@@ -358,7 +358,10 @@ type llamaBlockActs struct {
 	gate  kernels.Tensor // (BT,FFN)
 	up    kernels.Tensor // (BT,FFN)
 	h     kernels.Tensor // (BT,FFN) silu(gate)·up
-	size  int64
+	// save is the size of the selective checkpoint (out, rstd1, atty and
+	// lse: the start of the layout).
+	save int64
+	size int64
 }
 
 func (k *llamaBlock) acts(buf kernels.Buffer, B, T int) llamaBlockActs {
@@ -366,11 +369,12 @@ func (k *llamaBlock) acts(buf kernels.Buffer, B, T int) llamaBlockActs {
 	a := scratchAlloc{buf: buf}
 	var r llamaBlockActs
 	r.out = a.take(k.dt, BT*C)
-	r.ln1 = a.take(k.dt, BT*C)
 	r.rstd1 = a.take(kernels.F32, BT)
-	r.qkv = a.take(k.dt, BT*k.s.qkvWidth())
 	r.atty = a.take(k.dt, BT*k.s.Heads*k.s.headSize())
 	r.lse = a.take(kernels.F32, B*k.s.Heads*T)
+	r.save = a.off
+	r.ln1 = a.take(k.dt, BT*C)
+	r.qkv = a.take(k.dt, BT*k.s.qkvWidth())
 	r.res2 = a.take(k.dt, BT*C)
 	r.ln2 = a.take(k.dt, BT*C)
 	r.rstd2 = a.take(kernels.F32, BT)
@@ -432,7 +436,27 @@ func (k *llamaBlock) loadTable(q kernels.Queue, p *Pass, s llamaBlockScratch) {
 	p.Ops.CopyToDevice(q, s.table, k.rope.get(p.T))
 }
 
-func (k *llamaBlock) Forward(q kernels.Queue, p *Pass, i int) {
+func (k *llamaBlock) Forward(q kernels.Queue, p *Pass, i int) { k.forward(q, p, i, false) }
+
+// SelectiveBytes implements SelectiveRecomputer.
+func (k *llamaBlock) SelectiveBytes(B, T int) int64 { return k.acts(nil, B, T).save }
+
+// SelectiveFLOPs implements SelectiveRecomputer: the q/k/v, o, gate and
+// up projections, not the attention or the down projection.
+func (k *llamaBlock) SelectiveFLOPs(T int) float64 {
+	C, W, A, F := float64(k.s.Embd), float64(k.s.qkvWidth()), float64(k.s.Heads*k.s.headSize()), float64(k.s.FFN)
+	return 2 * (C*W + A*C + 2*C*F)
+}
+
+// RecomputeSelective implements SelectiveRecomputer: with the selective
+// checkpoint in place, the rest of what Forward saves, by Forward's
+// kernels on the same inputs (the same bits), without the attention or
+// the output.
+func (k *llamaBlock) RecomputeSelective(q kernels.Queue, p *Pass, i int) { k.forward(q, p, i, true) }
+
+// forward is Forward, or with selective the part of it that
+// RecomputeSelective reruns.
+func (k *llamaBlock) forward(q kernels.Queue, p *Pass, i int, selective bool) {
 	o, lo, w := p.Ops, llamaOps(p.Ops), p.Table.Layers[i].Weights
 	B, T, C, NH, NKV, hs, F := p.B, p.T, k.s.Embd, k.s.Heads, k.s.KVHeads, k.s.headSize(), k.s.FFN
 	BT, W := B*T, k.s.qkvWidth()
@@ -445,7 +469,9 @@ func (k *llamaBlock) Forward(q kernels.Queue, p *Pass, i int) {
 	lo.RMSNormForward(q, a.ln1, a.rstd1, x, param(w, k.inNorm), BT, C, eps)
 	o.MatmulForward(q, a.qkv, a.ln1, k.qkv(w), kernels.Tensor{}, BT, C, W)
 	lo.RoPEForward(q, a.qkv, a.qkv, s.table, B, T, NH, NKV, hs)
-	lo.GQAttentionForward(q, a.atty, a.lse, a.qkv, B, T, NH, NKV, hs)
+	if !selective {
+		lo.GQAttentionForward(q, a.atty, a.lse, a.qkv, B, T, NH, NKV, hs)
+	}
 	// As in the GPT block, the projections write into the residual stream,
 	// which then adds its input in place (proj + x rounds as x + proj).
 	o.MatmulForward(q, a.res2, a.atty, param(w, k.o), kernels.Tensor{}, BT, NH*hs, C)
@@ -455,8 +481,10 @@ func (k *llamaBlock) Forward(q kernels.Queue, p *Pass, i int) {
 	o.MatmulForward(q, a.gate, a.ln2, param(w, k.gate), kernels.Tensor{}, BT, C, F)
 	o.MatmulForward(q, a.up, a.ln2, param(w, k.up), kernels.Tensor{}, BT, C, F)
 	lo.SwiGLUForward(q, a.h, a.gate, a.up, BT*F)
-	o.MatmulForward(q, a.out, a.h, param(w, k.down), kernels.Tensor{}, BT, F, C)
-	o.Add(q, a.out, a.res2)
+	if !selective {
+		o.MatmulForward(q, a.out, a.h, param(w, k.down), kernels.Tensor{}, BT, F, C)
+		o.Add(q, a.out, a.res2)
+	}
 }
 
 func (k *llamaBlock) Backward(q kernels.Queue, p *Pass, i int) {

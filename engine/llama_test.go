@@ -9,6 +9,7 @@ import (
 
 	"github.com/spill-ml/spill/dataset"
 	"github.com/spill-ml/spill/kernels"
+	"github.com/spill-ml/spill/offload"
 )
 
 // gradLlama is a Llama small enough for finite differences, with grouped
@@ -144,11 +145,16 @@ var oocLlama = LlamaShape{Layers: 12, Heads: 4, KVHeads: 2, Embd: 32, FFN: 48, V
 // out of core, weights and gradients streamed from the host, activations
 // recomputed, layer-major (one group of all micro-batches), reaches the
 // resident run's losses and weights bit for bit in fp32 under a device
-// budget of the planned peak, under a sixth of its state.
+// budget of the planned peak, under a sixth of its state; and so do
+// blocks that recompute selectively (checkpoints on the device and on the
+// host) beside whole recomputes.
 func TestLlamaOutOfCoreBitwiseFP32(t *testing.T) {
 	const steps = 2
-	for _, tied := range []bool{false, true} {
-		t.Run(fmt.Sprintf("tied=%v", tied), func(t *testing.T) {
+	for _, c := range []struct {
+		tied, selective bool
+	}{{false, false}, {true, false}, {false, true}} {
+		tied := c.tied
+		t.Run(fmt.Sprintf("tied=%v/selective=%v", tied, c.selective), func(t *testing.T) {
 			s := oocLlama
 			s.Tied = tied
 			to := oocOptions()
@@ -167,6 +173,11 @@ func TestLlamaOutOfCoreBitwiseFP32(t *testing.T) {
 			m, _ = NewLlama(s, kernels.F32)
 			o := streamed()
 			o.Group, o.Activations = to.Accum, recomputeBlocks(m)
+			if c.selective {
+				for i := 1; i < len(m.Layers)-1; i++ {
+					o.Activations[i] = []offload.ActPolicy{offload.RecomputeSelective, offload.Recompute, offload.RecomputeSelectiveHost}[i%3]
+				}
+			}
 			by, err := OffloadDeviceBytes(m, oocB, oocT, to.Accum, o)
 			if err != nil {
 				t.Fatal(err)
@@ -178,7 +189,7 @@ func TestLlamaOutOfCoreBitwiseFP32(t *testing.T) {
 			// The budget is the planned peak, which must be well under the
 			// state for the run to be out of core.
 			budget := need
-			if budget > stateBytes(m)/6 {
+			if !c.selective && budget > stateBytes(m)/6 {
 				t.Fatalf("planned device peak %d is more than a sixth of the state (%d bytes)", need, stateBytes(m))
 			}
 			be, err := kernels.Open("cpu", kernels.Config{Threads: 2, MemoryLimit: budget})

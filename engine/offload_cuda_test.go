@@ -20,7 +20,8 @@ var cudaShape = GPTShape{Layers: 16, Heads: 2, Embd: 128, Vocab: 64, MaxSeq: 32}
 // and compares it with the resident trainer on the same backend (see
 // runDeviceCase for the checks): fp32 with the planner's placement, bf16
 // with streamed weights and every block's activations offloaded to pinned
-// host memory.
+// host memory, and bf16 with streamed weights and every block recomputed
+// selectively (the checkpoint copied back on the device).
 //
 // Tolerances: the out-of-core AdamW runs on the host (offload.HostAdamW)
 // and the resident one on the GPU, so the master weights differ by
@@ -35,6 +36,10 @@ func TestOutOfCoreCUDA(t *testing.T) {
 	})
 	t.Run("bf16-streamed-offload", func(t *testing.T) {
 		runDeviceCase(t, deviceCase{device: "cuda", dt: kernels.BF16, shape: cudaShape, reserve: 3 << 19, weights: offload.TierHost, activations: "offload",
+			lossTol: 2e-2, weightTol: 2e-2})
+	})
+	t.Run("bf16-streamed-selective", func(t *testing.T) {
+		runDeviceCase(t, deviceCase{device: "cuda", dt: kernels.BF16, shape: cudaShape, reserve: 3 << 19, weights: offload.TierHost, activations: "recompute-selective",
 			lossTol: 2e-2, weightTol: 2e-2})
 	})
 }

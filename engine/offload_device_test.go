@@ -145,6 +145,8 @@ func TestOutOfCoreMatchesResidentCPU(t *testing.T) {
 	runDeviceCase(t, deviceCase{device: "cpu", dt: kernels.F32, shape: deviceShape, lossTol: 1e-5, weightTol: 1e-5})
 	runDeviceCase(t, deviceCase{device: "cpu", dt: kernels.BF16, shape: deviceShape, weights: offload.TierHost,
 		activations: "offload", lossTol: 1e-2, weightTol: 1e-2})
+	runDeviceCase(t, deviceCase{device: "cpu", dt: kernels.BF16, shape: deviceShape, weights: offload.TierHost,
+		activations: "recompute-selective", lossTol: 1e-2, weightTol: 1e-2})
 }
 
 // relL2 is |a-b|/|b| over all tensors.

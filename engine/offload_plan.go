@@ -55,6 +55,28 @@ type FLOPer interface {
 	FwdFLOPs(T int) float64
 }
 
+// SelectiveRecomputer is implemented by layers with a selective
+// checkpoint (offload.RecomputeSelective): the first SelectiveBytes(B, T)
+// bytes of their activations, output first, hold what the rest of their
+// forward cannot cheaply recompute (a block's attention output and
+// log-sum-exp). With those bytes in place (the trainer copies them back),
+// RecomputeSelective reruns the rest of the forward, SelectiveFLOPs(T) per
+// token, and leaves the activations as Forward did, bit for bit.
+type SelectiveRecomputer interface {
+	SelectiveBytes(B, T int) int64
+	SelectiveFLOPs(T int) float64
+	RecomputeSelective(q kernels.Queue, p *Pass, i int)
+}
+
+// selectiveBytes is l's selective checkpoint for a B×T micro-batch, 0
+// when it has none.
+func selectiveBytes(l Layer, B, T int) int64 {
+	if s, ok := l.(SelectiveRecomputer); ok {
+		return s.SelectiveBytes(B, T)
+	}
+	return 0
+}
+
 // KernelEfficiencer is implemented by layers whose kernels run their
 // FLOPs at a different speed from the GPT blocks the hardware profile's
 // efficiency is fitted to (plan.Layer.Efficiency).
@@ -112,6 +134,10 @@ func PlanModel(name string, m *Model, T int) plan.Model {
 			Tied:         l.Tied(),
 			Recomputable: i > 0 && i < n-1,
 		})
+		if s, ok := l.(SelectiveRecomputer); ok && i > 0 && i < n-1 {
+			pm.Layers[i].SaveBytes = s.SelectiveBytes(1, T)
+			pm.Layers[i].SelFLOPs = s.SelectiveFLOPs(T)
+		}
 	}
 	o := OffloadOptions{}
 	pm.Shape = func(mb int) []schedule.Layer { return programSpec(m, mb, T, 1, &o, true).Layers }
@@ -295,7 +321,7 @@ type PlanRequest struct {
 	Resident bool
 	// Overrides: the tier of each class, the prefetch depth and the
 	// activation policy of every recomputable layer ("keep", "recompute",
-	// "offload").
+	// "recompute-full", "recompute-selective", "offload").
 	Weights, Grads, Optimizer offload.Tier
 	Prefetch                  int
 	Activations               string
@@ -362,7 +388,7 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 		return nil, fmt.Errorf("engine: plan: batch %d, seq %d, accum %d must be positive", req.B, req.T, req.Accum)
 	}
 	switch req.Activations {
-	case "", "keep", "recompute":
+	case "", "keep", "recompute", "recompute-full", "recompute-selective":
 	case "offload":
 		if !ActOffloadSupported {
 			return nil, errors.New("engine: plan: activations \"offload\" is not supported by the out-of-core trainer yet (use recompute)")
@@ -398,6 +424,10 @@ func planTrainer(m *Model, req PlanRequest) (*TrainerPlan, error) {
 			return p.Recompute+p.Offload == 0
 		case "recompute":
 			return p.Keep+p.Offload == 0
+		case "recompute-full":
+			return p.Keep+p.Offload == 0 && !p.Selective
+		case "recompute-selective":
+			return p.Keep+p.Offload == 0 && p.Selective
 		case "offload":
 			return p.Keep+p.Recompute == 0
 		}

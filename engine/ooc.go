@@ -185,6 +185,7 @@ func programSpec(m *Model, B, T, accum int, o *OffloadOptions, train bool) sched
 			ParamBytes:  np * es,
 			ActBytes:    l.ActivationBytes(B, T),
 			OutBytes:    int64(l.OutputElems(B, T)) * es,
+			SaveBytes:   selectiveBytes(l, B, T),
 			Tied:        l.Tied(),
 			MomentBytes: 4 * np,
 		}
@@ -581,7 +582,13 @@ func (mt *oocModel) Run(q kernels.Queue, op schedule.Op, final []int) {
 	i := op.Layer
 	l := m.Layers[i]
 	switch op.Kind {
-	case schedule.Forward, schedule.Recompute:
+	case schedule.Recompute:
+		if st.opts.Activations[i].Selective() {
+			l.(SelectiveRecomputer).RecomputeSelective(q, p, i)
+		} else {
+			l.Forward(q, p, i)
+		}
+	case schedule.Forward:
 		l.Forward(q, p, i)
 	case schedule.Backward:
 		p.DOut, p.DIn = kernels.Tensor{}, kernels.Tensor{}

@@ -29,7 +29,8 @@ func TestOutOfCoreOrdersBitwiseFP32(t *testing.T) {
 			groups = append(groups, 3) // groups of 3, 3 and 2
 		}
 		for _, group := range groups {
-			for _, pol := range []offload.ActPolicy{offload.Recompute, offload.Keep, offload.OffloadTo, offload.RecomputeHost} {
+			for _, pol := range []offload.ActPolicy{offload.Recompute, offload.Keep, offload.OffloadTo, offload.RecomputeHost,
+				offload.RecomputeSelective, offload.RecomputeSelectiveHost} {
 				for _, tier := range []offload.Tier{offload.TierHost, offload.TierDevice} {
 					if accum == 1 && group > 1 {
 						continue

@@ -26,14 +26,33 @@ const (
 	// next layer's forward and backward: what lets a layer-major step hold
 	// every micro-batch's boundary without device memory.
 	RecomputeHost
+	// RecomputeSelective keeps, with the layer's output, what its
+	// attention computed (its output and log-sum-exp: the layer's
+	// selective checkpoint), and reruns the rest of the forward (norms,
+	// projections, MLP input) in backward, not the attention; it costs
+	// about the output's bytes again and saves the attention and one
+	// projection of the recomputation. Only layers that declare a
+	// selective checkpoint may take it.
+	RecomputeSelective
+	// RecomputeSelectiveHost is RecomputeSelective with the checkpoint on
+	// the host as RecomputeHost's.
+	RecomputeSelectiveHost
 )
 
 func (a ActPolicy) String() string {
-	return [...]string{"keep", "offload", "recompute", "recompute-host"}[a]
+	return [...]string{"keep", "offload", "recompute", "recompute-host", "recompute-selective", "recompute-selective-host"}[a]
 }
 
-// Recomputes reports whether the policy reruns the layer's forward.
-func (a ActPolicy) Recomputes() bool { return a == Recompute || a == RecomputeHost }
+// Recomputes reports whether the policy reruns the layer's forward (or,
+// selective, part of it).
+func (a ActPolicy) Recomputes() bool { return a >= Recompute }
+
+// Selective reports whether the policy keeps the layer's selective
+// checkpoint and reruns only part of its forward.
+func (a ActPolicy) Selective() bool { return a == RecomputeSelective || a == RecomputeSelectiveHost }
+
+// CkptOnHost reports whether the policy keeps its checkpoint on the host.
+func (a ActPolicy) CkptOnHost() bool { return a == RecomputeHost || a == RecomputeSelectiveHost }
 
 // MarshalText prints the policy by name in JSON.
 func (a ActPolicy) MarshalText() ([]byte, error) { return []byte(a.String()), nil }
@@ -115,6 +134,10 @@ type Placement struct {
 	// CheckpointsOnHost says the recomputed layers keep their checkpoints
 	// on the host (RecomputeHost).
 	CheckpointsOnHost bool `json:"checkpoints_on_host,omitempty"`
+	// Selective says the recomputed layers keep selective checkpoints
+	// (their output and attention's: RecomputeSelective) and rerun only
+	// the rest of their forward.
+	Selective bool `json:"selective_recompute,omitempty"`
 	// Notes are the trainer's remarks on how it carries the plan out
 	// (such as the model's lean activations), printed under the placement.
 	Notes  []string    `json:"notes,omitempty"`
@@ -189,8 +212,12 @@ func (p *Placement) Order() string {
 
 // Summary is the placement in one line.
 func (p *Placement) Summary() string {
-	return fmt.Sprintf("weights on %s, grads on %s, optimizer on %s, micro-batch %d x %d, %s, activations keep %d / offload %d / recompute %d",
-		p.Weights, p.Grads, p.OptimizerSplit(), p.MicroBatch, p.Accum, p.Order(), p.Keep, p.Offload, p.Recompute)
+	sel := ""
+	if p.Selective && p.Recompute > 0 {
+		sel = " selective"
+	}
+	return fmt.Sprintf("weights on %s, grads on %s, optimizer on %s, micro-batch %d x %d, %s, activations keep %d / offload %d / recompute %d%s",
+		p.Weights, p.Grads, p.OptimizerSplit(), p.MicroBatch, p.Accum, p.Order(), p.Keep, p.Offload, p.Recompute, sel)
 }
 
 // OptimizerSplit names where the optimizer state lives: one tier, or the
@@ -261,7 +288,7 @@ func (e *InfeasibleError) Unwrap() error { return ErrInfeasible }
 
 // UnmarshalText parses a policy name.
 func (a *ActPolicy) UnmarshalText(b []byte) error {
-	for _, p := range []ActPolicy{Keep, OffloadTo, Recompute, RecomputeHost} {
+	for _, p := range []ActPolicy{Keep, OffloadTo, Recompute, RecomputeHost, RecomputeSelective, RecomputeSelectiveHost} {
 		if p.String() == string(b) {
 			*a = p
 			return nil

@@ -76,7 +76,12 @@ func (p *Placement) WriteTable(w io.Writer) error {
 		fmt.Fprintf(&b, "  %-14s %s\n", "", p.OptimizerWhy)
 	}
 	ckpt := ""
-	if p.CheckpointsOnHost && p.Recompute > 0 {
+	switch {
+	case p.Selective && p.CheckpointsOnHost && p.Recompute > 0:
+		ckpt = " (selective: attention kept, rest rerun; checkpoints on the host)"
+	case p.Selective && p.Recompute > 0:
+		ckpt = " (selective: attention kept, rest rerun)"
+	case p.CheckpointsOnHost && p.Recompute > 0:
 		ckpt = " (checkpoints on the host)"
 	}
 	fmt.Fprintf(&b, "  %-14s keep %d, offload %d, recompute %d%s\n", "activations", p.Keep, p.Offload, p.Recompute, ckpt)
@@ -142,6 +147,10 @@ func (p *Placement) WriteTable(w io.Writer) error {
 	}
 
 	b.WriteString("layers\n")
+	pw := 15 // the policy column
+	for _, l := range p.Layers {
+		pw = max(pw, len(l.Policy.String()))
+	}
 	for i := 0; i < len(p.Layers); {
 		j := i
 		for j+1 < len(p.Layers) && p.Layers[j+1].Policy == p.Layers[i].Policy && p.Layers[j+1].Optimizer == p.Layers[i].Optimizer &&
@@ -152,7 +161,7 @@ func (p *Placement) WriteTable(w io.Writer) error {
 		if j > i {
 			name += " - " + strings.TrimPrefix(p.Layers[j].Name, "block ")
 		}
-		fmt.Fprintf(&b, "  %-21s %-15s optimizer on %s\n", name, p.Layers[i].Policy, p.Layers[i].Optimizer)
+		fmt.Fprintf(&b, "  %-21s %-*s optimizer on %s\n", name, pw, p.Layers[i].Policy, p.Layers[i].Optimizer)
 		i = j + 1
 	}
 	_, err := io.WriteString(w, b.String())

@@ -158,7 +158,7 @@ func newConfigFlags(fs *flag.FlagSet) *configFlags {
 	str("offload-grads", func(c *engine.Config) *string { return &c.OffloadGrads }, "", "pin the gradients to device or host (default: the planner's choice)")
 	str("offload-optimizer", func(c *engine.Config) *string { return &c.OffloadOptimizer }, "", "pin master weights and Adam state to device, host (off the device; the overflow on disk when the host budget is short) or disk (default: the planner's choice)")
 	num("prefetch", func(c *engine.Config) *int { return &c.Prefetch }, 0, "layers fetched ahead of the compute when streaming (default: the planner's choice)")
-	str("activations", func(c *engine.Config) *string { return &c.Activations }, "", "activation policy of every block: keep, recompute or offload (copied to host memory and back) (default: the planner's choice per layer)")
+	str("activations", func(c *engine.Config) *string { return &c.Activations }, "", "activation policy of every block: keep, recompute (recompute-full reruns the whole forward, recompute-selective keeps the attention's output and reruns the rest; plain recompute lets the planner choose), or offload (copied to host memory and back) (default: the planner's choice per layer)")
 	bind(f, "delayed-update", func(c *engine.Config) *bool { return &c.DelayedUpdate }, false,
 		"run each step's host optimizer during the next step (one step stale weights; trains out of core)", fs.BoolVar)
 	hostMem := &byteSizeFlag{}

@@ -346,10 +346,13 @@ type run struct {
 
 	// What the op being enqueued runs (compute, one closure for every
 	// op, so that enqueueing allocates nothing).
-	cur     schedule.Op
-	ckpts   []int // checkpoints the op fills, from the activations acts
-	acts    []int
-	compute func(q kernels.Queue)
+	cur   schedule.Op
+	ckpts []int // checkpoints the op fills, from the activations acts
+	acts  []int
+	// restores are the selective checkpoints the op (a recompute) copies
+	// back into the start of the activations restoreTo before it runs.
+	restores, restoreTo []int
+	compute             func(q kernels.Queue)
 	// names[j] is op j's name in traces; needEv[j] whether anything that
 	// ends at op j waits for its event (an eviction or a free).
 	names  []string
@@ -378,8 +381,12 @@ func newRun(e *Executor, p *schedule.Program) *run {
 
 // runOp enqueues r.cur on the compute queue q.
 func (r *run) runOp(cq kernels.Queue) {
-	r.m.Run(cq, r.cur, r.final)
 	p := r.p
+	for n, c := range r.restores {
+		to := kernels.View(r.blocks[r.restoreTo[n]].Buffer(), 0, kernels.U8, int(p.Intervals[c].Bytes))
+		r.e.cfg.Backend.CopyDevice(cq, to, r.view(c, kernels.U8))
+	}
+	r.m.Run(cq, r.cur, r.final)
 	for n, c := range r.ckpts {
 		out := kernels.View(r.blocks[r.acts[n]].Buffer(), 0, kernels.U8, int(p.Intervals[c].Bytes))
 		r.e.cfg.Backend.CopyDevice(cq, r.view(c, kernels.U8), out)
@@ -561,7 +568,7 @@ func (r *run) op(j int, op schedule.Op) error {
 	e, p := r.e, r.p
 	q := e.cfg.Queues
 	r.final = r.final[:0]
-	ckpts := r.ckpts[:0]
+	ckpts, restores := r.ckpts[:0], r.restores[:0]
 	for _, i := range p.Uses[j] {
 		iv := &p.Intervals[i]
 		r.m.Bind(iv, r.blocks[i].Buffer())
@@ -573,6 +580,9 @@ func (r *run) op(j int, op schedule.Op) error {
 		}
 		if iv.CkptOf && iv.Start == j {
 			ckpts = append(ckpts, i)
+		}
+		if iv.Restore && iv.End == j {
+			restores = append(restores, i)
 		}
 		if iv.Class == schedule.Grads && iv.Final && iv.End == j && p.Spec.Train {
 			r.final = append(r.final, iv.Layer)
@@ -588,7 +598,20 @@ func (r *run) op(j int, op schedule.Op) error {
 			}
 		}
 	}
-	r.ckpts, r.acts = ckpts, acts
+	restoreTo := r.restoreTo[:0]
+	for _, c := range restores {
+		to := -1
+		for _, i := range p.Uses[j] {
+			if a := &p.Intervals[i]; a.Class == schedule.Acts && a.Layer == p.Intervals[c].Layer && a.MB == p.Intervals[c].MB {
+				to = i
+			}
+		}
+		if to < 0 {
+			return fmt.Errorf("exec: op %v restores checkpoint %d with no activations of its layer", op, c)
+		}
+		restoreTo = append(restoreTo, to)
+	}
+	r.ckpts, r.acts, r.restores, r.restoreTo = ckpts, acts, restores, restoreTo
 	if r.names[j] == "" {
 		r.names[j] = [...]string{"fwd ", "recompute ", "bwd "}[op.Kind] + r.m.LayerName(op.Layer)
 	}

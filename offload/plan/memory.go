@@ -43,7 +43,7 @@ func (pl *planner) devicePeak(c *cand) (int64, map[offload.Class]int64, error) {
 		}
 		return n, by, nil
 	}
-	k := peakKey{c.w, c.g, c.mb, c.grp, c.depth, c.rec, c.off, c.nDev, c.nDisk, c.ckptHost}
+	k := peakKey{c.w, c.g, c.mb, c.grp, c.depth, c.rec, c.off, c.nDev, c.nDisk, c.ckptHost, c.sel}
 	if v, ok := pl.peakCache[k]; ok {
 		return v.peak, v.by, v.err
 	}
@@ -273,7 +273,7 @@ func (pl *planner) estimate(c *cand) int64 {
 		return n
 	}
 	sh := pl.shape(c.mb)
-	var w, acts, last, maxAct, out int64
+	var w, acts, last, maxAct, out, save int64
 	for i, l := range sh {
 		w = max(w, l.ParamBytes)
 		pol := offload.Keep
@@ -294,13 +294,20 @@ func (pl *planner) estimate(c *cand) int64 {
 			last = l.ActBytes
 		case pol == offload.Keep:
 			acts += l.ActBytes
+		case pol == offload.Recompute && c.sel:
+			// A selective checkpoint, on the device or on its way back
+			// from the host for the group's recomputes.
+			save = max(save, l.SaveBytes)
+			if !c.ckptHost {
+				acts += l.SaveBytes
+			}
 		case pol == offload.Recompute:
 			if !c.ckptHost {
 				acts += l.OutBytes
 			}
 		}
 	}
-	n := int64(c.grp)*acts + last + 2*maxAct + 2*int64(c.grp)*out
+	n := int64(c.grp)*acts + last + 2*maxAct + 2*int64(c.grp)*max(out, save)
 	if c.w == offload.TierDevice {
 		n += pl.s * pl.P
 	} else {

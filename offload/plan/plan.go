@@ -56,6 +56,13 @@ type Layer struct {
 	// offload this layer's activations (blocks, not the embedding or the
 	// head).
 	Recomputable bool
+	// SaveBytes is the bytes per sequence of the layer's selective
+	// checkpoint (schedule.Layer.SaveBytes) and SelFLOPs the forward
+	// FLOPs per token its selective recompute reruns; 0 when it has none.
+	// The planner offers offload.RecomputeSelective when every
+	// recomputable layer has one.
+	SaveBytes int64
+	SelFLOPs  float64
 }
 
 // Model is what Plan plans for.
@@ -162,6 +169,7 @@ type cand struct {
 	depth    int
 	rec, off int  // recomputable layers recomputed (the first rec) and offloaded (the next off)
 	ckptHost bool // the recomputed layers keep their checkpoints on the host
+	sel      bool // the recomputed layers recompute selectively
 	// nDev and nDisk count the layers whose optimizer state is on the
 	// device (the first nDev) and on disk (the last nDisk); the others'
 	// is on the host. Out-of-core candidates only.
@@ -230,6 +238,8 @@ type planner struct {
 	rec       []int // recomputable layers
 	allFlops  float64
 	recFlops  []float64 // prefix sums over rec
+	selFlops  []float64 // prefix sums over rec of the selective recompute
+	canSel    bool      // every recomputable layer has a selective checkpoint
 	shapes    map[int][]schedule.Layer
 	peakCache map[peakKey]peakVal
 	start     time.Time
@@ -245,7 +255,7 @@ type peakKey struct {
 	w, g                      offload.Tier
 	mb, grp, depth, r, o, dev int
 	disk                      int // the sharded layers' collectives' buffer depends on it
-	ckptHost                  bool
+	ckptHost, sel             bool
 }
 
 type peakVal struct {
@@ -258,7 +268,8 @@ func newPlanner(req *Request) *planner {
 	m := &req.Model
 	pl := &planner{req: req, m: m, hw: req.Hardware, s: m.Precision.Elem(), T: int64(m.SeqLen),
 		shapes: map[int][]schedule.Layer{}, peakCache: map[peakKey]peakVal{}, start: time.Now(), ranks: max(req.Ranks, 1), shard: 1, local: 1}
-	pl.recFlops = []float64{0}
+	pl.recFlops, pl.selFlops = []float64{0}, []float64{0}
+	pl.canSel = true
 	for i, l := range m.Layers {
 		pl.P += l.Params
 		pl.Pmax = max(pl.Pmax, l.Params)
@@ -266,8 +277,11 @@ func newPlanner(req *Request) *planner {
 		if l.Recomputable {
 			pl.rec = append(pl.rec, i)
 			pl.recFlops = append(pl.recFlops, pl.recFlops[len(pl.recFlops)-1]+l.timeFLOPs())
+			pl.selFlops = append(pl.selFlops, pl.selFlops[len(pl.selFlops)-1]+l.selTimeFLOPs())
+			pl.canSel = pl.canSel && l.SaveBytes > 0 && l.SelFLOPs > 0
 		}
 	}
+	pl.canSel = pl.canSel && len(pl.rec) > 0
 	return pl
 }
 
@@ -285,7 +299,8 @@ func (pl *planner) shape(mb int) []schedule.Layer {
 			if i == len(pl.m.Layers)-1 {
 				out = 0
 			}
-			s = append(s, schedule.Layer{ParamBytes: l.Params * pl.s, ActBytes: l.ActBytes * int64(mb), OutBytes: out, Tied: l.Tied,
+			s = append(s, schedule.Layer{ParamBytes: l.Params * pl.s, ActBytes: l.ActBytes * int64(mb), OutBytes: out,
+				SaveBytes: l.SaveBytes * int64(mb), Tied: l.Tied,
 				MasterBytes: l.Params * pl.masterBytes(), MomentBytes: 4 * l.Params})
 		}
 	}
@@ -309,8 +324,12 @@ func (pl *planner) policies(c *cand) []offload.ActPolicy {
 	a := make([]offload.ActPolicy, len(pl.m.Layers))
 	for j, i := range pl.rec {
 		switch {
+		case j < c.rec && c.ckptHost && c.sel:
+			a[i] = offload.RecomputeSelectiveHost
 		case j < c.rec && c.ckptHost:
 			a[i] = offload.RecomputeHost
+		case j < c.rec && c.sel:
+			a[i] = offload.RecomputeSelective
 		case j < c.rec:
 			a[i] = offload.Recompute
 		case j < c.rec+c.off:
@@ -351,6 +370,10 @@ func (pl *planner) candidates() []*cand {
 		return g
 	}()
 	tiers := []offload.Tier{offload.TierDevice, offload.TierHost}
+	sels := []bool{false}
+	if pl.canSel {
+		sels = append(sels, true)
+	}
 	for mb := pl.req.Batch; mb >= 1; mb-- {
 		if pl.req.Batch%mb != 0 {
 			continue
@@ -398,9 +421,14 @@ func (pl *planner) candidates() []*cand {
 						for _, d := range depths {
 							for _, ro := range grid {
 								for _, md := range mdisks {
-									out = append(out, &cand{w: w, g: g, o: o, mb: mb, grp: grp, depth: d, rec: ro[0], off: ro[1], mdisk: md})
-									if ro[0] > 0 && grp > 1 {
-										out = append(out, &cand{w: w, g: g, o: o, mb: mb, grp: grp, depth: d, rec: ro[0], off: ro[1], ckptHost: true, mdisk: md})
+									for _, sel := range sels {
+										if sel && ro[0] == 0 {
+											continue
+										}
+										out = append(out, &cand{w: w, g: g, o: o, mb: mb, grp: grp, depth: d, rec: ro[0], off: ro[1], mdisk: md, sel: sel})
+										if ro[0] > 0 && grp > 1 {
+											out = append(out, &cand{w: w, g: g, o: o, mb: mb, grp: grp, depth: d, rec: ro[0], off: ro[1], ckptHost: true, mdisk: md, sel: sel})
+										}
 									}
 								}
 							}
@@ -422,6 +450,7 @@ func (pl *planner) placement(c *cand) *offload.Placement {
 		Weights: c.w, Grads: c.g, Optimizer: c.o, PrefetchDepth: c.depth,
 		Recompute: c.rec, Offload: c.off, Keep: len(pl.rec) - c.rec - c.off, Hardware: pl.hw,
 		CheckpointsOnHost: c.ckptHost && c.rec > 0,
+		Selective:         c.sel && c.rec > 0,
 	}
 	pols := pl.policies(c)
 	tiers := pl.optTiers(c)

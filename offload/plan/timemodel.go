@@ -2,6 +2,7 @@ package plan
 
 import (
 	"github.com/spill-ml/spill/offload"
+	"github.com/spill-ml/spill/offload/schedule"
 )
 
 // The planner's time model: a candidate's step time from its compute,
@@ -17,6 +18,34 @@ func (l *Layer) timeFLOPs() float64 {
 	return l.FwdFLOPs
 }
 
+// selTimeFLOPs is timeFLOPs for the layer's selective recompute.
+func (l *Layer) selTimeFLOPs() float64 {
+	if l.Efficiency > 0 {
+		return l.SelFLOPs / l.Efficiency
+	}
+	return l.SelFLOPs
+}
+
+// recTimeFLOPs is what the time model charges a recompute of l under
+// policy pol (0 when pol does not recompute).
+func (l *Layer) recTimeFLOPs(pol offload.ActPolicy) float64 {
+	switch {
+	case pol.Selective():
+		return l.selTimeFLOPs()
+	case pol.Recomputes():
+		return l.timeFLOPs()
+	}
+	return 0
+}
+
+// ckptBytes is the size of l's checkpoint, selective or not.
+func ckptBytes(l schedule.Layer, sel bool) int64 {
+	if sel {
+		return l.SaveBytes
+	}
+	return l.OutBytes
+}
+
 // timeOf predicts c's step time and busy times.
 func (pl *planner) timeOf(c *cand) {
 	hw, s, P := pl.hw, float64(pl.s), float64(pl.P)
@@ -28,7 +57,11 @@ func (pl *planner) timeOf(c *cand) {
 	}
 	tok := float64(int64(c.mb) * pl.T)
 	rate := peak * hw.Efficiency * tok / (tok + hw.HalfEfficiencyTokens)
-	tcMB := tok * (3*pl.allFlops + pl.recFlops[c.rec]) / rate
+	recFlops := pl.recFlops[c.rec]
+	if c.sel {
+		recFlops = pl.selFlops[c.rec]
+	}
+	tcMB := tok * (3*pl.allFlops + recFlops) / rate
 	nl := float64(len(pl.m.Layers))
 	fwdOps, bwdOps := float64(A)*nl, float64(A)*(nl+float64(c.rec))
 	compute := float64(A)*tcMB + (fwdOps+bwdOps)*hw.OpOverhead
@@ -51,7 +84,7 @@ func (pl *planner) timeOf(c *cand) {
 	if c.ckptHost {
 		for j, i := range pl.rec {
 			if j < c.rec {
-				actOff += float64(sh[i].OutBytes)
+				actOff += float64(ckptBytes(sh[i], c.sel))
 			}
 		}
 	}
@@ -98,15 +131,16 @@ func (pl *planner) timeOf(c *cand) {
 		switch {
 		case pol == offload.OffloadTo:
 			b = float64(sh[i].ActBytes)
-		case pol == offload.RecomputeHost:
-			b = float64(sh[i].OutBytes)
+		case pol.CkptOnHost():
+			b = float64(ckptBytes(sh[i], pol.Selective()))
 		default:
 			continue
 		}
-		f := float64(A) * (tok*pl.m.Layers[i].timeFLOPs()/rate + hw.OpOverhead)
+		ly := &pl.m.Layers[i]
+		f := float64(A) * (tok*ly.timeFLOPs()/rate + hw.OpOverhead)
 		bw := 2 * f
 		if pol.Recomputes() {
-			bw = 3 * f
+			bw += float64(A) * (tok*ly.recTimeFLOPs(pol)/rate + hw.OpOverhead)
 		}
 		exF += max(0, float64(A)*b/hw.D2H-f)
 		exB += max(0, float64(A)*b/hw.H2D-bw)
@@ -142,11 +176,7 @@ func (pl *planner) timeOf(c *cand) {
 	G := float64(min(c.grp, A))
 	fwd := func(i int) float64 { return G * tok * pl.m.Layers[i].timeFLOPs() / rate }
 	bwd := func(i int) float64 {
-		k := 2.0
-		if pols[i].Recomputes() {
-			k = 3
-		}
-		return k * fwd(i)
+		return 2*fwd(i) + G*tok*pl.m.Layers[i].recTimeFLOPs(pols[i])/rate
 	}
 	// The gradients' reductions across ranks during the last backward:
 	// when each layer's are ready and how much later the backward ends.

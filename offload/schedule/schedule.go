@@ -129,6 +129,12 @@ type Layer struct {
 	// OutBytes is the size of its output (the next layer's input, and
 	// what recomputation keeps); 0 for the last layer.
 	OutBytes int64
+	// SaveBytes is the size of its selective checkpoint: the start of
+	// its activations (output first) that a selective recompute
+	// (offload.RecomputeSelective) keeps and copies back into the
+	// activations before rerunning the rest of the forward. 0 when the
+	// layer has none.
+	SaveBytes int64
 	// Tied lists other layers whose weights this layer reads and for
 	// which its backward accumulates gradients (a GPT head reads the
 	// embedding's): into a TGrads tensor per tied layer, which the tied
@@ -224,8 +230,13 @@ type Interval struct {
 	Evict bool // copied to the host after op End: grads, offloaded acts
 	Final bool // grads: after op End they hold the step's whole gradient
 	// CkptOf marks a Ckpt interval that op Start fills by copying the
-	// layer's output out of its activations.
+	// start of the layer's activations (its output, or its selective
+	// checkpoint) out of them.
 	CkptOf bool
+	// Restore marks a selective checkpoint that op End, the layer's
+	// recompute, copies back into the start of the layer's activations
+	// before it runs.
+	Restore bool
 	// Src, for offloaded activations coming back, is the index of the
 	// interval whose eviction they are copied from (-1 otherwise); Slot
 	// is the host buffer both use (see Program.HostSlots).
@@ -282,6 +293,12 @@ func compile(s Spec, uses bool) (*Program, error) {
 	for _, t := range []offload.Tier{s.Weights, s.Grads} {
 		if t != offload.TierDevice && t != offload.TierHost {
 			return nil, fmt.Errorf("schedule: weights on %s, grads on %s: want device or host", s.Weights, s.Grads)
+		}
+	}
+	for i, a := range s.Acts {
+		if a.Selective() && i > 0 && i < n-1 && (s.Layers[i].SaveBytes < s.Layers[i].OutBytes || s.Layers[i].SaveBytes > s.Layers[i].ActBytes) {
+			return nil, fmt.Errorf("schedule: layer %d recomputes selectively with a checkpoint of %d bytes (output %d, activations %d)",
+				i, s.Layers[i].SaveBytes, s.Layers[i].OutBytes, s.Layers[i].ActBytes)
 		}
 	}
 	if s.Optimizer != nil && len(s.Optimizer) != n {
@@ -604,6 +621,14 @@ func (c *compiler) acts() {
 	s, n, A := &c.s, c.n, c.A
 	at := func(idx []int, l, k int) int { return idx[l*A+k] }
 	slots := map[[2]int]int{} // (layer, mb within group) -> host slot
+	// ckpt is the size of a recomputed layer's checkpoint, its last use
+	// and whether its recompute restores it (a selective one).
+	ckpt := func(ly Layer, l, k int) (int64, int, bool) {
+		if s.policy(l).Selective() {
+			return ly.SaveBytes, at(c.rec, l, k), true
+		}
+		return ly.OutBytes, at(c.bwd, l+1, k), false
+	}
 	for k := 0; k < A; k++ {
 		for l := 0; l < n; l++ {
 			ly := s.Layers[l]
@@ -620,26 +645,30 @@ func (c *compiler) acts() {
 			switch s.policy(l) {
 			case offload.Keep:
 				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: f, End: b, Persistent: s.Resident}, 0)
-			case offload.Recompute:
+			case offload.Recompute, offload.RecomputeSelective:
 				// The forward writes the activations and copies its output
 				// into the checkpoint, the next layer's input until that
-				// layer's backward; the recompute writes them again.
-				c.add(Interval{Class: Ckpt, Layer: l, MB: k, Bytes: ly.OutBytes, Start: f, End: at(c.bwd, l+1, k), CkptOf: true}, 0)
+				// layer's backward; the recompute writes them again. A
+				// selective checkpoint is larger (SaveBytes) and lives on
+				// to the layer's own recompute, which restores it.
+				bytes, end, sel := ckpt(ly, l, k)
+				c.add(Interval{Class: Ckpt, Layer: l, MB: k, Bytes: bytes, Start: f, End: end, CkptOf: true, Restore: sel}, 0)
 				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: f, End: f}, 0)
 				c.add(Interval{Class: Acts, Layer: l, MB: k, Bytes: ly.ActBytes, Start: at(c.rec, l, k), End: b}, 0)
-			case offload.RecomputeHost:
+			case offload.RecomputeHost, offload.RecomputeSelectiveHost:
 				// As Recompute, but the checkpoint goes to a host slot once
 				// the next layer's forward has read it and comes back for
 				// that layer's recompute or backward.
-				slot := c.slot(slots, l, k, ly.OutBytes)
-				out := c.add(Interval{Class: Ckpt, Layer: l, MB: k, Bytes: ly.OutBytes, Start: f, End: at(c.fwd, l+1, k),
+				bytes, end, sel := ckpt(ly, l, k)
+				slot := c.slot(slots, l, k, bytes)
+				out := c.add(Interval{Class: Ckpt, Layer: l, MB: k, Bytes: bytes, Start: f, End: at(c.fwd, l+1, k),
 					CkptOf: true, Evict: true, Src: -1, Slot: slot}, 0)
 				back := at(c.rec, l+1, k)
 				if back < 0 {
 					back = at(c.bwd, l+1, k)
 				}
-				in := c.add(Interval{Class: Ckpt, Layer: l, MB: k, Bytes: ly.OutBytes, Start: back, End: at(c.bwd, l+1, k),
-					Fetch: true, Src: out, Slot: slot}, c.depth)
+				in := c.add(Interval{Class: Ckpt, Layer: l, MB: k, Bytes: bytes, Start: back, End: end,
+					Fetch: true, Src: out, Slot: slot, Restore: sel}, c.depth)
 				iv := &c.p.Intervals[in]
 				iv.AllocAt = max(iv.AllocAt, c.p.Intervals[out].End)
 				iv.FetchAt = iv.AllocAt
@@ -916,7 +945,7 @@ func (p *Program) String() string {
 		for _, f := range []struct {
 			on   bool
 			name string
-		}{{iv.Persistent, "persistent"}, {iv.Fetch, "fetch"}, {iv.Zero, "zero"}, {iv.Evict, "evict"}, {iv.Final, "final"}, {iv.CkptOf, "ckpt"}} {
+		}{{iv.Persistent, "persistent"}, {iv.Fetch, "fetch"}, {iv.Zero, "zero"}, {iv.Evict, "evict"}, {iv.Final, "final"}, {iv.CkptOf, "ckpt"}, {iv.Restore, "restore"}} {
 			if f.on {
 				b.WriteString(" " + f.name)
 			}

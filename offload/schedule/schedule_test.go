@@ -51,14 +51,14 @@ func TestCompileData(t *testing.T) {
 	}
 }
 
-// parseSpec reads "layers=3 param=100 act=40 out=10 tied=2:0 mb=2 group=1
+// parseSpec reads "layers=3 param=100 act=40 out=10 save=20 tied=2:0 mb=2 group=1
 // weights=host grads=host acts=keep,recompute,keep prefetch=1
 // opt=device,host,disk master=400 moment=400 train".
 func parseSpec(cmd string) (Spec, error) {
 	s := Spec{Weights: offload.TierHost, Grads: offload.TierHost, MicroBatches: 1}
 	var n int
 	param, act, out := []int64{100}, []int64{40}, []int64{10}
-	var master, moment []int64
+	var master, moment, save []int64
 	var tied []string
 	for _, f := range strings.Fields(cmd) {
 		k, v, _ := strings.Cut(f, "=")
@@ -81,6 +81,8 @@ func parseSpec(cmd string) (Spec, error) {
 			out = ints()
 		case "tied":
 			tied = strings.Split(v, ",")
+		case "save":
+			save = ints()
 		case "master":
 			master = ints()
 		case "moment":
@@ -126,6 +128,9 @@ func parseSpec(cmd string) (Spec, error) {
 		l := Layer{ParamBytes: pick(param, i), ActBytes: pick(act, i), OutBytes: pick(out, i)}
 		if master != nil {
 			l.MasterBytes = pick(master, i)
+		}
+		if save != nil {
+			l.SaveBytes = pick(save, i)
 		}
 		if moment != nil {
 			l.MomentBytes = pick(moment, i)
