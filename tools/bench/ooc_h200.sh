@@ -17,6 +17,12 @@
 # (runs/NAME.pprof). SPILL_DEADLINE (default 560 s) bounds the
 # whole script; SPILL_OOC_RUNS (default all) picks runs by name;
 # SPILL_OOC_STEPS (default 50) sets the steps of the side-by-side pair.
+# SPILL_OOC_FRESH=1 first runs two short out-of-core runs, before anything
+# else has touched the machine's memory: their "first step" lines are the
+# start-up on a fresh machine, the first with the default pinning
+# (anonymous memory faulted in on all cores, then registered), the second
+# with SPILL_PIN=hostalloc (cuMemHostAlloc on one thread), on memory the
+# first has already touched.
 set -uo pipefail
 # shellcheck source=tools/bench/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -41,15 +47,22 @@ rm -f "$out/train.bin"
 # SPILL_OOC_RUNS names it; a name starting with "trace" always runs).
 run() {
   local name=$1 limit=$2; shift 2
-  [[ $name == trace* ]] || want "$name" || return 0
+  [[ $name == trace* || $name == fresh* ]] || want "$name" || return 0
   local args=(train --data /tmp/ooc-data --eval-every 0 --quiet --metrics "$out/runs/$name.jsonl" --plan-json "$out/runs/$name.plan.json" "$@")
   [ -z "${SPILL_PROFILE:-}" ] || args+=(--cpu-profile "$out/runs/$name.pprof")
   run_spill "$name" "$limit" 30 14 "${args[@]}"
 }
 steps13=${SPILL_OOC_STEPS:-50} # of the two 64-sequence runs compared side by side
 m13=(--model gpt2-1.3b --seq-len 1024 --lr 1e-4 --warmup 2)
+if [ -n "${SPILL_OOC_FRESH:-}" ]; then
+  run fresh-ooc-1.3b-64-8g 90 "${m13[@]}" --batch 8 --accum 8 --steps 2 --device-memory 8GiB
+  SPILL_PIN=hostalloc run fresh-hostalloc-ooc-1.3b-64-8g 90 "${m13[@]}" --batch 8 --accum 8 --steps 2 --device-memory 8GiB
+fi
 run vram-1.3b-64 110 "${m13[@]}" --batch 8 --accum 8 --steps "$steps13" --offload none
 run ooc-1.3b-64-8g 170 "${m13[@]}" --batch 8 --accum 8 --steps "$steps13" --device-memory 8GiB
+# The same with whole-block recomputation only: what the selective
+# checkpoints gain, side by side.
+run ooc-1.3b-64-8g-full 90 "${m13[@]}" --batch 8 --accum 8 --steps 12 --device-memory 8GiB --activations recompute-full
 run ooc-1.3b-8-8g 60 "${m13[@]}" --batch 8 --accum 1 --steps 10 --device-memory 8GiB
 if want fsdp-1.3b-8 && [ "$(left)" -gt 60 ]; then
   echo "== fsdp-1.3b-8"
