@@ -406,7 +406,7 @@ func (hs *hostState) slotAlloc(n int64) []byte {
 // openMemory decides where the host state lives: the tensors that copies
 // use (hostRequest.dma) in slabs of pinned memory from a pool (what the
 // system can pin) and the others in slabs of ordinary anonymous memory
-// (zero, faulted in by first use); or, when the system cannot pin that
+// (zero, faulted in on all cores before the run starts); or, when the system cannot pin that
 // much (the pool would degrade to a staging ring), all of it in Go memory
 // with the copies staged. It returns the function that yields request i's
 // memory.
@@ -497,7 +497,10 @@ func (hs *hostState) openMemory(be kernels.Backend, req []hostRequest) func(i in
 		return goMem
 	}
 	for _, n := range plainSlabs {
-		b, err := offload.MmapPinner{}.Pin(max(n, 1))
+		// Faulted in now, on all cores, rather than by the host AdamW's
+		// first update (the moments are first touched there, and a fresh
+		// machine faults a GB or so a second on one thread).
+		b, err := offload.MmapPinner{Prefault: true}.Pin(max(n, 1))
 		if err != nil {
 			hs.releaseSlabs()
 			hs.note = fmt.Sprintf("host state (%s) in unpinned Go memory: %v", kernels.FormatBytes(need), err)

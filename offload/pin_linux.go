@@ -9,11 +9,15 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/spill-ml/spill/kernels"
 )
 
 // MmapPinner maps anonymous memory off the Go heap and, if Lock is set,
-// locks it into RAM (mlock), which counts against RLIMIT_MEMLOCK.
-type MmapPinner struct{ Lock bool }
+// locks it into RAM (mlock), which counts against RLIMIT_MEMLOCK. With
+// Prefault it asks for transparent huge pages and faults every page in on
+// all cores (kernels.Prefault) before Pin returns.
+type MmapPinner struct{ Lock, Prefault bool }
 
 type mmapMem struct{ b []byte }
 
@@ -33,6 +37,10 @@ func (p MmapPinner) Pin(n int64) (HostMemory, error) {
 	b, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
 		return nil, fmt.Errorf("mmap %d bytes: %w", n, err)
+	}
+	if p.Prefault {
+		_ = unix.Madvise(b, unix.MADV_HUGEPAGE) // advice: fewer faults and TLB misses where granted
+		kernels.Prefault(b)
 	}
 	if p.Lock {
 		if err := unix.Mlock(b); err != nil {

@@ -4,7 +4,7 @@ package offload
 
 // MmapPinner falls back to ordinary Go memory on systems other than Linux:
 // it is not page-locked, so copies from it are synchronous on CUDA.
-type MmapPinner struct{ Lock bool }
+type MmapPinner struct{ Lock, Prefault bool }
 
 type heapMem struct{ b []byte }
 

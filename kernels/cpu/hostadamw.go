@@ -2,7 +2,9 @@ package cpu
 
 import (
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -76,12 +78,29 @@ func HostAdamW(param []float32, grad []byte, gdt kernels.DType, m, v []float32, 
 // beside it) find a P at once instead of at the scheduler's next
 // preemption, up to 10 ms later. The update is bound by memory
 // bandwidth, which one core fewer barely changes.
+//
+// SPILL_HOST_THREADS, when set to n > 0, caps the goroutines at n, the
+// caller included: the update is bound by host memory bandwidth, which the
+// device's copies share.
 func hostHelpers(p int) int {
+	h := p - 1
 	if p >= 4 {
-		return p - 2
+		h = p - 2
 	}
-	return p - 1
+	if hostThreads > 0 {
+		h = max(min(h, hostThreads-1), 0)
+	}
+	return h
 }
+
+// hostThreads is SPILL_HOST_THREADS (0: unset).
+var hostThreads = func() int {
+	n, err := strconv.Atoi(os.Getenv("SPILL_HOST_THREADS"))
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}()
 
 // hostChunkHook, if set (by tests), runs as a goroutine starts and ends a
 // chunk.
