@@ -22,7 +22,9 @@
 # start-up on a fresh machine, the first with the default pinning
 # (anonymous memory faulted in on all cores, then registered), the second
 # with SPILL_PIN=hostalloc (cuMemHostAlloc on one thread), on memory the
-# first has already touched.
+# first has already touched. SPILL_OOC_THREADS="8 4" adds a short run of
+# the 8 GiB plan per count with the host AdamW capped at that many threads
+# (SPILL_HOST_THREADS).
 set -uo pipefail
 # shellcheck source=tools/bench/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -47,7 +49,7 @@ rm -f "$out/train.bin"
 # SPILL_OOC_RUNS names it; a name starting with "trace" always runs).
 run() {
   local name=$1 limit=$2; shift 2
-  [[ $name == trace* || $name == fresh* ]] || want "$name" || return 0
+  [[ $name == trace* || $name == fresh* || $name == threads* ]] || want "$name" || return 0
   local args=(train --data /tmp/ooc-data --eval-every 0 --quiet --metrics "$out/runs/$name.jsonl" --plan-json "$out/runs/$name.plan.json" "$@")
   [ -z "${SPILL_PROFILE:-}" ] || args+=(--cpu-profile "$out/runs/$name.pprof")
   run_spill "$name" "$limit" 30 14 "${args[@]}"
@@ -60,6 +62,9 @@ if [ -n "${SPILL_OOC_FRESH:-}" ]; then
 fi
 run vram-1.3b-64 110 "${m13[@]}" --batch 8 --accum 8 --steps "$steps13" --offload none
 run ooc-1.3b-64-8g 170 "${m13[@]}" --batch 8 --accum 8 --steps "$steps13" --device-memory 8GiB
+for n in ${SPILL_OOC_THREADS:-}; do
+  SPILL_HOST_THREADS=$n run "threads$n-ooc-1.3b-64-8g" 60 "${m13[@]}" --batch 8 --accum 8 --steps 8 --device-memory 8GiB
+done
 # The same with whole-block recomputation only: what the selective
 # checkpoints gain, side by side.
 run ooc-1.3b-64-8g-full 90 "${m13[@]}" --batch 8 --accum 8 --steps 12 --device-memory 8GiB --activations recompute-full
