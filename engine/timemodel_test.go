@@ -86,7 +86,7 @@ func TestTimeModelH200(t *testing.T) {
 				return p.MicroBatch == want.MicroBatch && p.Group == want.Group && p.Weights == want.Weights &&
 					p.Grads == want.Grads && p.Optimizer == want.Optimizer &&
 					p.Keep == want.Keep && p.Offload == want.Offload && p.Recompute == want.Recompute &&
-					p.CheckpointsOnHost == want.CheckpointsOnHost && (p.Optimizer == offload.TierDevice || p.PrefetchDepth == want.PrefetchDepth)
+					p.CheckpointsOnHost == want.CheckpointsOnHost && p.Selective == want.Selective && (p.Optimizer == offload.TierDevice || p.PrefetchDepth == want.PrefetchDepth)
 			}
 			// The run's split of the optimizer state: none on the device
 			// pins it off the device; otherwise at most the run's first
