@@ -76,15 +76,21 @@ func HostAdamW(param []float32, grad []byte, gdt kernels.DType, m, v []float32, 
 // all the other Ps but one from 4 up, so that the goroutines that drive
 // a device (an executor enqueuing kernels while the host optimizer runs
 // beside it) find a P at once instead of at the scheduler's next
-// preemption, up to 10 ms later. The update is bound by memory
-// bandwidth, which one core fewer barely changes.
+// preemption, up to 10 ms later; and from 8 up, 7 in 10 of the Ps, caller
+// included. The update is bound by memory bandwidth, which the device's
+// copies share: on the H200 machine (16 cores), gpt2-1.3b under 8 GiB
+// stepped in 1.32 s with 11 goroutines updating, 1.40 s with 14 or 8 and
+// 1.58 s with 4 (tools/bench/results/ooc_h200_d9bcb7d.json).
 //
 // SPILL_HOST_THREADS, when set to n > 0, caps the goroutines at n, the
 // caller included: the update is bound by host memory bandwidth, which the
 // device's copies share.
 func hostHelpers(p int) int {
 	h := p - 1
-	if p >= 4 {
+	switch {
+	case p >= 8:
+		h = p*7/10 - 1
+	case p >= 4:
 		h = p - 2
 	}
 	if hostThreads > 0 {
