@@ -36,6 +36,9 @@ func TestPlannerHostBytesCoverTrainer(t *testing.T) {
 		{"delayed-offload-bf16", kernels.BF16, 2, func(r *PlanRequest) {
 			r.Activations, r.DelayedUpdate = "offload", true
 		}},
+		{"selective-bf16", kernels.BF16, 4, func(r *PlanRequest) {
+			r.Activations = "recompute-selective"
+		}},
 		{"disk-optimizer-fp32", kernels.F32, 1, func(r *PlanRequest) {
 			r.Optimizer, r.DiskDir, r.Budgets.Disk = offload.TierDisk, t.TempDir(), 1<<30
 		}},
@@ -54,6 +57,9 @@ func TestPlannerHostBytesCoverTrainer(t *testing.T) {
 			}
 			if p.Resident {
 				t.Fatalf("plan is resident: %+v", p.Placement)
+			}
+			if req.Activations == "recompute-selective" && !p.Placement.Selective {
+				t.Fatalf("not selective: %s", p.Placement.Summary())
 			}
 			if req.Activations == "offload" && p.Placement.Offload == 0 {
 				t.Fatalf("no layer offloads its activations: %+v", p.Placement)

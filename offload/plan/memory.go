@@ -219,7 +219,7 @@ func (pl *planner) hostDisk(c *cand) {
 	for j, i := range pl.rec {
 		switch {
 		case j < c.rec && c.ckptHost:
-			slots[offload.Activations] += int64(c.grp) * 4 * ((sh[i].OutBytes + 3) / 4)
+			slots[offload.Activations] += int64(c.grp) * 4 * ((ckptBytes(sh[i], c.sel) + 3) / 4)
 		case j >= c.rec && j < c.rec+c.off:
 			slots[offload.Activations] += int64(c.grp) * 4 * ((sh[i].ActBytes + 3) / 4)
 		}

@@ -404,3 +404,40 @@ func TestPlanMaxDeviceOptimizerLayers(t *testing.T) {
 		t.Errorf("capped at 1, split %v (uncapped %v)", n, free.OptimizerLayers)
 	}
 }
+
+// TestHostSlotsMatchProgram: for every candidate whose activations or
+// checkpoints go to the host (whole or selective checkpoints, offloaded
+// activations), the host bytes the planner counts for their slots without
+// compiling are those of the compiled program's slots.
+func TestHostSlotsMatchProgram(t *testing.T) {
+	m := gpt(6, 64, 128, 32)
+	for i := range m.Layers {
+		if m.Layers[i].Recomputable {
+			m.Layers[i].SaveBytes, m.Layers[i].SelFLOPs = 5*32*64, 16*64*64
+		}
+	}
+	req := Request{Model: m, Batch: 8, Budgets: offload.Budgets{Device: GiB, Host: GiB}, Hardware: hw(), MaxPrefetch: 1}
+	pl := newPlanner(&req)
+	var n, sel int
+	for _, c := range pl.candidates() {
+		if c.o == offload.TierDevice || !(c.ckptHost && c.rec > 0 || c.off > 0) {
+			continue
+		}
+		pl.hostDisk(c)
+		p, err := schedule.Compile(pl.spec(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want, got := SlotBytes(p)[offload.Activations], c.host[offload.Activations]; got != want {
+			t.Fatalf("%s (selective %v, checkpoints on host %v): planner counts %d bytes of activation slots, the program has %d",
+				pl.placement(c).Summary(), c.sel, c.ckptHost, got, want)
+		}
+		n++
+		if c.sel && c.ckptHost {
+			sel++
+		}
+	}
+	if n == 0 || sel == 0 {
+		t.Fatalf("%d candidates with host slots, %d of them selective: want some of each", n, sel)
+	}
+}
