@@ -70,6 +70,11 @@ type Model interface {
 	// Run enqueues op on q, the compute queue, with every tensor it uses
 	// bound. final lists the layers whose gradients are final for the
 	// step once op has run (a model may take their statistics on q).
+	// After a Forward the executor copies the start of the layer's
+	// activations into its checkpoint (the output, or under a selective
+	// policy schedule.Layer.SaveBytes of them); before a Recompute under a
+	// selective policy it has copied that checkpoint back into the start
+	// of the activations, so the op reruns only what the rest needs.
 	Run(q kernels.Queue, op schedule.Op, final []int)
 	// LayerName names layer l in traces and errors.
 	LayerName(l int) string
