@@ -130,6 +130,9 @@ func TestSelectiveRestore(t *testing.T) {
 			m := &selChain{be: be, n: n, N: N, w: make([]kernels.Tensor, n), g: make([]kernels.Tensor, n),
 				act: make([]kernels.Tensor, n), dgrad: make([]kernels.Tensor, n), ones: fixed(), in: fixed()}
 			be.Fill(be.DefaultQueue(), m.ones, 1)
+			if err := be.DefaultQueue().Synchronize(context.Background()); err != nil {
+				t.Fatal(err)
+			}
 			var hostSlots []byte
 			ex, err := exec.New(exec.Config{Backend: be, Queues: exec.Queues{Compute: ss.Compute, H2D: ss.H2D, D2H: ss.D2H},
 				Cache: cache, Table: table, HostAlloc: func(n int64) []byte {
