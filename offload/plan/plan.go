@@ -740,20 +740,20 @@ func (pl *planner) alternatives(best *cand, cs []*cand, budget [3]int64) []offlo
 			return "streamed, layer-major (groups of micro-batches)"
 		}
 	}
-	seen := map[string]bool{family(best): true}
-	var out []offload.Alternative
-	for _, c := range cs {
-		f := family(c)
-		if seen[f] {
-			continue
-		}
-		seen[f] = true
-		// The fastest of the family that fits (checking a bounded number),
-		// else the fastest.
-		pick, checked := c, 0
+	// pick is the fastest candidate that match accepts and that fits
+	// (checking a bounded number), else the fastest it accepts.
+	pick := func(match func(*cand) bool) *cand {
+		var first *cand
+		checked := 0
 		for _, d := range cs {
-			if family(d) != f || checked >= 32 {
+			if !match(d) {
 				continue
+			}
+			if first == nil {
+				first = d
+			}
+			if checked >= 32 {
+				break
 			}
 			pk := pl.peaks(d)
 			if pk[1] > budget[1] || pk[2] > budget[2] || float64(pk[0]) > 1.3*float64(budget[0]) {
@@ -766,11 +766,12 @@ func (pl *planner) alternatives(best *cand, cs []*cand, budget [3]int64) []offlo
 				}
 			}
 			if pk = pl.peaks(d); pk[0] <= budget[0] {
-				pick = d
-				break
+				return d
 			}
 		}
-		c := pick
+		return first
+	}
+	alt := func(f string, c *cand) offload.Alternative {
 		a := offload.Alternative{Family: f, Summary: c.p.Summary(), StepTime: c.step}
 		pk := pl.peaks(c)
 		var short []string
@@ -788,7 +789,32 @@ func (pl *planner) alternatives(best *cand, cs []*cand, budget [3]int64) []offlo
 		default:
 			a.Why = fmt.Sprintf("fits, but %.0f%% slower", 100*(c.step/best.step-1))
 		}
-		out = append(out, a)
+		return a
+	}
+	seen := map[string]bool{family(best): true}
+	var out []offload.Alternative
+	for _, c := range cs {
+		f := family(c)
+		if seen[f] {
+			continue
+		}
+		seen[f] = true
+		out = append(out, alt(f, pick(func(d *cand) bool { return family(d) == f })))
+	}
+	// The other way to recompute: the same placement with whole-block
+	// recomputation instead of selective checkpoints, or the reverse.
+	if best.rec > 0 && pl.canSel {
+		f := "selective recomputation"
+		if best.sel {
+			f = "whole-block recomputation"
+		}
+		same := func(c *cand) bool {
+			return c.sel != best.sel && c.w == best.w && c.g == best.g && c.o == best.o && c.mb == best.mb && c.grp == best.grp &&
+				c.depth == best.depth && c.rec == best.rec && c.off == best.off && c.ckptHost == best.ckptHost && c.mdisk == best.mdisk
+		}
+		if c := pick(same); c != nil {
+			out = append(out, alt(f, c))
+		}
 	}
 	return out
 }

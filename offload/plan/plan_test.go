@@ -441,3 +441,38 @@ func TestHostSlotsMatchProgram(t *testing.T) {
 		t.Fatalf("%d candidates with host slots, %d of them selective: want some of each", n, sel)
 	}
 }
+
+// TestWhySelective: when the plan recomputes, "why not" names the other
+// way to recompute (whole-block against selective) for the same
+// placement, with its predicted time and why it lost.
+func TestWhySelective(t *testing.T) {
+	m := gpt(24, 2048, 50304, 1024)
+	for i := range m.Layers {
+		if m.Layers[i].Recomputable {
+			m.Layers[i].SaveBytes = 2*1024*2048 + 2*1024*2048 + 8*1024
+			m.Layers[i].SelFLOPs = 16 * 2048 * 2048
+		}
+	}
+	req := Request{Model: m, Batch: 64, Budgets: offload.Budgets{Device: 8 * GiB, Host: 100 * GiB}, Hardware: hw()}
+	p, err := Plan(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Recompute == 0 {
+		t.Fatalf("the plan does not recompute: %s", p.Summary())
+	}
+	want := "selective recomputation"
+	if p.Selective {
+		want = "whole-block recomputation"
+	}
+	for _, a := range p.Alternatives {
+		if a.Family != want {
+			continue
+		}
+		if a.StepTime < p.StepTime || a.Why == "" || strings.Contains(a.Summary, " selective") == p.Selective {
+			t.Fatalf("%s: %.3f s (%s: %s) against the plan's %.3f s (%s)", want, a.StepTime, a.Summary, a.Why, p.StepTime, p.Summary())
+		}
+		return
+	}
+	t.Fatalf("no %q among the alternatives of %s", want, p.Summary())
+}
