@@ -305,33 +305,13 @@ func (k *block) SelectiveFLOPs(T int) float64 {
 // statistics, fch and, not lean, the layer norms' and GELU's outputs) by
 // Forward's kernels on the same inputs: the same bits. It neither runs
 // the attention nor writes the output.
-func (k *block) RecomputeSelective(q kernels.Queue, p *Pass, i int) {
-	o, w := p.Ops, p.Table.Layers[i].Weights
-	B, T, C := p.B, p.T, k.s.Embd
-	BT := B * T
-	a := k.acts(p.Table.Layers[i].Acts, B, T)
-	k.leanActs(&a, p.Scratch, B, T)
-	x := p.In(i)
-	o.LayerNormForward(q, a.ln1, a.ln1Mean, a.ln1Rstd, x, param(w, k.ln1w), param(w, k.ln1b), BT, C)
-	o.MatmulForward(q, a.qkv, a.ln1, param(w, k.attnW), param(w, k.attnB), BT, C, 3*C)
-	o.MatmulForward(q, a.res2, a.atty, param(w, k.projW), param(w, k.projB), BT, C, C)
-	o.Add(q, a.res2, x)
-	k.mlpInput(q, o, w, &a, BT, C)
-}
+func (k *block) RecomputeSelective(q kernels.Queue, p *Pass, i int) { k.forward(q, p, i, true) }
 
-// mlpInput is the forward from res2 to the MLP's hidden activations:
-// ln_2, c_fc and the GELU.
-func (k *block) mlpInput(q kernels.Queue, o kernels.Backend, w kernels.Tensor, a *blockActs, BT, C int) {
-	o.LayerNormForward(q, a.ln2, a.ln2Mean, a.ln2Rstd, a.res2, param(w, k.ln2w), param(w, k.ln2b), BT, C)
-	if gm, ok := o.(kernels.GeluMatmuler); ok {
-		gm.MatmulGeluForward(q, a.fchGelu, a.fch, a.ln2, param(w, k.fcW), param(w, k.fcB), BT, C, 4*C)
-	} else {
-		o.MatmulForward(q, a.fch, a.ln2, param(w, k.fcW), param(w, k.fcB), BT, C, 4*C)
-		o.GeluForward(q, a.fchGelu, a.fch, BT*4*C)
-	}
-}
+func (k *block) Forward(q kernels.Queue, p *Pass, i int) { k.forward(q, p, i, false) }
 
-func (k *block) Forward(q kernels.Queue, p *Pass, i int) {
+// forward is Forward, or with selective the part of it that
+// RecomputeSelective reruns.
+func (k *block) forward(q kernels.Queue, p *Pass, i int, selective bool) {
 	o, w := p.Ops, p.Table.Layers[i].Weights
 	B, T, C, NH := p.B, p.T, k.s.Embd, k.s.Heads
 	BT := B * T
@@ -341,16 +321,26 @@ func (k *block) Forward(q kernels.Queue, p *Pass, i int) {
 
 	o.LayerNormForward(q, a.ln1, a.ln1Mean, a.ln1Rstd, x, param(w, k.ln1w), param(w, k.ln1b), BT, C)
 	o.MatmulForward(q, a.qkv, a.ln1, param(w, k.attnW), param(w, k.attnB), BT, C, 3*C)
-	o.AttentionForward(q, a.atty, a.lse, a.qkv, B, T, C, NH)
+	if !selective {
+		o.AttentionForward(q, a.atty, a.lse, a.qkv, B, T, C, NH)
+	}
 	// The projections write straight into the residual stream, which then
 	// adds its input in place: proj + x rounds exactly as x + proj (one
 	// commutative float32 addition), without a copy of x or a temporary.
 	o.MatmulForward(q, a.res2, a.atty, param(w, k.projW), param(w, k.projB), BT, C, C)
 	o.Add(q, a.res2, x)
 
-	k.mlpInput(q, o, w, &a, BT, C)
-	o.MatmulForward(q, a.out, a.fchGelu, param(w, k.fcProjW), param(w, k.fcProjB), BT, 4*C, C)
-	o.Add(q, a.out, a.res2)
+	o.LayerNormForward(q, a.ln2, a.ln2Mean, a.ln2Rstd, a.res2, param(w, k.ln2w), param(w, k.ln2b), BT, C)
+	if gm, ok := o.(kernels.GeluMatmuler); ok {
+		gm.MatmulGeluForward(q, a.fchGelu, a.fch, a.ln2, param(w, k.fcW), param(w, k.fcB), BT, C, 4*C)
+	} else {
+		o.MatmulForward(q, a.fch, a.ln2, param(w, k.fcW), param(w, k.fcB), BT, C, 4*C)
+		o.GeluForward(q, a.fchGelu, a.fch, BT*4*C)
+	}
+	if !selective {
+		o.MatmulForward(q, a.out, a.fchGelu, param(w, k.fcProjW), param(w, k.fcProjB), BT, 4*C, C)
+		o.Add(q, a.out, a.res2)
+	}
 }
 
 func (k *block) Backward(q kernels.Queue, p *Pass, i int) {
