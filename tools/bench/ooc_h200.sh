@@ -68,6 +68,13 @@ done
 # The same with whole-block recomputation only: what the selective
 # checkpoints gain, side by side.
 run ooc-1.3b-64-8g-full 90 "${m13[@]}" --batch 8 --accum 8 --steps 12 --device-memory 8GiB --activations recompute-full
+# The ceiling of any plan that recomputes: the same selective recomputation
+# with everything else on the device (no copies, no host optimizer), so
+# its ratio to the in-VRAM run is what recomputation alone costs.
+run ceil-1.3b-64-sel 90 "${m13[@]}" --batch 8 --accum 8 --steps 12 --device-memory 40GiB --activations recompute-selective
+# Without clipping no update waits for the step's gradient norm: each host
+# layer's AdamW runs in the backward, as soon as its gradients land.
+run ooc-1.3b-64-8g-noclip 90 "${m13[@]}" --batch 8 --accum 8 --steps 12 --device-memory 8GiB --grad-clip 0
 run ooc-1.3b-8-8g 60 "${m13[@]}" --batch 8 --accum 1 --steps 10 --device-memory 8GiB
 if want fsdp-1.3b-8 && [ "$(left)" -gt 60 ]; then
   echo "== fsdp-1.3b-8"
