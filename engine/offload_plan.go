@@ -304,7 +304,13 @@ func OffloadHostBytes(m *Model, B, T, accum int, o OffloadOptions) (map[offload.
 	for i := range tiers {
 		tiers[i] = o.optTier(i)
 	}
-	return plan.HostStateRanks(params, int64(m.DType.Size()), m.DType != kernels.F32, o.DelayedUpdate, o.DiskMaster, tiers, plan.SlotBytes(p), o.zero.size), nil
+	by := plan.HostStateRanks(params, int64(m.DType.Size()), m.DType != kernels.F32, o.DelayedUpdate, o.DiskMaster, tiers, plan.SlotBytes(p), o.zero.size)
+	if o.Speculate {
+		for cl, v := range plan.SpecState(params, int64(m.DType.Size()), m.DType != kernels.F32, tiers) {
+			by[cl] += v
+		}
+	}
+	return by, nil
 }
 
 // PlanRequest is what PlanTrainer plans for. Zero override fields leave the
@@ -465,7 +471,7 @@ func optionsFor(p *offload.Placement, req PlanRequest, b offload.Budgets) Offloa
 	o := OffloadOptions{
 		Weights: p.Weights, Grads: p.Grads, Optimizer: p.Optimizer, Group: p.Group,
 		Prefetch: max(p.PrefetchDepth, 1), DeviceBudget: b.Device,
-		DelayedUpdate: req.DelayedUpdate, HostBudget: b.Host,
+		DelayedUpdate: req.DelayedUpdate, HostBudget: b.Host, Speculate: p.SpeculativeUpdate,
 	}
 	if p.Optimizer == offload.TierDisk {
 		o.DiskDir, o.DiskBudget, o.DiskMaster = req.DiskDir, b.Disk, p.MasterOnDisk

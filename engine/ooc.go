@@ -76,6 +76,18 @@ type OffloadOptions struct {
 	// the compute-dtype weights and of the gradients. Default off: every
 	// step sees the weights of the previous update, as NewTrainer's do.
 	DelayedUpdate bool
+	// Speculate updates each host layer (optimizer on TierHost) during
+	// the backward, as soon as its final gradients land, before the step's
+	// gradient norm is known, assuming the gradients will not be clipped:
+	// into a second copy of the layer's master, weights and moments
+	// (HostAdamWFrom), which becomes the layer's state when the norm is
+	// within the clip and the step not skipped (the bits of updating after
+	// the norm), and is dropped otherwise (the layer is then updated after
+	// the norm, as without it). It matters only when the updates wait for
+	// the norm (clipping or fp16 loss scaling); the host holds the second
+	// copy (plan.SpecState). Not with DelayedUpdate or a sharded
+	// optimizer.
+	Speculate bool
 	// HostBudget is the budget of the host pool that holds the layer
 	// state (master weights, moments, gradient and weight buffers,
 	// offloaded activations) in pinned slabs; 0 means what the state
@@ -141,6 +153,9 @@ func (o *OffloadOptions) validate(m *Model) error {
 	}
 	if o.zero.on() && o.DelayedUpdate {
 		errs = append(errs, fmt.Errorf("a sharded optimizer (zero_stage) needs immediate updates, not a delayed one"))
+	}
+	if o.Speculate && (o.DelayedUpdate || o.zero.on() || o.forward) {
+		errs = append(errs, fmt.Errorf("a speculative update needs immediate, unsharded updates (not a delayed one, not a sharded optimizer)"))
 	}
 	if dev && o.DelayedUpdate {
 		errs = append(errs, fmt.Errorf("a delayed update needs every layer's optimizer off the device"))

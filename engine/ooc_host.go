@@ -30,6 +30,13 @@ type hostLayer struct {
 	// flight writes next (taken from spareW); waiting for it makes next
 	// the weights the fetches read.
 	spareW, spareG, next []byte
+	// Speculate: the second copy of the layer's state the speculative
+	// update writes (sMaster is the weights too in fp32, as master is),
+	// whether the running step's update of the layer is speculative
+	// (spec) and whether it is to be kept (keep: the copies swap when the
+	// update is waited for, in waitLayer).
+	sMaster, sWeights, sM, sV []byte
+	spec, keep                bool
 
 	done      chan struct{}
 	err       error // the update's error, valid after done
@@ -89,6 +96,13 @@ type hostState struct {
 	// gradient norm.
 	eager    *kernels.AdamWParams
 	launched int // eager updates launched in the running step
+	// spec is the update of the running step that speculative updates
+	// (OffloadOptions.Speculate) assume: the gradients not clipped; nil
+	// when there are none.
+	spec *kernels.AdamWParams
+	// specKept and specDropped count the speculative layer updates kept
+	// and dropped so far.
+	specKept, specDropped int
 	// storeHook, if set, runs before each write of the disk tier and may
 	// fail it (tests inject write failures).
 	storeHook func(k offload.Key) error
@@ -216,6 +230,15 @@ func hostRequests(m *Model, o *OffloadOptions, slots []int64) []hostRequest {
 		}
 		if t == offload.TierHost {
 			addHost(4*ns, 4*ns)
+		}
+		if o.Speculate && t == offload.TierHost {
+			// The second copy (plan.SpecState): the master (the weights
+			// in fp32), the weights, the moments.
+			addMaster(4 * np)
+			if m.DType != kernels.F32 {
+				add(cb)
+			}
+			addHost(4*np, 4*np)
 		}
 	}
 	for range min(ndisk, diskBuffers) {
@@ -351,6 +374,14 @@ func newHostState(be kernels.Backend, m *Model, o *OffloadOptions, table *offloa
 			}
 		} else {
 			h.m, h.v = take()[:4*(shi-slo)], take()[:4*(shi-slo)]
+		}
+		if o.Speculate && optTier == offload.TierHost {
+			h.sMaster = take()
+			h.sWeights = h.sMaster
+			if m.DType != kernels.F32 {
+				h.sWeights = take()
+			}
+			h.sM, h.sV = take(), take()
 		}
 		// The residency table records every class of the layer; the
 		// executor moves the weights, gradients and activations.
@@ -603,12 +634,16 @@ func (hs *hostState) Weights(ctx context.Context, l int) ([]byte, error) {
 func (hs *hostState) Grads(l int) []byte { return hs.host[l].grads }
 
 // GradsOut implements exec.Host: with eager updates, layer l's update
-// starts once its gradients have landed.
+// starts once its gradients have landed; with speculative ones, its
+// speculative update.
 func (hs *hostState) GradsOut(l int, ev kernels.Event) {
 	hs.host[l].gradEv = ev
-	if hs.eager != nil {
+	switch {
+	case hs.eager != nil:
 		hs.launchUpdate(context.Background(), l, *hs.eager, true)
 		hs.launched++
+	case hs.spec != nil && hs.host[l].sM != nil:
+		hs.launchSpec(context.Background(), l, *hs.spec)
 	}
 }
 

@@ -40,6 +40,7 @@ func (hs *hostState) waitLayer(ctx context.Context, i int) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	h.applyKeep()
 	if h.next != nil {
 		h.weights, h.spareW, h.next = h.next, h.weights, nil
 		k := offload.Key{Layer: i, Class: offload.Weights}
@@ -48,6 +49,19 @@ func (hs *hostState) waitLayer(ctx context.Context, i int) error {
 		}
 	}
 	return h.err
+}
+
+// applyKeep makes the second copy the layer's state when its finished
+// speculative update was kept (settleSpec).
+func (h *hostLayer) applyKeep() {
+	if !h.keep {
+		return
+	}
+	h.keep = false
+	h.master, h.sMaster = h.sMaster, h.master
+	h.m, h.sM = h.sM, h.m
+	h.v, h.sV = h.sV, h.v
+	h.weights, h.sWeights = h.sWeights, h.weights
 }
 
 // launchUpdate queues the host optimizer of layer i with hp, after the
@@ -62,6 +76,7 @@ func (hs *hostState) launchUpdate(ctx context.Context, i int, hp kernels.AdamWPa
 	}
 	h := &hs.host[i]
 	<-h.done
+	h.applyKeep()
 	grads, out := h.grads, h.weights
 	switch {
 	case hs.opts.DelayedUpdate:
@@ -111,6 +126,93 @@ func (hs *hostState) launchUpdate(ctx context.Context, i int, hp kernels.AdamWPa
 		h.err = hs.updateLayer(ctx, i, hp, grads, out)
 		end()
 	}
+}
+
+// launchSpec queues the speculative update of host layer i with hp (the
+// step's update if its gradients are not clipped): once the layer's final
+// gradients have landed, AdamW from its state into its second copy
+// (hostLayer.sMaster, sWeights, sM, sV), leaving the state unchanged.
+// settleSpec then keeps or drops it. Non-finite gradients need no check:
+// they skip the step, which drops the update.
+func (hs *hostState) launchSpec(ctx context.Context, i int, hp kernels.AdamWParams) {
+	h := &hs.host[i]
+	<-h.done
+	h.applyKeep()
+	done := make(chan struct{})
+	h.done, h.err, h.spec = done, nil, true
+	gradEv, grads := h.gradEv, h.grads
+	src := [3][]byte{h.master, h.m, h.v}
+	dst := [4][]byte{h.sMaster, h.sM, h.sV, h.sWeights}
+	hs.work <- func() {
+		defer close(done)
+		if gradEv != nil {
+			if h.err = gradEv.Synchronize(ctx); h.err != nil {
+				return
+			}
+		}
+		end := hs.rec.Begin("optimizer", stream.Optimizer, "adamw (speculative) "+hs.m.Layers[i].Name())
+		h.err = hs.adamLayer(i, hp, grads, src, dst)
+		end()
+	}
+}
+
+// settleSpec ends the running step's speculative updates: with keep each
+// one becomes its layer's state once it is waited for (waitLayer), and
+// the device copies of the layer's weights are stale; else it is dropped
+// (its copy is simply overwritten by the next). It returns whether layer
+// i's update is done, for each layer.
+func (hs *hostState) settleSpec(keep bool) []bool {
+	kept := make([]bool, len(hs.host))
+	for i := range hs.host {
+		h := &hs.host[i]
+		if !h.spec {
+			continue
+		}
+		h.spec = false
+		if !keep {
+			hs.specDropped++
+			continue
+		}
+		hs.specKept++
+		h.keep, kept[i] = true, true
+		for _, cl := range []offload.Class{offload.Weights, offload.Master, offload.AdamM, offload.AdamV} {
+			k := offload.Key{Layer: i, Class: cl}
+			if r, _ := hs.table.Get(k); r.Valid.Has(offload.TierHost) {
+				hs.recErr(hs.table.Modified(k, offload.TierHost))
+			}
+		}
+	}
+	return kept
+}
+
+// adamLayer is AdamW of host layer i (unsharded, in RAM) from src (its
+// master, m and v) into dst (master, m, v and compute-dtype weights, nil
+// in fp32 where the master is the weights) with gradients grads.
+func (hs *hostState) adamLayer(i int, hp kernels.AdamWParams, grads []byte, src [3][]byte, dst [4][]byte) error {
+	l := hs.m.Layers[i]
+	dt := hs.m.DType
+	es := int(dt.Size())
+	p0, m0, v0 := offload.F32s(src[0]), offload.F32s(src[1]), offload.F32s(src[2])
+	p1, m1, v1 := offload.F32s(dst[0]), offload.F32s(dst[1]), offload.F32s(dst[2])
+	out := dst[3]
+	if dt == kernels.F32 {
+		out = nil
+	}
+	for _, ps := range l.Params() {
+		p := hp
+		if !ps.Decay {
+			p.WeightDecay = 0
+		}
+		lo, hi := ps.Offset, ps.Offset+ps.Elems()
+		var o []byte
+		if out != nil {
+			o = out[lo*es : hi*es]
+		}
+		if err := offload.HostAdamWFrom(p1[lo:hi], m1[lo:hi], v1[lo:hi], p0[lo:hi], m0[lo:hi], v0[lo:hi], grads[lo*es:hi*es], dt, o, dt, p); err != nil {
+			return fmt.Errorf("engine: host optimizer (speculative), layer %s: %w", l.Name(), err)
+		}
+	}
+	return nil
 }
 
 // updateLayer is AdamW on layer i's host state with gradients grads,

@@ -86,7 +86,7 @@ func TestTimeModelH200(t *testing.T) {
 				return p.MicroBatch == want.MicroBatch && p.Group == want.Group && p.Weights == want.Weights &&
 					p.Grads == want.Grads && p.Optimizer == want.Optimizer &&
 					p.Keep == want.Keep && p.Offload == want.Offload && p.Recompute == want.Recompute &&
-					p.CheckpointsOnHost == want.CheckpointsOnHost && p.Selective == want.Selective && (p.Optimizer == offload.TierDevice || p.PrefetchDepth == want.PrefetchDepth)
+					p.CheckpointsOnHost == want.CheckpointsOnHost && p.Selective == want.Selective && p.SpeculativeUpdate == want.SpeculativeUpdate && (p.Optimizer == offload.TierDevice || p.PrefetchDepth == want.PrefetchDepth)
 			}
 			// The run's split of the optimizer state: none on the device
 			// pins it off the device; otherwise at most the run's first
@@ -101,7 +101,7 @@ func TestTimeModelH200(t *testing.T) {
 			var budgets offload.Budgets
 			budgets.Device, budgets.Host, budgets.Disk = want.Memory[0].Budget, want.Memory[1].Budget, want.Memory[2].Budget
 			got, err := plan.Plan(plan.Request{Model: PlanModel(want.Model, m, want.SeqLen), Batch: want.Batch,
-				Budgets: budgets, Hardware: hw, Allow: same, GlobalNorm: true, HostExtra: want.Memory[1].ByClass[offload.Workspace],
+				Budgets: budgets, Hardware: hw, Allow: same, GlobalNorm: true, NoSpeculation: !want.SpeculativeUpdate, HostExtra: want.Memory[1].ByClass[offload.Workspace],
 				Optimizer: optTier, MaxDeviceOptimizerLayers: want.OptimizerLayers[0]})
 			if err != nil {
 				t.Fatalf("the planner cannot place the run's placement: %v", err)

@@ -290,7 +290,12 @@ func (t *Trainer) MicroLoss(ctx context.Context, hb *HostBatch) (float64, error)
 // the host updates wait for the global norm, which is ready when the last
 // backward is done (each layer's sum of squares is taken on the device as
 // its gradients become final), and start in layer order, the order the
-// next forward fetches them in.
+// next forward fetches them in; unless they are speculative
+// (OffloadOptions.Speculate): each then starts as an eager one does, into
+// a second copy of its layer's state, which the step keeps when the norm
+// says the gradients are not clipped and drops otherwise, updating the
+// layer after the norm as without speculation. The arithmetic is the same
+// either way.
 func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, error) {
 	if t.off.opts.forward {
 		return StepResult{}, errForwardOnly
@@ -303,17 +308,23 @@ func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, e
 		LR: float32(r.LR), Beta1: float32(o.Beta1), Beta2: float32(o.Beta2), Eps: float32(o.Eps),
 		Step: t.Step + 1, WeightDecay: float32(o.WeightDecay),
 	}
-	hs.eager = nil
-	if o.GradClip <= 0 && !t.Scaler.Enabled && !st.opts.DelayedUpdate && !st.opts.zero.on() {
-		e := hp
-		e.GradScale = float32(1 / r.LossScale)
-		hs.eager = &e
+	hs.eager, hs.spec = nil, nil
+	unclipped := hp
+	unclipped.GradScale = float32(1 / r.LossScale)
+	switch {
+	case o.GradClip <= 0 && !t.Scaler.Enabled && !st.opts.DelayedUpdate && !st.opts.zero.on():
+		hs.eager = &unclipped
+	case st.opts.Speculate:
+		hs.spec = &unclipped
 	}
 	tr0, disk0 := st.exec.Traffic(), hs.diskBytes()
-	eager := hs.eager != nil
+	eager, spec := hs.eager != nil, hs.spec != nil
 	hs.launched = 0
 	err := t.runProgram(ctx, st.train, st.hbs, src)
-	hs.eager = nil
+	hs.eager, hs.spec = nil, nil
+	if spec && err != nil {
+		hs.settleSpec(false)
+	}
 	if hs.launched > 0 {
 		// Updates have started: the step counts, whatever happens next.
 		t.Step++
@@ -332,6 +343,9 @@ func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, e
 	}
 	loss, sumsq, overflow, err := t.stepStats(ctx)
 	if err != nil {
+		if spec {
+			hs.settleSpec(false)
+		}
 		return r, err
 	}
 	r.Loss = loss
@@ -359,11 +373,19 @@ func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, e
 		return r, nil
 	}
 	t.Step++
+	// The speculative updates are the step's when the gradients were
+	// not clipped (the same parameters, bit for bit) and the step counts.
+	var kept []bool
+	if spec {
+		kept = hs.settleSpec(!r.Skipped && hp == unclipped)
+	}
 	if r.Skipped {
 		return r, nil
 	}
 	for i := range hs.host {
-		hs.launchUpdate(ctx, i, hp, false)
+		if kept == nil || !kept[i] {
+			hs.launchUpdate(ctx, i, hp, false)
+		}
 	}
 	if st.opts.zero.on() {
 		// Every rank updated its range: gather the weights (engine/zero.go).

@@ -32,6 +32,19 @@ func HostAdamW(param []float32, grad []byte, gdt kernels.DType, m, v []float32, 
 	return nil
 }
 
+// HostAdamWFrom is HostAdamW out of place: the step reads the master
+// weights and moments from p0, m0 and v0, which it leaves unchanged, and
+// writes the updated ones to param, m and v, with HostAdamW's bits. An
+// out-of-core trainer runs it to update a layer ahead of knowing whether
+// the step's gradients will be clipped, and drops the result when they
+// are.
+func HostAdamWFrom(param, m, v, p0, m0, v0 []float32, grad []byte, gdt kernels.DType, out []byte, odt kernels.DType, p kernels.AdamWParams) error {
+	if err := cpu.HostAdamWFrom(param, m, v, p0, m0, v0, grad, gdt, out, odt, p); err != nil {
+		return fmt.Errorf("offload: %w", err)
+	}
+	return nil
+}
+
 // F32s views host bytes (4-byte aligned, as every host buffer of this
 // package and of NewF32Bytes is) as float32s.
 func F32s(b []byte) []float32 {

@@ -138,6 +138,15 @@ type Placement struct {
 	// (their output and attention's: RecomputeSelective) and rerun only
 	// the rest of their forward.
 	Selective bool `json:"selective_recompute,omitempty"`
+	// SpeculativeUpdate says the host optimizer updates each host layer
+	// as soon as its gradients are final, during the backward, before the
+	// step's gradient norm is known, assuming they will not be clipped:
+	// into a second copy of the layer's master, weights and moments,
+	// which replaces the first when the norm is within the clip (the
+	// same bits as updating after the norm) and is dropped otherwise (the
+	// layer is then updated after the norm, as without it). It takes a
+	// second copy of the host layers' state (plan.SpecState).
+	SpeculativeUpdate bool `json:"speculative_update,omitempty"`
 	// Notes are the trainer's remarks on how it carries the plan out
 	// (such as the model's lean activations), printed under the placement.
 	Notes  []string    `json:"notes,omitempty"`

@@ -75,6 +75,9 @@ func (p *Placement) WriteTable(w io.Writer) error {
 	if p.OptimizerWhy != "" {
 		fmt.Fprintf(&b, "  %-14s %s\n", "", p.OptimizerWhy)
 	}
+	if p.SpeculativeUpdate {
+		fmt.Fprintf(&b, "  %-14s %s\n", "", "host updates speculative: each runs in the backward, into a second copy of its layer's state, and is kept when the step's gradient norm is within the clip (else redone after it)")
+	}
 	ckpt := ""
 	switch {
 	case p.Selective && p.CheckpointsOnHost && p.Recompute > 0:

@@ -32,6 +32,39 @@ const hostChunk = 1 << 16
 // chunks; it returns when all are done.
 // It allocates nothing in the steady state.
 func HostAdamW(param []float32, grad []byte, gdt kernels.DType, m, v []float32, out []byte, odt kernels.DType, p kernels.AdamWParams) error {
+	return hostAdamW(param, m, v, nil, nil, nil, grad, gdt, out, odt, p)
+}
+
+// HostAdamWFrom is HostAdamW out of place: it reads the master weights and
+// moments from p0, m0 and v0 and writes the updated ones to param, m and v,
+// leaving the sources unchanged, so that an update can be computed ahead
+// and dropped (the speculative host update of out-of-core training). The
+// destinations must not overlap the sources. It gives the bits HostAdamW
+// gives on a copy of the sources: each block of elements is copied into
+// the destination and updated there while it is in cache, so the update
+// reads each source once and writes each destination once.
+func HostAdamWFrom(param, m, v, p0, m0, v0 []float32, grad []byte, gdt kernels.DType, out []byte, odt kernels.DType, p kernels.AdamWParams) error {
+	n := len(param)
+	if len(p0) != n || len(m0) != n || len(v0) != n {
+		return fmt.Errorf("host AdamW: %d params with %d/%d/%d source params/moments", n, len(p0), len(m0), len(v0))
+	}
+	if n > 0 && (overlaps(param, p0) || overlaps(m, m0) || overlaps(v, v0)) {
+		return fmt.Errorf("host AdamW: the destination overlaps the source")
+	}
+	return hostAdamW(param, m, v, p0, m0, v0, grad, gdt, out, odt, p)
+}
+
+// overlaps reports whether a and b share memory.
+func overlaps(a, b []float32) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	a0, b0 := uintptr(unsafe.Pointer(&a[0])), uintptr(unsafe.Pointer(&b[0]))
+	return a0 < b0+4*uintptr(len(b)) && b0 < a0+4*uintptr(len(a))
+}
+
+// hostAdamW is HostAdamW, out of place when p0 is not nil.
+func hostAdamW(param, m, v, p0, m0, v0 []float32, grad []byte, gdt kernels.DType, out []byte, odt kernels.DType, p kernels.AdamWParams) error {
 	n := len(param)
 	if len(m) != n || len(v) != n || len(grad) != n*gdt.Size() || (out != nil && len(out) != n*odt.Size()) {
 		return fmt.Errorf("host AdamW: %d params with %d grad bytes (%v), %d/%d moments, %d out bytes (%v)",
@@ -57,19 +90,32 @@ func HostAdamW(param []float32, grad []byte, gdt kernels.DType, m, v []float32, 
 	if n < 2*hostChunk || runtime.GOMAXPROCS(0) == 1 {
 		var ga [blk]float32
 		for lo := 0; lo < n; lo += blk {
-			adamwBlock(param, m, v, g, o, out != nil, lo, min(lo+blk, n), &c, &ga)
+			hi := min(lo+blk, n)
+			if p0 != nil {
+				copySrc(param, m, v, p0, m0, v0, lo, hi)
+			}
+			adamwBlock(param, m, v, g, o, out != nil, lo, hi, &c, &ga)
 		}
 		return nil
 	}
 	k := min(hostHelpers(runtime.GOMAXPROCS(0)), (n+hostChunk-1)/hostChunk-1)
 	j, jobs := acquireJob(k)
 	j.p, j.m, j.v, j.g, j.o, j.hasOut, j.c = param, m, v, g, o, out != nil, c
+	j.p0, j.m0, j.v0 = p0, m0, v0
 	j.chunks = int64((n + hostChunk - 1) / hostChunk)
 	j.next.Store(0)
 	j.run(k, jobs)
 	j.p, j.m, j.v, j.g, j.o = nil, nil, nil, view{}, view{} // drop the caller's arrays
+	j.p0, j.m0, j.v0 = nil, nil, nil
 	releaseJob(j)
 	return nil
+}
+
+// copySrc copies elements [lo, hi) of the sources into the destinations.
+func copySrc(p, m, v, p0, m0, v0 []float32, lo, hi int) {
+	copy(p[lo:hi], p0[lo:hi])
+	copy(m[lo:hi], m0[lo:hi])
+	copy(v[lo:hi], v0[lo:hi])
 }
 
 // hostHelpers is how many workers help a caller when GOMAXPROCS is p:
@@ -133,13 +179,14 @@ func hostView(b []byte, dt kernels.DType, n int) (view, error) {
 // hostJob is one parallel HostAdamW call: chunks claimed in turn by the
 // caller and the workers it woke.
 type hostJob struct {
-	p, m, v []float32
-	g, o    view
-	hasOut  bool
-	c       adamConsts
-	chunks  int64
-	next    atomic.Int64
-	wg      sync.WaitGroup
+	p, m, v    []float32
+	p0, m0, v0 []float32 // the sources of an out-of-place update, else nil
+	g, o       view
+	hasOut     bool
+	c          adamConsts
+	chunks     int64
+	next       atomic.Int64
+	wg         sync.WaitGroup
 }
 
 // hostWorkers run the chunks of HostAdamW calls. They are started when a
@@ -214,6 +261,9 @@ func (j *hostJob) work() {
 			hostChunkHook(true)
 		}
 		for s := lo; s < hi; s += blk {
+			if j.p0 != nil {
+				copySrc(j.p, j.m, j.v, j.p0, j.m0, j.v0, s, min(s+blk, hi))
+			}
 			adamwBlock(j.p, j.m, j.v, j.g, j.o, j.hasOut, s, min(s+blk, hi), &j.c, &ga)
 		}
 		// A chunk is a few hundred microseconds: yield between them, so

@@ -1,7 +1,11 @@
 package cpu
 
 import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"testing"
 
@@ -42,5 +46,55 @@ func TestHostAdamWLeavesAP(t *testing.T) {
 	}
 	if got := int(most.Load()); got < 1 || got > hostHelpers(4)+1 {
 		t.Errorf("at GOMAXPROCS 4, %d goroutines updated at once, want 1 to %d", got, hostHelpers(4)+1)
+	}
+}
+
+// TestHostAdamWFrom: the out-of-place update gives the bits of the
+// in-place one on a copy of the sources (state, gradient scale and the
+// rounded compute copy), leaves the sources unchanged, on one goroutine
+// and on several, and refuses overlapping destinations.
+func TestHostAdamWFrom(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	rng := rand.New(rand.NewPCG(7, 9))
+	for _, n := range []int{1000, 3*hostChunk + 17} {
+		p0, m0, v0 := make([]float32, n), make([]float32, n), make([]float32, n)
+		grad := make([]byte, 2*n)
+		for i := range n {
+			p0[i], m0[i], v0[i] = rng.Float32()-0.5, (rng.Float32()-0.5)*1e-2, rng.Float32()*1e-4
+			binary.LittleEndian.PutUint16(grad[2*i:], uint16(math.Float32bits((rng.Float32()-0.5)*0.1)>>16))
+		}
+		keep := [3][]float32{slices.Clone(p0), slices.Clone(m0), slices.Clone(v0)}
+		hp := kernels.AdamWParams{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 3, GradScale: 0.5}
+		// In place on copies.
+		pw, mw, vw := slices.Clone(p0), slices.Clone(m0), slices.Clone(v0)
+		ow := make([]byte, 2*n)
+		if err := HostAdamW(pw, grad, kernels.BF16, mw, vw, ow, kernels.BF16, hp); err != nil {
+			t.Fatal(err)
+		}
+		// Out of place, into poisoned destinations.
+		p, m, v := make([]float32, n), make([]float32, n), make([]float32, n)
+		o := make([]byte, 2*n)
+		for i := range n {
+			p[i], m[i], v[i] = float32(math.NaN()), float32(math.NaN()), float32(math.NaN())
+		}
+		if err := HostAdamWFrom(p, m, v, p0, m0, v0, grad, kernels.BF16, o, kernels.BF16, hp); err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			if math.Float32bits(p[i]) != math.Float32bits(pw[i]) || math.Float32bits(m[i]) != math.Float32bits(mw[i]) || math.Float32bits(v[i]) != math.Float32bits(vw[i]) {
+				t.Fatalf("n %d, element %d: out of place %v %v %v, in place %v %v %v", n, i, p[i], m[i], v[i], pw[i], mw[i], vw[i])
+			}
+		}
+		if !slices.Equal(o, ow) {
+			t.Fatalf("n %d: rounded compute copies differ", n)
+		}
+		for k, s := range [][]float32{p0, m0, v0} {
+			if !slices.Equal(s, keep[k]) {
+				t.Fatalf("n %d: source %d changed", n, k)
+			}
+		}
+		if err := HostAdamWFrom(p0[1:], m[:n-1], v[:n-1], p0[:n-1], m0[:n-1], v0[:n-1], grad[2:], kernels.BF16, nil, kernels.BF16, hp); err == nil {
+			t.Fatalf("n %d: overlapping destination accepted", n)
+		}
 	}
 }

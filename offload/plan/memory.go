@@ -165,6 +165,38 @@ func HostStateRanks(params []int64, elem int64, mixed, delayed, masterDisk bool,
 	return by
 }
 
+// SpecState is the host memory of the speculative update's second copy
+// of the state of each layer whose optimizer state is on the host (in
+// RAM; optimizer nil: every layer's), by class: its fp32 master, its
+// compute-dtype weights when those are a buffer of their own (mixed
+// precision; in fp32 the master is the weights) and its moments. The
+// speculative update (Placement.SpeculativeUpdate) writes a layer's
+// update there during the backward, before the step's gradient norm is
+// known, and keeps it when the gradients are not clipped.
+func SpecState(params []int64, elem int64, mixed bool, optimizer []offload.Tier) map[offload.Class]int64 {
+	by := map[offload.Class]int64{}
+	for i, np := range params {
+		if optimizer != nil && optimizer[i] != offload.TierHost {
+			continue
+		}
+		by[offload.Master] += 4 * np
+		if mixed {
+			by[offload.Weights] += elem * np
+		}
+		by[offload.AdamM] += 4 * np
+		by[offload.AdamV] += 4 * np
+	}
+	return by
+}
+
+// canSpec reports whether c may update speculatively: the host updates
+// wait for the global norm, none is delayed or sharded, and no layer's
+// optimizer state is on disk.
+func (pl *planner) canSpec(c *cand) bool {
+	return pl.req.GlobalNorm && !pl.req.DelayedUpdate && !pl.req.NoSpeculation && c.o == offload.TierHost && c.nDisk == 0 &&
+		!pl.anySharded(pl.optTiers(c))
+}
+
 // DiskState is what the disk tier holds for the layers whose optimizer
 // state is on disk, by class: their moments and, with masterDisk, their
 // master weights (whole on every rank: the disk tier is not sharded).
@@ -256,6 +288,25 @@ func (pl *planner) hostDisk(c *cand) {
 		}
 	}
 	by := HostStateRanks(params, pl.s, mixed, pl.req.DelayedUpdate, c.mdisk, pl.optTiers(c), slots, pl.shard)
+	// The speculative update's second copy, when the host has room for
+	// it after everything else.
+	c.spec = false
+	if pl.canSpec(c) {
+		total := pl.req.HostExtra + pl.hw.HostReserve
+		for _, v := range by {
+			total += v
+		}
+		extra := SpecState(params, pl.s, mixed, pl.optTiers(c))
+		for _, v := range extra {
+			total += v
+		}
+		if total <= pl.req.Budgets.Host {
+			c.spec = true
+			for cl, v := range extra {
+				by[cl] += v
+			}
+		}
+	}
 	for cl, v := range DiskState(params, c.mdisk, pl.optTiers(c)) {
 		c.disk[cl] = v
 	}

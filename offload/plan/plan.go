@@ -126,6 +126,11 @@ type Request struct {
 	// next step's first forward; without it each layer's update starts as
 	// soon as its gradients are final, during the last group's backward.
 	GlobalNorm bool
+	// NoSpeculation turns the speculative update off: with GlobalNorm the
+	// planner otherwise lets the host updates run during the backward,
+	// before the norm is known, into a second copy of the host state,
+	// when the host budget has room for it (Placement.SpeculativeUpdate).
+	NoSpeculation bool
 	// Deadline bounds the search: past it, the fastest candidates checked
 	// so far decide (default 2 s).
 	Deadline time.Duration
@@ -170,6 +175,7 @@ type cand struct {
 	rec, off int  // recomputable layers recomputed (the first rec) and offloaded (the next off)
 	ckptHost bool // the recomputed layers keep their checkpoints on the host
 	sel      bool // the recomputed layers recompute selectively
+	spec     bool // the host updates run speculatively (canSpec, and the host has room)
 	// nDev and nDisk count the layers whose optimizer state is on the
 	// device (the first nDev) and on disk (the last nDisk); the others'
 	// is on the host. Out-of-core candidates only.
@@ -451,6 +457,7 @@ func (pl *planner) placement(c *cand) *offload.Placement {
 		Recompute: c.rec, Offload: c.off, Keep: len(pl.rec) - c.rec - c.off, Hardware: pl.hw,
 		CheckpointsOnHost: c.ckptHost && c.rec > 0,
 		Selective:         c.sel && c.rec > 0,
+		SpeculativeUpdate: c.spec,
 	}
 	pols := pl.policies(c)
 	tiers := pl.optTiers(c)

@@ -476,3 +476,69 @@ func TestWhySelective(t *testing.T) {
 	}
 	t.Fatalf("no %q among the alternatives of %s", want, p.Summary())
 }
+
+// TestPlanSpeculativeUpdate: with the global norm to wait for, the
+// planner makes the host updates speculative when the host has room for
+// the second copy (counted in the host peak, as SpecState says), which
+// predicts them hidden as eager ones are; not when the host is short of
+// it, nor with NoSpeculation, a delayed update or no norm to wait for.
+func TestPlanSpeculativeUpdate(t *testing.T) {
+	m := gpt(12, 1024, 16384, 512)
+	b := offload.Budgets{Device: 2 * GiB, Host: 64 * GiB}
+	keep := func(p *offload.Placement) func(*offload.Placement) bool {
+		return func(q *offload.Placement) bool {
+			return q.Weights == p.Weights && q.Grads == p.Grads && q.MicroBatch == p.MicroBatch && q.Group == p.Group &&
+				q.Recompute == p.Recompute && q.Offload == p.Offload && q.PrefetchDepth == p.PrefetchDepth && q.Selective == p.Selective &&
+				q.CheckpointsOnHost == p.CheckpointsOnHost && q.Optimizer == p.Optimizer
+		}
+	}
+	req := Request{Model: m, Batch: 16, Budgets: b, Hardware: hw(), GlobalNorm: true, Optimizer: offload.TierHost}
+	spec, err := Plan(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, spec, req)
+	if !spec.SpeculativeUpdate {
+		t.Fatalf("roomy host: not speculative: %s", spec.Summary())
+	}
+	off := req
+	off.NoSpeculation, off.Allow = true, keep(spec)
+	plain, err := Plan(off)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.SpeculativeUpdate {
+		t.Fatal("NoSpeculation: speculative")
+	}
+	params, tiers := make([]int64, len(spec.Layers)), make([]offload.Tier, len(spec.Layers))
+	for i, l := range spec.Layers {
+		params[i], tiers[i] = l.Params, l.Optimizer
+	}
+	extra := SpecState(params, 2, true, tiers)
+	var sum int64
+	for cl, v := range extra {
+		sum += v
+		if got := spec.Memory[1].ByClass[cl] - plain.Memory[1].ByClass[cl]; got != v {
+			t.Errorf("%s: the speculative plan holds %d more host bytes, SpecState says %d", cl, got, v)
+		}
+	}
+	if sum == 0 || spec.StepTime > plain.StepTime {
+		t.Errorf("second copy %d bytes; step %.4f s speculative, %.4f s not", sum, spec.StepTime, plain.StepTime)
+	}
+	eager := req
+	eager.GlobalNorm, eager.Allow = false, keep(spec)
+	if p, err := Plan(eager); err != nil || p.SpeculativeUpdate || math.Abs(p.StepTime-spec.StepTime) > 1e-9 {
+		t.Errorf("no norm to wait for: %v; want the speculative plan's time %.4f s, not speculative", err, spec.StepTime)
+	}
+	short := req
+	short.Allow = keep(spec)
+	short.Budgets.Host = plain.Memory[1].Peak + sum/2
+	if p, err := Plan(short); err != nil || p.SpeculativeUpdate {
+		t.Errorf("host short of the second copy: %v, speculative %v", err, p != nil && p.SpeculativeUpdate)
+	}
+	del := req
+	del.DelayedUpdate = true
+	if p, err := Plan(del); err != nil || p.SpeculativeUpdate {
+		t.Errorf("delayed update: %v, speculative %v", err, p != nil && p.SpeculativeUpdate)
+	}
+}

@@ -248,7 +248,10 @@ func (pl *planner) timeOf(c *cand) {
 		var tb float64
 		// Sharded, the updates wait for the step's statistics, all-reduced
 		// after the last reduction, as GlobalNorm's (no eager updates).
-		if !pl.req.GlobalNorm && !pl.anySharded(tiers) {
+		// Speculative updates start as eager ones do (when the norm
+		// then says the gradients are clipped they are redone after it:
+		// not modelled, the first steps of a run).
+		if (!pl.req.GlobalNorm || c.spec) && !pl.anySharded(tiers) {
 			var q float64
 			for i := n - 1; i >= 0; i-- {
 				tb += bwd(i)

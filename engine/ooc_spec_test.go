@@ -1,0 +1,163 @@
+package engine
+
+import (
+	"context"
+	"math"
+	"testing"
+
+	"github.com/spill-ml/spill/kernels"
+	"github.com/spill-ml/spill/offload"
+)
+
+// specClip is a clipping threshold between the test GPT's gradient norms
+// (oocOptions, seed 7, oocFeed): over specSteps steps some are clipped
+// and some are not (checked by TestOutOfCoreSpeculativeUpdate).
+const (
+	specClip  = 1.55
+	specSteps = 5
+)
+
+// trainNorms runs steps from seed 7 on oocFeed and returns the losses,
+// the gradient norms and the final master weights.
+func trainNorms(t *testing.T, tr *Trainer, steps int) ([]float64, []float64, [][]float32) {
+	t.Helper()
+	ctx := context.Background()
+	if err := tr.InitWeights(ctx, 7); err != nil {
+		t.Fatal(err)
+	}
+	feed := oocFeed()
+	var losses, norms []float64
+	for s := range steps {
+		r, err := tr.TrainStep(ctx, feed)
+		if err != nil {
+			t.Fatalf("step %d: %v", s, err)
+		}
+		losses, norms = append(losses, r.Loss), append(norms, r.GradNorm)
+	}
+	w, err := tr.MasterWeights(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return losses, norms, w
+}
+
+// TestOutOfCoreSpeculativeUpdate: with clipping, speculative host updates
+// (each layer's AdamW during the backward, into a second copy, kept when
+// the norm is within the clip) give the resident run's losses and
+// weights bit for bit in fp32, and the non-speculative out-of-core run's
+// in bf16, over steps of which some are clipped (the speculation
+// dropped) and some not (kept).
+func TestOutOfCoreSpeculativeUpdate(t *testing.T) {
+	to := oocOptions()
+	to.GradClip = specClip
+	to.Schedule.Steps = specSteps
+	m, err := NewGPT(oocShape, kernels.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := NewTrainer(openCPU(t), m, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantL, norms, wantW := trainNorms(t, res, specSteps)
+	res.Close()
+	var clipped int
+	for _, n := range norms {
+		if n > specClip {
+			clipped++
+		}
+	}
+	if clipped == 0 || clipped == len(norms) {
+		t.Fatalf("gradient norms %v against clip %v: want some steps clipped and some not", norms, specClip)
+	}
+	spec := func(o OffloadOptions) OffloadOptions { o.Speculate = true; return o }
+	resident := OffloadOptions{Weights: offload.TierDevice, Grads: offload.TierHost, Optimizer: offload.TierHost,
+		DeviceBudget: stateBytes(m) / 3}
+	for name, o := range map[string]OffloadOptions{"streamed": spec(streamed()), "resident-weights": spec(resident)} {
+		t.Run(name, func(t *testing.T) {
+			tr, check := newOOC(t, kernels.F32, to, o)
+			gotL, gotN, gotW := trainNorms(t, tr, specSteps)
+			check()
+			sameRun(t, "resident", wantL, gotL, wantW, gotW)
+			for s := range norms {
+				if gotN[s] != norms[s] {
+					t.Errorf("step %d: norm %v, resident %v", s, gotN[s], norms[s])
+				}
+			}
+			hs := tr.off.host
+			layers := len(tr.model.Layers)
+			if want := (len(norms) - clipped) * layers; hs.specKept != want {
+				t.Errorf("%d speculative layer updates kept, want %d (%d unclipped steps)", hs.specKept, want, len(norms)-clipped)
+			}
+			if want := clipped * layers; hs.specDropped != want {
+				t.Errorf("%d speculative layer updates dropped, want %d (%d clipped steps)", hs.specDropped, want, clipped)
+			}
+			if tr.Step != specSteps {
+				t.Errorf("Step %d after %d steps", tr.Step, specSteps)
+			}
+		})
+	}
+	t.Run("bf16", func(t *testing.T) {
+		plainTr, _ := newOOC(t, kernels.BF16, to, streamed())
+		wantL, wantN, wantW := trainNorms(t, plainTr, specSteps)
+		tr, check := newOOC(t, kernels.BF16, to, spec(streamed()))
+		gotL, gotN, gotW := trainNorms(t, tr, specSteps)
+		check()
+		sameRun(t, "without speculation", wantL, gotL, wantW, gotW)
+		var kept int
+		for s := range wantN {
+			if gotN[s] != wantN[s] {
+				t.Errorf("step %d: norm %v, without speculation %v", s, gotN[s], wantN[s])
+			}
+			if wantN[s] <= specClip {
+				kept++
+			}
+		}
+		if hs := tr.off.host; hs.specKept != kept*len(tr.model.Layers) || hs.specDropped != (specSteps-kept)*len(tr.model.Layers) {
+			t.Errorf("%d kept, %d dropped; want %d and %d", hs.specKept, hs.specDropped, kept*len(tr.model.Layers), (specSteps-kept)*len(tr.model.Layers))
+		}
+	})
+}
+
+// TestOutOfCoreSpeculativeNonFinite: a step whose gradients are not
+// finite drops every speculative update: it reports Skipped and the
+// layers keep their weights.
+func TestOutOfCoreSpeculativeNonFinite(t *testing.T) {
+	o := streamed()
+	o.Speculate = true
+	tr, check := newOOC(t, kernels.F32, oocOptions(), o)
+	ctx := context.Background()
+	if err := tr.InitWeights(ctx, 7); err != nil {
+		t.Fatal(err)
+	}
+	before, err := tr.MasterWeights(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before[0][tr.model.Layers[0].Params()[1].Offset] = float32(math.NaN())
+	if err := tr.setLayerMaster(ctx, 0, f32Bytes(before[0])); err != nil {
+		t.Fatal(err)
+	}
+	r, err := tr.TrainStep(ctx, oocFeed())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Skipped || tr.Step != 1 {
+		t.Errorf("step with NaN gradients: skipped %v, Step %d", r.Skipped, tr.Step)
+	}
+	if hs := tr.off.host; hs.specKept != 0 || hs.specDropped == 0 {
+		t.Errorf("%d speculative updates kept, %d dropped: want none kept, some dropped", hs.specKept, hs.specDropped)
+	}
+	after, err := tr.MasterWeights(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range after {
+		for i := range after[l] {
+			if math.Float32bits(after[l][i]) != math.Float32bits(before[l][i]) {
+				t.Fatalf("layer %d param %d changed from %v to %v by a dropped update", l, i, before[l][i], after[l][i])
+			}
+		}
+	}
+	check()
+}
