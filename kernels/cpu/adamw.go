@@ -54,6 +54,25 @@ func adamwGo(p, g, m, v []float32, c *adamConsts) {
 	}
 }
 
+// adamwFromGo is adamwGo out of place: the state is copied from p0, m0
+// and v0 into p, m and v and updated there.
+func adamwFromGo(p, g, m, v, p0, m0, v0 []float32, c *adamConsts) {
+	copy(p, p0)
+	copy(m, m0[:len(p)])
+	copy(v, v0[:len(p)])
+	adamwGo(p, g, m, v, c)
+}
+
+// adamwBlockFrom is adamwBlock out of place: the state of elements [lo,
+// hi) is read from p0, m0 and v0 (adamwStepFrom).
+func adamwBlockFrom(p, m, v, p0, m0, v0 []float32, g, o view, hasOut bool, lo, hi int, c *adamConsts, ga *[blk]float32) {
+	ps := p[lo:hi:hi]
+	adamwStepFrom(ps, g.load(lo, hi, ga[:]), m[lo:hi:hi], v[lo:hi:hi], p0[lo:hi:hi], m0[lo:hi:hi], v0[lo:hi:hi], c)
+	if hasOut {
+		o.store(lo, ps)
+	}
+}
+
 // adamwBlock updates elements [lo, hi) (at most blk of them, so that the
 // converted gradient in ga and the block of every operand stay in L1):
 // the gradient g is loaded as float32 (converted into ga unless it is

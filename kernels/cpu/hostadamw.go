@@ -40,9 +40,9 @@ func HostAdamW(param []float32, grad []byte, gdt kernels.DType, m, v []float32, 
 // leaving the sources unchanged, so that an update can be computed ahead
 // and dropped (the speculative host update of out-of-core training). The
 // destinations must not overlap the sources. It gives the bits HostAdamW
-// gives on a copy of the sources: each block of elements is copied into
-// the destination and updated there while it is in cache, so the update
-// reads each source once and writes each destination once.
+// gives on a copy of the sources: the kernel reads the sources and writes
+// the destinations in one pass (the moments with non-temporal stores when
+// aligned), so it moves about as many bytes as the in-place update.
 func HostAdamWFrom(param, m, v, p0, m0, v0 []float32, grad []byte, gdt kernels.DType, out []byte, odt kernels.DType, p kernels.AdamWParams) error {
 	n := len(param)
 	if len(p0) != n || len(m0) != n || len(v0) != n {
@@ -92,7 +92,8 @@ func hostAdamW(param, m, v, p0, m0, v0 []float32, grad []byte, gdt kernels.DType
 		for lo := 0; lo < n; lo += blk {
 			hi := min(lo+blk, n)
 			if p0 != nil {
-				copySrc(param, m, v, p0, m0, v0, lo, hi)
+				adamwBlockFrom(param, m, v, p0, m0, v0, g, o, out != nil, lo, hi, &c, &ga)
+				continue
 			}
 			adamwBlock(param, m, v, g, o, out != nil, lo, hi, &c, &ga)
 		}
@@ -109,13 +110,6 @@ func hostAdamW(param, m, v, p0, m0, v0 []float32, grad []byte, gdt kernels.DType
 	j.p0, j.m0, j.v0 = nil, nil, nil
 	releaseJob(j)
 	return nil
-}
-
-// copySrc copies elements [lo, hi) of the sources into the destinations.
-func copySrc(p, m, v, p0, m0, v0 []float32, lo, hi int) {
-	copy(p[lo:hi], p0[lo:hi])
-	copy(m[lo:hi], m0[lo:hi])
-	copy(v[lo:hi], v0[lo:hi])
 }
 
 // hostHelpers is how many workers help a caller when GOMAXPROCS is p:
@@ -262,7 +256,8 @@ func (j *hostJob) work() {
 		}
 		for s := lo; s < hi; s += blk {
 			if j.p0 != nil {
-				copySrc(j.p, j.m, j.v, j.p0, j.m0, j.v0, s, min(s+blk, hi))
+				adamwBlockFrom(j.p, j.m, j.v, j.p0, j.m0, j.v0, j.g, j.o, j.hasOut, s, min(s+blk, hi), &j.c, &ga)
+				continue
 			}
 			adamwBlock(j.p, j.m, j.v, j.g, j.o, j.hasOut, s, min(s+blk, hi), &j.c, &ga)
 		}

@@ -71,23 +71,29 @@ func TestHostAdamWFrom(t *testing.T) {
 		if err := HostAdamW(pw, grad, kernels.BF16, mw, vw, ow, kernels.BF16, hp); err != nil {
 			t.Fatal(err)
 		}
-		// Out of place, into poisoned destinations.
-		p, m, v := make([]float32, n), make([]float32, n), make([]float32, n)
-		o := make([]byte, 2*n)
-		for i := range n {
-			p[i], m[i], v[i] = float32(math.NaN()), float32(math.NaN()), float32(math.NaN())
-		}
-		if err := HostAdamWFrom(p, m, v, p0, m0, v0, grad, kernels.BF16, o, kernels.BF16, hp); err != nil {
-			t.Fatal(err)
-		}
-		for i := range n {
-			if math.Float32bits(p[i]) != math.Float32bits(pw[i]) || math.Float32bits(m[i]) != math.Float32bits(mw[i]) || math.Float32bits(v[i]) != math.Float32bits(vw[i]) {
-				t.Fatalf("n %d, element %d: out of place %v %v %v, in place %v %v %v", n, i, p[i], m[i], v[i], pw[i], mw[i], vw[i])
+		// Out of place, into poisoned destinations: aligned, all shifted
+		// alike (the kernel's aligned part after a few elements), and
+		// moments aligned unalike (no aligned kernel).
+		for _, off := range [][3]int{{0, 0, 0}, {3, 3, 3}, {0, 1, 2}} {
+			at := func(k int) []float32 { return make([]float32, n+off[k])[off[k]:] }
+			p, m, v := at(0), at(1), at(2)
+			o := make([]byte, 2*n)
+			for i := range n {
+				p[i], m[i], v[i] = float32(math.NaN()), float32(math.NaN()), float32(math.NaN())
+			}
+			if err := HostAdamWFrom(p, m, v, p0, m0, v0, grad, kernels.BF16, o, kernels.BF16, hp); err != nil {
+				t.Fatal(err)
+			}
+			for i := range n {
+				if math.Float32bits(p[i]) != math.Float32bits(pw[i]) || math.Float32bits(m[i]) != math.Float32bits(mw[i]) || math.Float32bits(v[i]) != math.Float32bits(vw[i]) {
+					t.Fatalf("n %d, offsets %v, element %d: out of place %v %v %v, in place %v %v %v", n, off, i, p[i], m[i], v[i], pw[i], mw[i], vw[i])
+				}
+			}
+			if !slices.Equal(o, ow) {
+				t.Fatalf("n %d, offsets %v: rounded compute copies differ", n, off)
 			}
 		}
-		if !slices.Equal(o, ow) {
-			t.Fatalf("n %d: rounded compute copies differ", n)
-		}
+		m, v := make([]float32, n), make([]float32, n)
 		for k, s := range [][]float32{p0, m0, v0} {
 			if !slices.Equal(s, keep[k]) {
 				t.Fatalf("n %d: source %d changed", n, k)

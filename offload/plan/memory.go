@@ -193,7 +193,7 @@ func SpecState(params []int64, elem int64, mixed bool, optimizer []offload.Tier)
 // wait for the global norm, none is delayed or sharded, and no layer's
 // optimizer state is on disk.
 func (pl *planner) canSpec(c *cand) bool {
-	return pl.req.GlobalNorm && !pl.req.DelayedUpdate && !pl.req.NoSpeculation && c.o == offload.TierHost && c.nDisk == 0 &&
+	return pl.req.GlobalNorm && !pl.req.DelayedUpdate && !pl.req.NoSpeculation && !c.noSpec && c.o == offload.TierHost && c.nDisk == 0 &&
 		!pl.anySharded(pl.optTiers(c))
 }
 

@@ -176,6 +176,7 @@ type cand struct {
 	ckptHost bool // the recomputed layers keep their checkpoints on the host
 	sel      bool // the recomputed layers recompute selectively
 	spec     bool // the host updates run speculatively (canSpec, and the host has room)
+	noSpec   bool // speculation was tried and predicted no faster
 	// nDev and nDisk count the layers whose optimizer state is on the
 	// device (the first nDev) and on disk (the last nDisk); the others'
 	// is on the host. Out-of-core candidates only.
@@ -546,6 +547,7 @@ func (pl *planner) search() (*offload.Placement, error) {
 			continue
 		}
 		pl.timeOf(c)
+		pl.specOrNot(c)
 		if c.o == offload.TierDevice { // exact without compiling
 			c.devPeak, c.devBy, _ = pl.devicePeak(c)
 		}
@@ -636,6 +638,24 @@ func (pl *planner) search() (*offload.Placement, error) {
 	return p, nil
 }
 
+// specOrNot keeps c's speculative update only when it predicts a faster
+// step than updating after the norm (the out-of-place update costs
+// SpecCost; with few sequences per step the host optimizer bounds the
+// step and the earlier start does not pay for it).
+func (pl *planner) specOrNot(c *cand) {
+	if !c.spec {
+		return
+	}
+	alt := *c
+	alt.noSpec = true
+	pl.hostDisk(&alt)
+	pl.timeOf(&alt)
+	if alt.step <= c.step {
+		alt.p = pl.placement(&alt)
+		*c = alt
+	}
+}
+
 // checkFit compiles c's programs for its exact device peak. An
 // out-of-core candidate first compiles them with no optimizer state on
 // the device and moves as many first layers' to the device as the exact
@@ -654,6 +674,7 @@ func (pl *planner) checkFit(c *cand) error {
 			pl.hostDisk(c)
 			c.p = pl.placement(c)
 			pl.timeOf(c)
+			pl.specOrNot(c)
 		}
 	}
 	peak, by, err := pl.devicePeak(c)

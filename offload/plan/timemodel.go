@@ -47,6 +47,11 @@ func ckptBytes(l schedule.Layer, sel bool) int64 {
 }
 
 // timeOf predicts c's step time and busy times.
+// SpecCost is the time of a speculative host update (out of place:
+// offload.HostAdamWFrom) over the in-place one's, as measured on the H200
+// box (BenchmarkHostAdamWFrom beside BenchmarkHostAdamW).
+const SpecCost = 1.3
+
 func (pl *planner) timeOf(c *cand) {
 	hw, s, P := pl.hw, float64(pl.s), float64(pl.P)
 	A := pl.req.Batch / c.mb
@@ -216,6 +221,9 @@ func (pl *planner) timeOf(c *cand) {
 			op = float64(ShardParams(l.Params, pl.shard))
 		}
 		a := op / adam
+		if c.spec {
+			a *= SpecCost
+		}
 		U += a
 		x := a
 		if c.g == offload.TierDevice {
