@@ -18,7 +18,9 @@ const (
 )
 
 // trainNorms runs steps from seed 7 on oocFeed and returns the losses,
-// the gradient norms and the final master weights.
+// the gradient norms and the final master weights; it checks that each
+// step reports its speculation kept when its norm is within specClip and
+// dropped when not (or none when the trainer does not speculate).
 func trainNorms(t *testing.T, tr *Trainer, steps int) ([]float64, []float64, [][]float32) {
 	t.Helper()
 	ctx := context.Background()
@@ -33,6 +35,17 @@ func trainNorms(t *testing.T, tr *Trainer, steps int) ([]float64, []float64, [][
 			t.Fatalf("step %d: %v", s, err)
 		}
 		losses, norms = append(losses, r.Loss), append(norms, r.GradNorm)
+		want := Unspeculated
+		switch {
+		case tr.off == nil || !tr.off.opts.Speculate:
+		case r.GradNorm <= specClip:
+			want = SpecKept
+		default:
+			want = SpecDropped
+		}
+		if r.Speculation != want {
+			t.Errorf("step %d (norm %v): speculation %d, want %d", s, r.GradNorm, r.Speculation, want)
+		}
 	}
 	w, err := tr.MasterWeights(ctx)
 	if err != nil {
@@ -142,8 +155,8 @@ func TestOutOfCoreSpeculativeNonFinite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !r.Skipped || tr.Step != 1 {
-		t.Errorf("step with NaN gradients: skipped %v, Step %d", r.Skipped, tr.Step)
+	if !r.Skipped || tr.Step != 1 || r.Speculation != SpecDropped {
+		t.Errorf("step with NaN gradients: skipped %v, Step %d, speculation %d", r.Skipped, tr.Step, r.Speculation)
 	}
 	if hs := tr.off.host; hs.specKept != 0 || hs.specDropped == 0 {
 		t.Errorf("%d speculative updates kept, %d dropped: want none kept, some dropped", hs.specKept, hs.specDropped)

@@ -29,6 +29,9 @@ type Summary struct {
 	Elapsed         time.Duration
 	Checkpoint      string // last checkpoint written, "" if none
 	Skipped         int    // steps skipped for non-finite gradients in this run
+	// SpecKept and SpecDropped count the steps of this run whose
+	// speculative host updates were kept and dropped (StepResult).
+	SpecKept, SpecDropped int
 
 	// Plan is how the run placed its state (Plan.Placement is nil when
 	// no device budget was planned for).
@@ -427,6 +430,12 @@ func Run(ctx context.Context, cfg Config, opts RunOptions) (_ *Summary, err erro
 		sum.LastLoss = r.Loss
 		if r.Skipped {
 			sum.Skipped++
+		}
+		switch r.Speculation {
+		case SpecKept:
+			sum.SpecKept++
+		case SpecDropped:
+			sum.SpecDropped++
 		}
 		m := StepMetrics{
 			Step: tr.Step, Loss: r.Loss, LR: r.LR, GradNorm: r.GradNorm, LossScale: r.LossScale, Skipped: r.Skipped,

@@ -83,7 +83,21 @@ type StepResult struct {
 	// trainer moved host to device, device to host, and to and from the
 	// disk tier during the step (0 for a resident trainer).
 	H2DBytes, D2HBytes, DiskBytes int64
+	// Speculation says whether the step's speculative host updates
+	// (OffloadOptions.Speculate) were kept (the gradients were not
+	// clipped) or dropped (they were redone after the norm); Unspeculated
+	// when there were none.
+	Speculation Speculation
 }
+
+// Speculation is what became of a step's speculative host updates.
+type Speculation int8
+
+const (
+	Unspeculated Speculation = iota
+	SpecKept
+	SpecDropped
+)
 
 // Trainer runs training steps of a Model on a backend. It owns the
 // model's StateTable and the pass buffers. Methods are for one goroutine.
@@ -377,7 +391,12 @@ func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, e
 	// not clipped (the same parameters, bit for bit) and the step counts.
 	var kept []bool
 	if spec {
-		kept = hs.settleSpec(!r.Skipped && hp == unclipped)
+		ok := !r.Skipped && hp == unclipped
+		kept = hs.settleSpec(ok)
+		r.Speculation = SpecDropped
+		if ok {
+			r.Speculation = SpecKept
+		}
 	}
 	if r.Skipped {
 		return r, nil

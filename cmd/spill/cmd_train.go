@@ -479,6 +479,9 @@ func printTrainSummary(w io.Writer, s *engine.Summary, state string) {
 	if s.Skipped > 0 {
 		fmt.Fprintf(w, "  skipped steps %d (non-finite gradients)\n", s.Skipped)
 	}
+	if n := s.SpecKept + s.SpecDropped; n > 0 {
+		fmt.Fprintf(w, "  speculative   host updates kept in %d of %d steps (the others' gradients were clipped: updated again after the norm)\n", s.SpecKept, n)
+	}
 	if s.Checkpoint != "" {
 		fmt.Fprintf(w, "  checkpoint    %s\n", s.Checkpoint)
 		if interrupted {
