@@ -13,10 +13,10 @@ import (
 	"github.com/spill-ml/spill/kernels"
 )
 
-// MmapPinner maps anonymous memory off the Go heap and, if Lock is set,
-// locks it into RAM (mlock), which counts against RLIMIT_MEMLOCK. With
-// Prefault it asks for transparent huge pages and faults every page in on
-// all cores (kernels.Prefault) before Pin returns.
+// MmapPinner maps anonymous memory off the Go heap (kernels.MapHost) and,
+// if Lock is set, locks it into RAM (mlock), which counts against
+// RLIMIT_MEMLOCK. With Prefault it asks for transparent huge pages and
+// faults every page in on all cores before Pin returns.
 type MmapPinner struct{ Lock, Prefault bool }
 
 type mmapMem struct{ b []byte }
@@ -27,24 +27,20 @@ func (m *mmapMem) Free() error {
 	if m.b == nil {
 		return fmt.Errorf("offload: host memory freed twice")
 	}
-	err := unix.Munmap(m.b)
+	err := kernels.UnmapHost(m.b)
 	m.b = nil
 	return err
 }
 
 // Pin maps n bytes.
 func (p MmapPinner) Pin(n int64) (HostMemory, error) {
-	b, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	b, err := kernels.MapHost(int(n), p.Prefault)
 	if err != nil {
-		return nil, fmt.Errorf("mmap %d bytes: %w", n, err)
-	}
-	if p.Prefault {
-		_ = unix.Madvise(b, unix.MADV_HUGEPAGE) // advice: fewer faults and TLB misses where granted
-		kernels.Prefault(b)
+		return nil, err
 	}
 	if p.Lock {
 		if err := unix.Mlock(b); err != nil {
-			unix.Munmap(b)
+			_ = kernels.UnmapHost(b)
 			return nil, fmt.Errorf("mlock %d bytes: %w (see `ulimit -l`)", n, err)
 		}
 	}

@@ -7,9 +7,7 @@ import (
 	"os"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/spill-ml/spill/kernels/internal/memclr"
+	"github.com/spill-ml/spill/kernels"
 )
 
 // pinnedMem is one allocation of AllocPinned: n bytes at p, either an
@@ -27,7 +25,7 @@ func (m pinnedMem) free() error {
 		return hostFree(m.p)
 	}
 	err := hostUnregister(m.p)
-	if e := unix.Munmap(m.mapped); e != nil && err == nil {
+	if e := kernels.UnmapHost(m.mapped); e != nil && err == nil {
 		err = fmt.Errorf("kernels/cuda: munmap of pinned memory: %w", e)
 	}
 	return err
@@ -43,15 +41,13 @@ func (b *Backend) registerHost(n int) (pinnedMem, error) {
 	}
 	ps := os.Getpagesize()
 	size := (n + ps - 1) &^ (ps - 1)
-	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	mem, err := kernels.MapHost(size, true) // huge pages where granted: fewer faults and pins
 	if err != nil {
-		return pinnedMem{}, fmt.Errorf("kernels/cuda: mmap %d bytes: %w", size, err)
+		return pinnedMem{}, fmt.Errorf("kernels/cuda: %w", err)
 	}
-	_ = unix.Madvise(mem, unix.MADV_HUGEPAGE) // advice: fewer faults and pins where granted
-	memclr.Fault(mem)
 	p := unsafe.Pointer(unsafe.SliceData(mem))
 	if err := b.pool.call(func() error { return hostRegister(p, size) }); err != nil {
-		_ = unix.Munmap(mem)
+		_ = kernels.UnmapHost(mem)
 		return pinnedMem{}, err
 	}
 	return pinnedMem{p: p, n: n, mapped: mem}, nil
