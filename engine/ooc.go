@@ -83,7 +83,8 @@ type OffloadOptions struct {
 	// (HostAdamWFrom), which becomes the layer's state when the norm is
 	// within the clip and the step not skipped (the bits of updating after
 	// the norm), and is dropped otherwise (the layer is then updated after
-	// the norm, as without it). It matters only when the updates wait for
+	// the norm, as without it, and the next step does not speculate:
+	// Trainer.clipped). It matters only when the updates wait for
 	// the norm (clipping or fp16 loss scaling); the host holds the second
 	// copy (plan.SpecState). Not with DelayedUpdate or a sharded
 	// optimizer.

@@ -13,14 +13,43 @@ import (
 // (oocOptions, seed 7, oocFeed): over specSteps steps some are clipped
 // and some are not (checked by TestOutOfCoreSpeculativeUpdate).
 const (
-	specClip  = 1.55
-	specSteps = 5
+	specClip  = 1.6
+	specSteps = 6
 )
+
+// specOutcome is what becomes of the speculation of a step of gradient
+// norm n after a step that was clipped (prevClipped) or not: none after a
+// clipped step, else kept when n is within specClip and dropped when not.
+func specOutcome(prevClipped bool, n float64) Speculation {
+	switch {
+	case prevClipped:
+		return Unspeculated
+	case n <= specClip:
+		return SpecKept
+	}
+	return SpecDropped
+}
+
+// specCounts counts the steps of norms whose speculation is kept and
+// dropped (specOutcome).
+func specCounts(norms []float64) (kept, dropped int) {
+	prev := false
+	for _, n := range norms {
+		switch specOutcome(prev, n) {
+		case SpecKept:
+			kept++
+		case SpecDropped:
+			dropped++
+		}
+		prev = n > specClip
+	}
+	return kept, dropped
+}
 
 // trainNorms runs steps from seed 7 on oocFeed and returns the losses,
 // the gradient norms and the final master weights; it checks that each
-// step reports its speculation kept when its norm is within specClip and
-// dropped when not (or none when the trainer does not speculate).
+// step reports the speculation specOutcome says (none when the trainer
+// does not speculate).
 func trainNorms(t *testing.T, tr *Trainer, steps int) ([]float64, []float64, [][]float32) {
 	t.Helper()
 	ctx := context.Background()
@@ -29,6 +58,7 @@ func trainNorms(t *testing.T, tr *Trainer, steps int) ([]float64, []float64, [][
 	}
 	feed := oocFeed()
 	var losses, norms []float64
+	prev := false
 	for s := range steps {
 		r, err := tr.TrainStep(ctx, feed)
 		if err != nil {
@@ -36,13 +66,10 @@ func trainNorms(t *testing.T, tr *Trainer, steps int) ([]float64, []float64, [][
 		}
 		losses, norms = append(losses, r.Loss), append(norms, r.GradNorm)
 		want := Unspeculated
-		switch {
-		case tr.off == nil || !tr.off.opts.Speculate:
-		case r.GradNorm <= specClip:
-			want = SpecKept
-		default:
-			want = SpecDropped
+		if tr.off != nil && tr.off.opts.Speculate {
+			want = specOutcome(prev, r.GradNorm)
 		}
+		prev = r.GradNorm > specClip
 		if r.Speculation != want {
 			t.Errorf("step %d (norm %v): speculation %d, want %d", s, r.GradNorm, r.Speculation, want)
 		}
@@ -59,7 +86,8 @@ func trainNorms(t *testing.T, tr *Trainer, steps int) ([]float64, []float64, [][
 // the norm is within the clip) give the resident run's losses and
 // weights bit for bit in fp32, and the non-speculative out-of-core run's
 // in bf16, over steps of which some are clipped (the speculation
-// dropped) and some not (kept).
+// dropped) and some not (kept); a step after a clipped one does not
+// speculate.
 func TestOutOfCoreSpeculativeUpdate(t *testing.T) {
 	to := oocOptions()
 	to.GradClip = specClip
@@ -74,14 +102,9 @@ func TestOutOfCoreSpeculativeUpdate(t *testing.T) {
 	}
 	wantL, norms, wantW := trainNorms(t, res, specSteps)
 	res.Close()
-	var clipped int
-	for _, n := range norms {
-		if n > specClip {
-			clipped++
-		}
-	}
-	if clipped == 0 || clipped == len(norms) {
-		t.Fatalf("gradient norms %v against clip %v: want some steps clipped and some not", norms, specClip)
+	kept, dropped := specCounts(norms)
+	if kept == 0 || dropped == 0 {
+		t.Fatalf("gradient norms %v against clip %v: want some speculations kept and some dropped", norms, specClip)
 	}
 	spec := func(o OffloadOptions) OffloadOptions { o.Speculate = true; return o }
 	resident := OffloadOptions{Weights: offload.TierDevice, Grads: offload.TierHost, Optimizer: offload.TierHost,
@@ -99,11 +122,9 @@ func TestOutOfCoreSpeculativeUpdate(t *testing.T) {
 			}
 			hs := tr.off.host
 			layers := len(tr.model.Layers)
-			if want := (len(norms) - clipped) * layers; hs.specKept != want {
-				t.Errorf("%d speculative layer updates kept, want %d (%d unclipped steps)", hs.specKept, want, len(norms)-clipped)
-			}
-			if want := clipped * layers; hs.specDropped != want {
-				t.Errorf("%d speculative layer updates dropped, want %d (%d clipped steps)", hs.specDropped, want, clipped)
+			if hs.specKept != kept*layers || hs.specDropped != dropped*layers {
+				t.Errorf("%d speculative layer updates kept and %d dropped, want %d and %d (%d and %d steps of %d layers)",
+					hs.specKept, hs.specDropped, kept*layers, dropped*layers, kept, dropped, layers)
 			}
 			if tr.Step != specSteps {
 				t.Errorf("Step %d after %d steps", tr.Step, specSteps)
@@ -117,17 +138,14 @@ func TestOutOfCoreSpeculativeUpdate(t *testing.T) {
 		gotL, gotN, gotW := trainNorms(t, tr, specSteps)
 		check()
 		sameRun(t, "without speculation", wantL, gotL, wantW, gotW)
-		var kept int
 		for s := range wantN {
 			if gotN[s] != wantN[s] {
 				t.Errorf("step %d: norm %v, without speculation %v", s, gotN[s], wantN[s])
 			}
-			if wantN[s] <= specClip {
-				kept++
-			}
 		}
-		if hs := tr.off.host; hs.specKept != kept*len(tr.model.Layers) || hs.specDropped != (specSteps-kept)*len(tr.model.Layers) {
-			t.Errorf("%d kept, %d dropped; want %d and %d", hs.specKept, hs.specDropped, kept*len(tr.model.Layers), (specSteps-kept)*len(tr.model.Layers))
+		kept, dropped := specCounts(wantN)
+		if hs, l := tr.off.host, len(tr.model.Layers); hs.specKept != kept*l || hs.specDropped != dropped*l {
+			t.Errorf("%d kept, %d dropped; want %d and %d", hs.specKept, hs.specDropped, kept*l, dropped*l)
 		}
 	})
 }

@@ -133,6 +133,10 @@ type Trainer struct {
 	off *offloadState
 	// dp is the data-parallel side (engine/ddp.go), nil without a Comm.
 	dp *dataParallel
+	// clipped says the last step's gradients were clipped or skipped: the
+	// next step does not speculate (norms change slowly, and a dropped
+	// speculation only adds host memory traffic to the backward).
+	clipped bool
 
 	// gradHook, if set, runs (on the compute queue's driver) once layers'
 	// gradients are final for the step, before their statistics are
@@ -309,7 +313,8 @@ func (t *Trainer) MicroLoss(ctx context.Context, hb *HostBatch) (float64, error)
 // a second copy of its layer's state, which the step keeps when the norm
 // says the gradients are not clipped and drops otherwise, updating the
 // layer after the norm as without speculation. The arithmetic is the same
-// either way.
+// either way. A step after one whose gradients were clipped (or skipped)
+// does not speculate.
 func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, error) {
 	if t.off.opts.forward {
 		return StepResult{}, errForwardOnly
@@ -328,7 +333,7 @@ func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, e
 	switch {
 	case o.GradClip <= 0 && !t.Scaler.Enabled && !st.opts.DelayedUpdate && !st.opts.zero.on():
 		hs.eager = &unclipped
-	case st.opts.Speculate:
+	case st.opts.Speculate && !t.clipped:
 		hs.spec = &unclipped
 	}
 	tr0, disk0 := st.exec.Traffic(), hs.diskBytes()
@@ -376,6 +381,7 @@ func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, e
 		coef = o.GradClip / r.GradNorm
 	}
 	hp.GradScale = float32(coef / r.LossScale)
+	t.clipped = r.Skipped || hp != unclipped
 	if !r.Skipped {
 		// The layers whose optimizer state is on the device, on the
 		// compute queue before the next step's forward.

@@ -144,8 +144,9 @@ type Placement struct {
 	// into a second copy of the layer's master, weights and moments,
 	// which replaces the first when the norm is within the clip (the
 	// same bits as updating after the norm) and is dropped otherwise (the
-	// layer is then updated after the norm, as without it). It takes a
-	// second copy of the host layers' state (plan.SpecState).
+	// layer is then updated after the norm, as without it; and the next
+	// step does not speculate). It takes a second copy of the host layers'
+	// state (plan.SpecState).
 	SpeculativeUpdate bool `json:"speculative_update,omitempty"`
 	// Notes are the trainer's remarks on how it carries the plan out
 	// (such as the model's lean activations), printed under the placement.

@@ -480,7 +480,7 @@ func printTrainSummary(w io.Writer, s *engine.Summary, state string) {
 		fmt.Fprintf(w, "  skipped steps %d (non-finite gradients)\n", s.Skipped)
 	}
 	if n := s.SpecKept + s.SpecDropped; n > 0 {
-		fmt.Fprintf(w, "  speculative   host updates kept in %d of %d steps (the others' gradients were clipped: updated again after the norm)\n", s.SpecKept, n)
+		fmt.Fprintf(w, "  speculative   host updates kept in %d of the %d steps that speculated (a clipped step redoes them after the norm; the step after it does not speculate)\n", s.SpecKept, n)
 	}
 	if s.Checkpoint != "" {
 		fmt.Fprintf(w, "  checkpoint    %s\n", s.Checkpoint)
