@@ -844,5 +844,21 @@ func (pl *planner) alternatives(best *cand, cs []*cand, budget [3]int64) []offlo
 			out = append(out, alt(f, c))
 		}
 	}
+	// The same placement with the host updates after the norm, when the
+	// best speculates.
+	if best.spec {
+		c := *best
+		c.noSpec = true
+		pl.hostDisk(&c)
+		pl.timeOf(&c)
+		c.p = pl.placement(&c)
+		a := alt("the same placement with the host updates after the norm (no speculation)", &c)
+		var more int64
+		for cl := range best.host {
+			more += best.host[cl] - c.host[cl]
+		}
+		a.Why += fmt.Sprintf("; speculation takes %s more host memory", kernels.FormatBytes(more))
+		out = append(out, a)
+	}
 	return out
 }

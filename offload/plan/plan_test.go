@@ -503,6 +503,15 @@ func TestPlanSpeculativeUpdate(t *testing.T) {
 	if !spec.SpeculativeUpdate {
 		t.Fatalf("roomy host: not speculative: %s", spec.Summary())
 	}
+	var said bool
+	for _, a := range spec.Alternatives {
+		if strings.Contains(a.Family, "host updates after the norm") {
+			said = a.StepTime >= spec.StepTime && strings.Contains(a.Why, "more host memory")
+		}
+	}
+	if !said {
+		t.Errorf("the plan's alternatives do not say what speculation buys and costs: %+v", spec.Alternatives)
+	}
 	off := req
 	off.NoSpeculation, off.Allow = true, keep(spec)
 	plain, err := Plan(off)
