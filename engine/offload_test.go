@@ -295,45 +295,64 @@ func TestOutOfCoreEagerUpdate(t *testing.T) {
 	}
 }
 
-// TestOutOfCoreEagerNonFinite: an eager update never applies non-finite
-// gradients: the step reports Skipped and the layers keep their weights.
+// TestOutOfCoreEagerNonFinite: an eager update (no clipping) never
+// applies non-finite gradients, nor does a speculative one (clipping,
+// OffloadOptions.Speculate), which the step drops: the step reports
+// Skipped and the layers keep their weights.
 func TestOutOfCoreEagerNonFinite(t *testing.T) {
-	to := oocOptions()
-	to.GradClip = 0
-	tr, check := newOOC(t, kernels.F32, to, streamed())
-	ctx := context.Background()
-	if err := tr.InitWeights(ctx, 7); err != nil {
-		t.Fatal(err)
-	}
-	// A NaN in layer 0's wpe row 0 makes the loss, and with it every
-	// gradient, NaN.
-	before, err := tr.MasterWeights(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before[0][tr.model.Layers[0].Params()[1].Offset] = float32(math.NaN())
-	if err := tr.setLayerMaster(ctx, 0, f32Bytes(before[0])); err != nil {
-		t.Fatal(err)
-	}
-	r, err := tr.TrainStep(ctx, oocFeed())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !r.Skipped || !math.IsInf(r.GradNorm, 1) || tr.Step != 1 {
-		t.Errorf("step with NaN gradients: skipped %v, grad norm %v, Step %d", r.Skipped, r.GradNorm, tr.Step)
-	}
-	after, err := tr.MasterWeights(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for l := range after {
-		for i := range after[l] {
-			if math.Float32bits(after[l][i]) != math.Float32bits(before[l][i]) {
-				t.Fatalf("layer %d param %d changed from %v to %v by a non-finite update", l, i, before[l][i], after[l][i])
+	eager := oocOptions()
+	eager.GradClip = 0
+	spec := streamed()
+	spec.Speculate = true
+	for _, tc := range []struct {
+		name string
+		to   TrainerOptions
+		o    OffloadOptions
+		want Speculation
+	}{
+		{"eager", eager, streamed(), Unspeculated},
+		{"speculative", oocOptions(), spec, SpecDropped},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, check := newOOC(t, kernels.F32, tc.to, tc.o)
+			ctx := context.Background()
+			if err := tr.InitWeights(ctx, 7); err != nil {
+				t.Fatal(err)
 			}
-		}
+			// A NaN in layer 0's wpe row 0 makes the loss, and with it every
+			// gradient, NaN.
+			before, err := tr.MasterWeights(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before[0][tr.model.Layers[0].Params()[1].Offset] = float32(math.NaN())
+			if err := tr.setLayerMaster(ctx, 0, f32Bytes(before[0])); err != nil {
+				t.Fatal(err)
+			}
+			r, err := tr.TrainStep(ctx, oocFeed())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !r.Skipped || !math.IsInf(r.GradNorm, 1) || tr.Step != 1 || r.Speculation != tc.want {
+				t.Errorf("step with NaN gradients: skipped %v, grad norm %v, Step %d, speculation %d (want %d)", r.Skipped, r.GradNorm, tr.Step, r.Speculation, tc.want)
+			}
+			if hs := tr.off.host; tc.o.Speculate && (hs.specKept != 0 || hs.specDropped == 0) {
+				t.Errorf("%d speculative updates kept, %d dropped: want none kept, some dropped", hs.specKept, hs.specDropped)
+			}
+			after, err := tr.MasterWeights(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for l := range after {
+				for i := range after[l] {
+					if math.Float32bits(after[l][i]) != math.Float32bits(before[l][i]) {
+						t.Fatalf("layer %d param %d changed from %v to %v by a non-finite update", l, i, before[l][i], after[l][i])
+					}
+				}
+			}
+			check()
+		})
 	}
-	check()
 }
 
 // TestOutOfCoreOffloadActivations: activations copied to the host after

@@ -141,8 +141,11 @@ func (hs *hostState) launchSpec(ctx context.Context, i int, hp kernels.AdamWPara
 	done := make(chan struct{})
 	h.done, h.err, h.spec = done, nil, true
 	gradEv, grads := h.gradEv, h.grads
-	src := [3][]byte{h.master, h.m, h.v}
-	dst := [4][]byte{h.sMaster, h.sM, h.sV, h.sWeights}
+	src, dst := [3][]byte{h.master, h.m, h.v}, [3][]byte{h.sMaster, h.sM, h.sV}
+	out := h.sWeights
+	if hs.m.DType == kernels.F32 {
+		out = nil // the master is the weights
+	}
 	hs.work <- func() {
 		defer close(done)
 		if gradEv != nil {
@@ -151,7 +154,7 @@ func (hs *hostState) launchSpec(ctx context.Context, i int, hp kernels.AdamWPara
 			}
 		}
 		end := hs.rec.Begin("optimizer", stream.Optimizer, "adamw (speculative) "+hs.m.Layers[i].Name())
-		h.err = hs.adamLayer(i, hp, grads, src, dst)
+		h.err = hs.adamParams(i, hp, grads, dst, &src, out)
 		end()
 	}
 }
@@ -159,10 +162,9 @@ func (hs *hostState) launchSpec(ctx context.Context, i int, hp kernels.AdamWPara
 // settleSpec ends the running step's speculative updates: with keep each
 // one becomes its layer's state once it is waited for (waitLayer), and
 // the device copies of the layer's weights are stale; else it is dropped
-// (its copy is simply overwritten by the next). It returns whether layer
-// i's update is done, for each layer.
-func (hs *hostState) settleSpec(keep bool) []bool {
-	kept := make([]bool, len(hs.host))
+// (its copy is simply overwritten by the next): the layers whose
+// hostLayer.keep it sets need no other update this step.
+func (hs *hostState) settleSpec(keep bool) {
 	for i := range hs.host {
 		h := &hs.host[i]
 		if !h.spec {
@@ -174,7 +176,7 @@ func (hs *hostState) settleSpec(keep bool) []bool {
 			continue
 		}
 		hs.specKept++
-		h.keep, kept[i] = true, true
+		h.keep = true
 		for _, cl := range []offload.Class{offload.Weights, offload.Master, offload.AdamM, offload.AdamV} {
 			k := offload.Key{Layer: i, Class: cl}
 			if r, _ := hs.table.Get(k); r.Valid.Has(offload.TierHost) {
@@ -182,37 +184,6 @@ func (hs *hostState) settleSpec(keep bool) []bool {
 			}
 		}
 	}
-	return kept
-}
-
-// adamLayer is AdamW of host layer i (unsharded, in RAM) from src (its
-// master, m and v) into dst (master, m, v and compute-dtype weights, nil
-// in fp32 where the master is the weights) with gradients grads.
-func (hs *hostState) adamLayer(i int, hp kernels.AdamWParams, grads []byte, src [3][]byte, dst [4][]byte) error {
-	l := hs.m.Layers[i]
-	dt := hs.m.DType
-	es := int(dt.Size())
-	p0, m0, v0 := offload.F32s(src[0]), offload.F32s(src[1]), offload.F32s(src[2])
-	p1, m1, v1 := offload.F32s(dst[0]), offload.F32s(dst[1]), offload.F32s(dst[2])
-	out := dst[3]
-	if dt == kernels.F32 {
-		out = nil
-	}
-	for _, ps := range l.Params() {
-		p := hp
-		if !ps.Decay {
-			p.WeightDecay = 0
-		}
-		lo, hi := ps.Offset, ps.Offset+ps.Elems()
-		var o []byte
-		if out != nil {
-			o = out[lo*es : hi*es]
-		}
-		if err := offload.HostAdamWFrom(p1[lo:hi], m1[lo:hi], v1[lo:hi], p0[lo:hi], m0[lo:hi], v0[lo:hi], grads[lo*es:hi*es], dt, o, dt, p); err != nil {
-			return fmt.Errorf("engine: host optimizer (speculative), layer %s: %w", l.Name(), err)
-		}
-	}
-	return nil
 }
 
 // updateLayer is AdamW on layer i's host state with gradients grads,
@@ -222,7 +193,6 @@ func (hs *hostState) adamLayer(i int, hp kernels.AdamWParams, grads []byte, src 
 func (hs *hostState) updateLayer(ctx context.Context, i int, hp kernels.AdamWParams, grads, out []byte) error {
 	h := &hs.host[i]
 	l := hs.m.Layers[i]
-	dt := hs.m.DType
 	mb, vb, wb := h.m, h.v, h.master
 	np := int64(l.NumParams())
 	if hs.tier[i] == offload.TierDisk {
@@ -236,13 +206,33 @@ func (hs *hostState) updateLayer(ctx context.Context, i int, hp kernels.AdamWPar
 			wb = h.buf.master[:4*np]
 		}
 	}
-	master, m, v := offload.F32s(wb), offload.F32s(mb), offload.F32s(vb)
+	if err := hs.adamParams(i, hp, grads, [3][]byte{wb, mb, vb}, nil, out); err != nil {
+		if hs.tier[i] == offload.TierDisk {
+			hs.releaseLoaded(i)
+		}
+		return err
+	}
+	if hs.tier[i] == offload.TierDisk {
+		hs.writeBack(ctx, i)
+	}
+	return nil
+}
+
+// adamParams is AdamW over each parameter of layer i (weight decay on the
+// decayed ones) with gradients grads: on st (master, m, v) in place, or,
+// when src is not nil, from src into st (the speculative update), writing
+// the compute-dtype weights to out (nil: the master is the compute copy).
+// The moments hold [s0, s1) of the layer's parameters: the rank's range
+// when sharded (engine/zero.go), else all; the master the same from m0
+// on, or all of them (fp32: the master is the weights).
+func (hs *hostState) adamParams(i int, hp kernels.AdamWParams, grads []byte, st [3][]byte, src *[3][]byte, out []byte) error {
+	l := hs.m.Layers[i]
+	dt := hs.m.DType
+	np := l.NumParams()
+	master, m, v := offload.F32s(st[0]), offload.F32s(st[1]), offload.F32s(st[2])
 	es := int(dt.Size())
-	// The moments hold [s0, s1) of the layer's parameters: the rank's
-	// range when sharded (engine/zero.go), else all; the master the same
-	// from m0 on, or all of them (fp32: the master is the weights).
-	s0, s1 := hs.opts.shardOf(i, int(np))
-	m0, _ := hs.opts.masterOf(dt, i, int(np))
+	s0, s1 := hs.opts.shardOf(i, np)
+	m0, _ := hs.opts.masterOf(dt, i, np)
 	for _, ps := range l.Params() {
 		p := hp
 		if !ps.Decay {
@@ -256,15 +246,17 @@ func (hs *hostState) updateLayer(ctx context.Context, i int, hp kernels.AdamWPar
 		if out != nil {
 			o = out[lo*es : hi*es]
 		}
-		if err := offload.HostAdamW(master[lo-m0:hi-m0], grads[lo*es:hi*es], dt, m[lo-s0:hi-s0], v[lo-s0:hi-s0], o, dt, p); err != nil {
-			if hs.tier[i] == offload.TierDisk {
-				hs.releaseLoaded(i)
-			}
-			return err
+		pm, mm, vm, g := master[lo-m0:hi-m0], m[lo-s0:hi-s0], v[lo-s0:hi-s0], grads[lo*es:hi*es]
+		var err error
+		if src == nil {
+			err = offload.HostAdamW(pm, g, dt, mm, vm, o, dt, p)
+		} else {
+			sp, sm, sv := offload.F32s(src[0]), offload.F32s(src[1]), offload.F32s(src[2])
+			err = offload.HostAdamWFrom(pm, mm, vm, sp[lo-m0:hi-m0], sm[lo-s0:hi-s0], sv[lo-s0:hi-s0], g, dt, o, dt, p)
 		}
-	}
-	if hs.tier[i] == offload.TierDisk {
-		hs.writeBack(ctx, i)
+		if err != nil {
+			return fmt.Errorf("engine: host optimizer, layer %s: %w", l.Name(), err)
+		}
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"math"
 	"testing"
 
 	"github.com/spill-ml/spill/kernels"
@@ -81,6 +80,23 @@ func trainNorms(t *testing.T, tr *Trainer, steps int) ([]float64, []float64, [][
 	return losses, norms, w
 }
 
+// sameSpeculation checks that tr's gradient norms got are want's (the
+// run it is compared with), and that every layer's speculative update was
+// kept or dropped in the steps specCounts says.
+func sameSpeculation(t *testing.T, what string, tr *Trainer, want, got []float64) {
+	t.Helper()
+	for s := range want {
+		if got[s] != want[s] {
+			t.Errorf("step %d: norm %v, %s %v", s, got[s], what, want[s])
+		}
+	}
+	kept, dropped := specCounts(want)
+	if hs, l := tr.off.host, len(tr.model.Layers); hs.specKept != kept*l || hs.specDropped != dropped*l {
+		t.Errorf("%d speculative layer updates kept and %d dropped, want %d and %d (%d and %d steps of %d layers)",
+			hs.specKept, hs.specDropped, kept*l, dropped*l, kept, dropped, l)
+	}
+}
+
 // TestOutOfCoreSpeculativeUpdate: with clipping, speculative host updates
 // (each layer's AdamW during the backward, into a second copy, kept when
 // the norm is within the clip) give the resident run's losses and
@@ -115,17 +131,7 @@ func TestOutOfCoreSpeculativeUpdate(t *testing.T) {
 			gotL, gotN, gotW := trainNorms(t, tr, specSteps)
 			check()
 			sameRun(t, "resident", wantL, gotL, wantW, gotW)
-			for s := range norms {
-				if gotN[s] != norms[s] {
-					t.Errorf("step %d: norm %v, resident %v", s, gotN[s], norms[s])
-				}
-			}
-			hs := tr.off.host
-			layers := len(tr.model.Layers)
-			if hs.specKept != kept*layers || hs.specDropped != dropped*layers {
-				t.Errorf("%d speculative layer updates kept and %d dropped, want %d and %d (%d and %d steps of %d layers)",
-					hs.specKept, hs.specDropped, kept*layers, dropped*layers, kept, dropped, layers)
-			}
+			sameSpeculation(t, "resident", tr, norms, gotN)
 			if tr.Step != specSteps {
 				t.Errorf("Step %d after %d steps", tr.Step, specSteps)
 			}
@@ -138,57 +144,6 @@ func TestOutOfCoreSpeculativeUpdate(t *testing.T) {
 		gotL, gotN, gotW := trainNorms(t, tr, specSteps)
 		check()
 		sameRun(t, "without speculation", wantL, gotL, wantW, gotW)
-		for s := range wantN {
-			if gotN[s] != wantN[s] {
-				t.Errorf("step %d: norm %v, without speculation %v", s, gotN[s], wantN[s])
-			}
-		}
-		kept, dropped := specCounts(wantN)
-		if hs, l := tr.off.host, len(tr.model.Layers); hs.specKept != kept*l || hs.specDropped != dropped*l {
-			t.Errorf("%d kept, %d dropped; want %d and %d", hs.specKept, hs.specDropped, kept*l, dropped*l)
-		}
+		sameSpeculation(t, "without speculation", tr, wantN, gotN)
 	})
-}
-
-// TestOutOfCoreSpeculativeNonFinite: a step whose gradients are not
-// finite drops every speculative update: it reports Skipped and the
-// layers keep their weights.
-func TestOutOfCoreSpeculativeNonFinite(t *testing.T) {
-	o := streamed()
-	o.Speculate = true
-	tr, check := newOOC(t, kernels.F32, oocOptions(), o)
-	ctx := context.Background()
-	if err := tr.InitWeights(ctx, 7); err != nil {
-		t.Fatal(err)
-	}
-	before, err := tr.MasterWeights(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before[0][tr.model.Layers[0].Params()[1].Offset] = float32(math.NaN())
-	if err := tr.setLayerMaster(ctx, 0, f32Bytes(before[0])); err != nil {
-		t.Fatal(err)
-	}
-	r, err := tr.TrainStep(ctx, oocFeed())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !r.Skipped || tr.Step != 1 || r.Speculation != SpecDropped {
-		t.Errorf("step with NaN gradients: skipped %v, Step %d, speculation %d", r.Skipped, tr.Step, r.Speculation)
-	}
-	if hs := tr.off.host; hs.specKept != 0 || hs.specDropped == 0 {
-		t.Errorf("%d speculative updates kept, %d dropped: want none kept, some dropped", hs.specKept, hs.specDropped)
-	}
-	after, err := tr.MasterWeights(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for l := range after {
-		for i := range after[l] {
-			if math.Float32bits(after[l][i]) != math.Float32bits(before[l][i]) {
-				t.Fatalf("layer %d param %d changed from %v to %v by a dropped update", l, i, before[l][i], after[l][i])
-			}
-		}
-	}
-	check()
 }

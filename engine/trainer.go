@@ -395,12 +395,10 @@ func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, e
 	t.Step++
 	// The speculative updates are the step's when the gradients were
 	// not clipped (the same parameters, bit for bit) and the step counts.
-	var kept []bool
 	if spec {
-		ok := !r.Skipped && hp == unclipped
-		kept = hs.settleSpec(ok)
+		hs.settleSpec(!t.clipped)
 		r.Speculation = SpecDropped
-		if ok {
+		if !t.clipped {
 			r.Speculation = SpecKept
 		}
 	}
@@ -408,7 +406,10 @@ func (t *Trainer) TrainStep(ctx context.Context, src BatchSource) (StepResult, e
 		return r, nil
 	}
 	for i := range hs.host {
-		if kept == nil || !kept[i] {
+		// A layer this step speculated for and kept is updated. (Without
+		// speculation this step, launchUpdate applies an earlier kept
+		// update first.)
+		if !spec || !hs.host[i].keep {
 			hs.launchUpdate(ctx, i, hp, false)
 		}
 	}

@@ -64,8 +64,13 @@ func adamwFromGo(p, g, m, v, p0, m0, v0 []float32, c *adamConsts) {
 }
 
 // adamwBlockFrom is adamwBlock out of place: the state of elements [lo,
-// hi) is read from p0, m0 and v0 (adamwStepFrom).
+// hi) is read from p0, m0 and v0 (adamwStepFrom); in place (adamwBlock)
+// when p0 is nil.
 func adamwBlockFrom(p, m, v, p0, m0, v0 []float32, g, o view, hasOut bool, lo, hi int, c *adamConsts, ga *[blk]float32) {
+	if p0 == nil {
+		adamwBlock(p, m, v, g, o, hasOut, lo, hi, c, ga)
+		return
+	}
 	ps := p[lo:hi:hi]
 	adamwStepFrom(ps, g.load(lo, hi, ga[:]), m[lo:hi:hi], v[lo:hi:hi], p0[lo:hi:hi], m0[lo:hi:hi], v0[lo:hi:hi], c)
 	if hasOut {

@@ -90,12 +90,7 @@ func hostAdamW(param, m, v, p0, m0, v0 []float32, grad []byte, gdt kernels.DType
 	if n < 2*hostChunk || runtime.GOMAXPROCS(0) == 1 {
 		var ga [blk]float32
 		for lo := 0; lo < n; lo += blk {
-			hi := min(lo+blk, n)
-			if p0 != nil {
-				adamwBlockFrom(param, m, v, p0, m0, v0, g, o, out != nil, lo, hi, &c, &ga)
-				continue
-			}
-			adamwBlock(param, m, v, g, o, out != nil, lo, hi, &c, &ga)
+			adamwBlockFrom(param, m, v, p0, m0, v0, g, o, out != nil, lo, min(lo+blk, n), &c, &ga)
 		}
 		return nil
 	}
@@ -255,11 +250,7 @@ func (j *hostJob) work() {
 			hostChunkHook(true)
 		}
 		for s := lo; s < hi; s += blk {
-			if j.p0 != nil {
-				adamwBlockFrom(j.p, j.m, j.v, j.p0, j.m0, j.v0, j.g, j.o, j.hasOut, s, min(s+blk, hi), &j.c, &ga)
-				continue
-			}
-			adamwBlock(j.p, j.m, j.v, j.g, j.o, j.hasOut, s, min(s+blk, hi), &j.c, &ga)
+			adamwBlockFrom(j.p, j.m, j.v, j.p0, j.m0, j.v0, j.g, j.o, j.hasOut, s, min(s+blk, hi), &j.c, &ga)
 		}
 		// A chunk is a few hundred microseconds: yield between them, so
 		// that a goroutine made runnable meanwhile (a queue's, an

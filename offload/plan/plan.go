@@ -646,14 +646,20 @@ func (pl *planner) specOrNot(c *cand) {
 	if !c.spec {
 		return
 	}
+	if alt := pl.withoutSpec(c); alt.step <= c.step {
+		*c = alt
+	}
+}
+
+// withoutSpec is c with the host updates after the norm: its host memory,
+// placement and time.
+func (pl *planner) withoutSpec(c *cand) cand {
 	alt := *c
 	alt.noSpec = true
 	pl.hostDisk(&alt)
 	pl.timeOf(&alt)
-	if alt.step <= c.step {
-		alt.p = pl.placement(&alt)
-		*c = alt
-	}
+	alt.p = pl.placement(&alt)
+	return alt
 }
 
 // checkFit compiles c's programs for its exact device peak. An
@@ -847,11 +853,7 @@ func (pl *planner) alternatives(best *cand, cs []*cand, budget [3]int64) []offlo
 	// The same placement with the host updates after the norm, when the
 	// best speculates.
 	if best.spec {
-		c := *best
-		c.noSpec = true
-		pl.hostDisk(&c)
-		pl.timeOf(&c)
-		c.p = pl.placement(&c)
+		c := pl.withoutSpec(best)
 		a := alt("the same placement with the host updates after the norm (no speculation)", &c)
 		var more int64
 		for cl := range best.host {
