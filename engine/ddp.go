@@ -232,8 +232,7 @@ func (t *Trainer) reduceGrads(q kernels.Queue, final []int) {
 					continue
 				}
 				g := t.st.Layers[j].Grads
-				be.SumSquares(cq, t.stats.Slice(2*j, 1), g)
-				be.CheckFinite(cq, t.stats.Slice(2*j+1, 1), g)
+				be.SumSquaresFinite(cq, t.stats.Slice(2*j, 2), g)
 			}
 			for _, j := range final {
 				if o.sharded(j) { // one after the other: they share zbuf

@@ -635,8 +635,7 @@ func (mt *oocModel) Run(q kernels.Queue, op schedule.Op, final []int) {
 	default:
 		for _, j := range final {
 			g := t.st.Layers[j].Grads
-			t.be.SumSquares(q, t.stats.Slice(2*j, 1), g)
-			t.be.CheckFinite(q, t.stats.Slice(2*j+1, 1), g)
+			t.be.SumSquaresFinite(q, t.stats.Slice(2*j, 2), g)
 		}
 	}
 	if op == st.last { // a training program's: every layer's are taken

@@ -148,8 +148,7 @@ func (t *Trainer) reduceScatterGrads(cq kernels.Queue, j int, g kernels.Tensor) 
 	}
 	own := g.Slice(lo, hi-lo)
 	be.CopyDevice(cq, own, mine.Slice(0, hi-lo))
-	be.SumSquares(cq, t.stats.Slice(2*j, 1), own)
-	be.CheckFinite(cq, t.stats.Slice(2*j+1, 1), own)
+	be.SumSquaresFinite(cq, t.stats.Slice(2*j, 2), own)
 }
 
 // reduceStats enqueues, after q's work so far, the all-reduce of the

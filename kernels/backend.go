@@ -283,12 +283,11 @@ type Ops interface {
 	// the compute-dtype copy of the weights).
 	AdamW(q Queue, param, grad, m, v, out Tensor, p AdamWParams)
 
-	// SumSquares accumulates out[0] += Σ x² (out is F32 with at least one
-	// element), for global gradient norms.
-	SumSquares(q Queue, out, x Tensor)
-	// CheckFinite sets flag[0] = 1 (flag is F32) if any element of x is NaN
-	// or ±Inf; it never clears the flag.
-	CheckFinite(q Queue, flag, x Tensor)
+	// SumSquaresFinite accumulates out[0] += Σ x² and sets out[1] = 1 if
+	// any element of x is NaN or ±Inf (it never clears it); out is F32 with
+	// at least two elements. One pass over x gives a gradient's share of
+	// the global norm and of the skip-step check.
+	SumSquaresFinite(q Queue, out, x Tensor)
 }
 
 // Overwriter is implemented by backends that can write, instead of

@@ -88,9 +88,9 @@ func dtCases() []dtCase {
 				p := kernels.AdamWParams{LR: 1e-2, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 3, GradScale: 0.5}
 				be.AdamW(q, g[0], f[0], g[1], g[2], f[1], p)
 			}},
-		{name: "SumSquares", floats: [][]float32{rv(N)},
-			f32s: [][]float32{{1}}, f32outs: []int{0},
-			run: func(be *Backend, q kernels.Queue, f, g, ii []kernels.Tensor) { be.SumSquares(q, g[0], f[0]) }},
+		{name: "SumSquaresFinite", floats: [][]float32{rv(N)},
+			f32s: [][]float32{{1, 0}}, f32outs: []int{0},
+			run: func(be *Backend, q kernels.Queue, f, g, ii []kernels.Tensor) { be.SumSquaresFinite(q, g[0], f[0]) }},
 	}
 }
 

@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"sync/atomic"
 
 	"github.com/spill-ml/spill/kernels"
 )
@@ -186,21 +187,36 @@ func (b *Backend) MSEBackward(q kernels.Queue, dpred, pred, target kernels.Tenso
 	})
 }
 
-// SumSquares implements kernels.Ops. Partial sums are kept in float64 so
-// the norm of a large gradient does not lose its small terms.
-func (b *Backend) SumSquares(q kernels.Queue, out, x kernels.Tensor) {
-	o := f32view("SumSquares", "out", out, 1)
-	v := fview("SumSquares", "x", x, x.N)
-	b.queue(q).enqueue("SumSquares", func() error {
+// SumSquaresFinite implements kernels.Ops in one pass: partial sums in
+// float64, so the norm of a large gradient does not lose its small terms;
+// a block whose float32 sum is not finite (a NaN or Inf in it, or a square
+// past float32's range) is scanned again element by element for the flag.
+func (b *Backend) SumSquaresFinite(q kernels.Queue, out, x kernels.Tensor) {
+	o := f32view("SumSquaresFinite", "out", out, 2)
+	v := fview("SumSquaresFinite", "x", x, x.N)
+	b.queue(q).enqueue("SumSquaresFinite", func() error {
+		var bad atomic.Bool
 		parts := b.partials(v.n, func(lo, hi int) float64 {
 			var sa [scratchLen]float32
-			acc := 0.0
+			acc, nonFinite := 0.0, false
 			for s := lo; s < hi; s += blk {
 				var a float32
-				for _, e := range v.load(s, min(s+blk, hi), sa[:]) {
+				es := v.load(s, min(s+blk, hi), sa[:])
+				for _, e := range es {
 					a += e * e
 				}
+				if !nonFinite && (math.IsNaN(float64(a)) || math.IsInf(float64(a), 0)) {
+					for _, e := range es {
+						if math.IsNaN(float64(e)) || math.IsInf(float64(e), 0) {
+							nonFinite = true
+							break
+						}
+					}
+				}
 				acc += float64(a)
+			}
+			if nonFinite {
+				bad.Store(true)
 			}
 			return acc
 		})
@@ -209,6 +225,9 @@ func (b *Backend) SumSquares(q kernels.Queue, out, x kernels.Tensor) {
 			total += p
 		}
 		o[0] += float32(total)
+		if bad.Load() {
+			o[1] = 1
+		}
 		return nil
 	})
 }
@@ -228,43 +247,6 @@ func (b *Backend) partials(n int, fn func(lo, hi int) float64) []float64 {
 		out[i] = fn(lo, min(lo+size, n))
 	})
 	return out
-}
-
-// CheckFinite implements kernels.Ops.
-func (b *Backend) CheckFinite(q kernels.Queue, flag, x kernels.Tensor) {
-	f := f32view("CheckFinite", "flag", flag, 1)
-	v := fview("CheckFinite", "x", x, x.N)
-	b.queue(q).enqueue("CheckFinite", func() error {
-		parts := b.partials(v.n, func(lo, hi int) float64 {
-			switch v.dt {
-			case kernels.F32:
-				for _, e := range v.f[lo:hi] {
-					if math.Float32bits(e)&0x7f800000 == 0x7f800000 {
-						return 1
-					}
-				}
-			case kernels.BF16:
-				for _, e := range v.h[lo:hi] {
-					if e&0x7f80 == 0x7f80 {
-						return 1
-					}
-				}
-			default:
-				for _, e := range v.h[lo:hi] {
-					if e&0x7c00 == 0x7c00 {
-						return 1
-					}
-				}
-			}
-			return 0
-		})
-		for _, p := range parts {
-			if p != 0 {
-				f[0] = 1
-			}
-		}
-		return nil
-	})
 }
 
 // AdamW implements kernels.Ops: one fused pass over param, grad, m, v (and

@@ -100,50 +100,62 @@ func TestAdamWAgainstFloat64(t *testing.T) {
 	}
 }
 
-func TestSumSquaresAndCheckFinite(t *testing.T) {
+// TestSumSquaresFinite: the sum of squares accumulates into out[0] with a
+// relative error under 1e-5; out[1] is set by a NaN or Inf anywhere (in a
+// block's middle or its tail), by an f16 overflow from a cast, never by
+// finite data, and never cleared.
+func TestSumSquaresFinite(t *testing.T) {
 	const N = 100003
 	be := openBE(t, 0)
 	q := be.DefaultQueue()
 	r := rand.New(rand.NewPCG(34, 35))
 	x := randVals(r, N, 1)
-	want := 2.0 // initial value of out: SumSquares accumulates
+	want := 2.0 // initial value of out[0]: it accumulates
 	for _, v := range x {
 		want += float64(v) * float64(v)
 	}
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
 		tx := upload(t, be, dt, x)
-		out := upload(t, be, kernels.F32, []float32{2})
-		be.SumSquares(q, out, tx)
-		if got := download(t, be, out)[0]; math.Abs(float64(got)-want) > 1e-5*want {
-			t.Fatalf("%v SumSquares = %v, want %v", dt, got, want)
+		out := upload(t, be, kernels.F32, []float32{2, 0})
+		be.SumSquaresFinite(q, out, tx)
+		got := download(t, be, out)
+		if math.Abs(float64(got[0])-want) > 1e-5*want {
+			t.Fatalf("%v sum of squares = %v, want %v", dt, got[0], want)
 		}
-		flag := upload(t, be, kernels.F32, []float32{0})
-		be.CheckFinite(q, flag, tx)
-		if f := download(t, be, flag)[0]; f != 0 {
-			t.Fatalf("%v CheckFinite flagged finite data", dt)
+		if got[1] != 0 {
+			t.Fatalf("%v: flag set on finite data", dt)
 		}
-		for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(-1))} {
-			y := append([]float32(nil), x...)
-			y[N-7] = bad
-			be.CheckFinite(q, flag, upload(t, be, dt, y))
-			if f := download(t, be, flag)[0]; f != 1 {
-				t.Fatalf("%v CheckFinite missed %v", dt, bad)
+		for _, at := range []int{N - 7, 1500} {
+			for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(-1))} {
+				y := append([]float32(nil), x...)
+				y[at] = bad
+				be.SumSquaresFinite(q, out, upload(t, be, dt, y))
+				if f := download(t, be, out)[1]; f != 1 {
+					t.Fatalf("%v: missed %v at %d", dt, bad, at)
+				}
+				be.SumSquaresFinite(q, out, tx) // never clears
+				if f := download(t, be, out)[1]; f != 1 {
+					t.Fatalf("%v: finite data cleared the flag", dt)
+				}
+				be.Zero(q, out)
 			}
-			be.CheckFinite(q, flag, tx) // never clears
-			if f := download(t, be, flag)[0]; f != 1 {
-				t.Fatalf("%v CheckFinite cleared the flag", dt)
-			}
-			be.Zero(q, flag)
 		}
 	}
-	// f16 overflow from a cast is caught too.
+	// A square past float32's range is not a non-finite element.
+	huge := upload(t, be, kernels.F32, []float32{1, 3e30})
+	out := upload(t, be, kernels.F32, []float32{0, 0})
+	be.SumSquaresFinite(q, out, huge)
+	if got := download(t, be, out); got[1] != 0 || !math.IsInf(float64(got[0]), 1) {
+		t.Fatalf("finite 3e30: got sum %v flag %v, want +Inf and 0", got[0], got[1])
+	}
+	// f16 overflow from a cast is caught.
 	big := upload(t, be, kernels.F32, []float32{1, 70000})
 	h := upload(t, be, kernels.F16, make([]float32, 2))
-	flag := upload(t, be, kernels.F32, []float32{0})
 	be.Cast(q, h, big)
-	be.CheckFinite(q, flag, h)
-	if download(t, be, flag)[0] != 1 {
-		t.Fatal("CheckFinite missed an f16 overflow to Inf")
+	be.Zero(q, out)
+	be.SumSquaresFinite(q, out, h)
+	if download(t, be, out)[1] != 1 {
+		t.Fatal("missed an f16 overflow to Inf")
 	}
 }
 

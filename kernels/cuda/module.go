@@ -52,7 +52,8 @@ func (b *Backend) loadModules() error {
 var kernelNames = []string{
 	"cast_forward", "add_forward", "scale_forward",
 	"gelu_forward", "gelu_backward", "mse_forward", "mse_backward",
-	"adamw_update", "sum_squares_partial", "sum_squares_final", "check_finite",
+	"adamw_update", "sum_squares_final",
+	"sum_squares_finite_partial_f32", "sum_squares_finite_partial_bf16", "sum_squares_finite_partial_f16",
 	"encoder_forward", "encoder_backward", "encoder_backward_wpe",
 	"layernorm_forward", "layernorm_backward", "layernorm_backward_params",
 	"matmul_forward_bias", "matmul_backward_bias", "matmul_backward_bias_partial",

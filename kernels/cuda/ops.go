@@ -335,37 +335,64 @@ func (b *Backend) AdamW(kq kernels.Queue, param, grad, m, v, out kernels.Tensor,
 	if gs == 0 {
 		gs = 1
 	}
+	if fn, ok := b.fns[adamw4Name(g.dt, o.dt)]; ok && aligned16(pp, mp, vp) && g.p%cu.DevicePtr(4*g.dt.Size()) == 0 &&
+		(o.p == 0 || o.p%cu.DevicePtr(4*o.dt.Size()) == 0) {
+		q.launch(fn, dim3{x: int(min((int64(N)/4+threads-1)/threads, 8192)) + 1}, block, aPtr(pp), aPtr(g.p), aPtr(mp), aPtr(vp),
+			aPtr(o.p), aI64(int64(N)), aF32(p.LR), aF32(p.Beta1), aF32(p.Beta2), aF32(p.Eps),
+			aF32(p.WeightDecay), aF32(bc1), aF32(bc2), aF32(gs))
+		return
+	}
 	q.launch(b.fn("adamw_update"), elems(N), block, aPtr(pp), aPtr(g.p), aDT(g.dt), aPtr(mp), aPtr(vp),
 		aPtr(o.p), aDT(o.dt), aI64(int64(N)), aF32(p.LR), aF32(p.Beta1), aF32(p.Beta2), aF32(p.Eps),
 		aF32(p.WeightDecay), aF32(bc1), aF32(bc2), aF32(gs))
 }
 
-// SumSquares accumulates out[0] += Σ x².
-func (b *Backend) SumSquares(kq kernels.Queue, out, x kernels.Tensor) {
+// adamw4Name is the AdamW kernel with four elements per thread for
+// gradient dtype g and copy dtype o (0: no copy), "" where there is none
+// (the generic adamw_update serves). Constant names: a launch formats
+// nothing.
+func adamw4Name(g, o kernels.DType) string {
+	switch {
+	case g == kernels.BF16 && o == kernels.BF16:
+		return "adamw_update4_bf16_bf16"
+	case g == kernels.BF16 && o == 0:
+		return "adamw_update4_bf16_none"
+	case g == kernels.F32 && o == 0:
+		return "adamw_update4_f32_none"
+	case g == kernels.F32 && o == kernels.BF16:
+		return "adamw_update4_f32_bf16"
+	case g == kernels.F32 && o == kernels.F32:
+		return "adamw_update4_f32_f32"
+	case g == kernels.F16 && o == kernels.F16:
+		return "adamw_update4_f16_f16"
+	}
+	return ""
+}
+
+// SumSquaresFinite accumulates out[0] += Σ x² and sets out[1] = 1 if x
+// holds a NaN or Inf, in one pass over x: one partial sum per block into
+// the scratch area (a fixed grid, so the sum does not depend on
+// scheduling), then their fixed-order sum.
+func (b *Backend) SumSquaresFinite(kq kernels.Queue, out, x kernels.Tensor) {
 	q := b.queue(kq)
-	o := b.typed("SumSquares", "out", out, kernels.F32, 1)
-	xs := b.float("SumSquares", "x", x, x.N)
+	o := b.typed("SumSquaresFinite", "out", out, kernels.F32, 2)
+	xs := b.float("SumSquaresFinite", "x", x, x.N)
 	n := x.N
 	if n == 0 {
 		return
 	}
-	g := int(min((int64(n)+4*threads-1)/(4*threads), 1024))
-	// The partial sums in the scratch area (offset 0).
+	fn, ok := b.typedFn("sum_squares_finite_partial", xs.dt)
+	if !ok {
+		panic(fmt.Sprintf("kernels/cuda: SumSquaresFinite: no kernel for %v", xs.dt))
+	}
+	per := int64(threads * vecN(xs.dt))
+	g := int(min((int64(n)+per-1)/per, 1024))
 	part := int64(g) * 4
 	js := [...]job{
-		launchJob(b.fn("sum_squares_partial"), dim3{x: g}, block, 0, aPtr(xs.p), aDT(xs.dt), aI64(int64(n))).withScratch(part, 0),
+		launchJob(fn, dim3{x: g}, block, 0, aPtr(o+4), aPtr(xs.p), aI64(int64(n))).withScratch(part, 0),
 		launchJob(b.fn("sum_squares_final"), dim3{x: 1}, dim3{x: 1024}, aPtr(o), 0, aI32(g)).withScratch(part, 1),
 	}
 	q.putGroup(js[:])
-}
-
-// CheckFinite sets flag[0] = 1 if x holds a NaN or Inf.
-func (b *Backend) CheckFinite(kq kernels.Queue, flag, x kernels.Tensor) {
-	q := b.queue(kq)
-	f := b.typed("CheckFinite", "flag", flag, kernels.F32, 1)
-	xs := b.float("CheckFinite", "x", x, x.N)
-	n := x.N
-	q.launch(b.fn("check_finite"), elems(n), block, aPtr(f), aPtr(xs.p), aDT(xs.dt), aI64(int64(n)))
 }
 
 // EncoderForward computes out = wte[tokens] + wpe[t].
