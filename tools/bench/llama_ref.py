@@ -14,7 +14,8 @@
     python3 llama_ref.py bench B T STEPS
         LlamaForCausalLM at llama3.2-1b's shape, PyTorch eager (SDPA,
         bf16 autocast, fused AdamW, fp32 master weights) on the GPU:
-        tokens/s over STEPS steps after 2 warm-up steps, as JSON.
+        tokens/s over STEPS steps after 2 warm-up steps, as JSON. With
+        SPILL_TORCH_COMPILE=1, each decoder layer through torch.compile.
     python3 llama_ref.py report RUNS_DIR OUT.json COMMIT MACHINE
         gathers the runs' JSON into llama_h200.json with the checks.
 
@@ -153,6 +154,11 @@ def cmd_bench(b, t, steps):
         cfg._attn_implementation = "sdpa"
         model = AutoModelForCausalLM.from_config(cfg)
     model = model.float().cuda().train()
+    compiled = os.environ.get("SPILL_TORCH_COMPILE") == "1"
+    if compiled:  # regional: each decoder layer (identical layers share one graph), the final norm
+        for layer in model.model.layers:
+            layer.compile()
+        model.model.norm.compile()
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), fused=True)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -171,7 +177,10 @@ def cmd_bench(b, t, steps):
         if i >= 2:
             times.append(time.perf_counter() - t0)
     tps = b * t / statistics.median(times)
-    print(json.dumps({"impl": "pytorch eager, sdpa, bf16 autocast, fused AdamW", "torch": torch.__version__,
+    impl = "pytorch eager, sdpa, bf16 autocast, fused AdamW"
+    if compiled:
+        impl = "torch.compile (regional: each decoder layer), sdpa, bf16 autocast, fused AdamW; compilation in the 2 warm-up steps, excluded"
+    print(json.dumps({"impl": impl, "compiled": compiled, "torch": torch.__version__,
                       "params": params, "batch": b, "seq_len": t, "steps": steps,
                       "step_times_s": times, "tokens_per_sec": tps,
                       "peak_memory_bytes": torch.cuda.max_memory_allocated(), "loss": loss.item()}))

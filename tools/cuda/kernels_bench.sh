@@ -9,6 +9,8 @@
 #   - whole GPT training steps, gpt2-124m T1024, gpt2-1.3b T1024 and
 #     gpt2-2.7b T2048 with head size 128 (gpubench), against torch.compile
 #     of the same model (tools/gpubench/torch_ref.py, SPILL_TORCH_COMPILE=1),
+#     and llama3.2-1b at T2048 (gpubench shape llama1b) against
+#     transformers' model under torch.compile (tools/bench/llama_ref.py),
 #     with spill's host time per step;
 #   - with SPILL_BENCH_GEMM=1, the GEMMs at the 124M shapes with float32 and
 #     with reduced-precision split-K reductions (SPILL_CUBLAS_REDUCED_PRECISION);
@@ -19,7 +21,7 @@
 # Prepare .gpu/ with tools/cuda/pack.sh, then run with the device tool
 # (carry [".gpu"]): bash tools/cuda/kernels_bench.sh. SPILL_COMMIT names the
 # commit in the report (default: git rev-parse HEAD where there is git).
-# SPILL_ATTN_SWEEP (HS:T,...), SPILL_BENCH_SHAPES (default 124m,1.3b,2.7b)
+# SPILL_ATTN_SWEEP (HS:T,...), SPILL_BENCH_SHAPES (default 124m,1.3b,2.7b,llama1b)
 # and SPILL_DEADLINE (default 480 s for the whole script: a step is cut to
 # what is left and skipped under 15 s) adjust it; SPILL_PTX=1 regenerates
 # the PTX first (needed after a .cu change; packed as $OUT/ptx.tgz).
@@ -32,7 +34,7 @@ if [ -f .gpu/env.sh ]; then source .gpu/env.sh; fi
 source tools/cuda/env.sh
 deadline=${SPILL_DEADLINE:-480}
 attn=${SPILL_ATTN_SWEEP:-64:1024,64:2048,64:4096,64:8192,128:1024,128:2048,128:4096,128:8192}
-shapes=${SPILL_BENCH_SHAPES:-124m,1.3b,2.7b}
+shapes=${SPILL_BENCH_SHAPES:-124m,1.3b,2.7b,llama1b}
 commit=${SPILL_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 status=0
 source tools/cuda/step.sh
@@ -58,7 +60,13 @@ if [ -n "${SPILL_BENCH_GEMM:-}" ]; then
   step gemm_default 90 /tmp/gpubench -kernels-only -shapes 124m -torch "$out/torch_gemm.json" -out "$out/gemm_default.json"
   SPILL_CUBLAS_REDUCED_PRECISION=1 step gemm_reduced 90 /tmp/gpubench -kernels-only -shapes 124m -torch "$out/torch_gemm.json" -out "$out/gemm_reduced.json"
 fi
-SPILL_TORCH_COMPILE=1 SPILL_TRAIN_ONLY=1 PYTHONUNBUFFERED=1 step torch_gpt 300 python3 tools/gpubench/torch_ref.py "$out/torch_compile.json" "$shapes"
+gpts=$(echo "$shapes" | tr ',' '\n' | grep -v '^llama' | paste -sd, -)
+[ -z "$gpts" ] || SPILL_TORCH_COMPILE=1 SPILL_TRAIN_ONLY=1 PYTHONUNBUFFERED=1 step torch_gpt 300 python3 tools/gpubench/torch_ref.py "$out/torch_compile.json" "$gpts"
+# The Llama preset against transformers' LlamaForCausalLM under torch.compile
+# (tools/bench/llama_ref.py bench: the same B and T as gpubench's llama1b).
+if echo ",$shapes," | grep -q ',llama1b,'; then
+  SPILL_TORCH_COMPILE=1 step torch_llama 240 bash -c "python3 tools/bench/llama_ref.py bench 4 2048 10 >'$out/torch_llama.json'"
+fi
 python3 tools/cuda/kernels_report.py "$out" "$commit" "SPILL_COMMIT=$commit bash tools/cuda/kernels_bench.sh (attention $attn; shapes $shapes)" >"$out/kernels_h200.json" || status=1
 python3 - "$out/kernels_h200.json" <<'EOF' || status=1
 import json, sys

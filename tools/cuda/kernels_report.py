@@ -45,7 +45,9 @@ def main():
                    "the backward kernels are the same",
                    "gpt: whole training steps in VRAM, bf16, fp32 master weights, AdamW, grad clip; torch.compile "
                    "regional (each block and the head+loss compiled, torch_ref.py with SPILL_TORCH_COMPILE=1); "
-                   "tokens/s over the steps after warm-up (compilation excluded)",
+                   "tokens/s over the steps after warm-up (compilation excluded); llama1b: spill's llama3.2-1b preset "
+                   "(B 4, T 2048) against transformers' LlamaForCausalLM with each decoder layer compiled "
+                   "(tools/bench/llama_ref.py bench, median step), its model TFLOP/s from the engine's FLOP count",
                    "host_issue_*: the spill queue goroutines' time issuing CUDA work per step (cuda.HostStats); "
                    "share_of_step well below 1 means the host is not the bottleneck",
                ])
@@ -74,15 +76,20 @@ def main():
         rows.append(row)
     rep["attention"] = rows
     gpt = load(d, "gpt.json")
-    tcomp = (load(d, "torch_compile.json") or {}).get("shapes", {})
+    tcomp = dict((load(d, "torch_compile.json") or {}).get("shapes", {}))
+    tl = load(d, "torch_llama.json")
+    if tl and tl.get("tokens_per_sec"):
+        tcomp["llama1b"] = dict(tokens_per_sec=tl["tokens_per_sec"], compiled=tl.get("compiled"), impl=tl.get("impl"),
+                                peak_device_gib=(tl.get("peak_memory_bytes") or 0) / 2**30)
     grows = []
     for sh in (gpt or {}).get("shapes", []):
         sp, tc = sh.get("spill", {}), tcomp.get(sh["name"]) or sh.get("torch") or {}
         ratio = None
         if sp.get("tokens_per_sec") and tc.get("tokens_per_sec"):
             ratio = sp["tokens_per_sec"] / tc["tokens_per_sec"]
-        row = dict(name=sh["name"], layers=sh["layers"], embd=sh["embd"], heads=sh["heads"], t=sh["seq_len"],
-                   batch=sh["batch"], params=sh["params"], spill_tokens_per_sec=sp.get("tokens_per_sec"),
+        row = dict(name=sh["name"], preset=sh.get("preset"), layers=sh.get("layers") or None,
+                   embd=sh.get("embd") or None, heads=sh.get("heads") or None, t=sh["seq_len"],
+                   batch=sh["batch"], params=sh.get("params") or None, spill_tokens_per_sec=sp.get("tokens_per_sec"),
                    spill_model_tflops=sp.get("model_tflops"), spill_step_ms_median=sp.get("step_ms_median"),
                    spill_peak_gib=sp.get("peak_device_gib"), spill_error=sp.get("error"),
                    host_jobs_per_step=sp.get("host_jobs_per_step"),
@@ -91,7 +98,7 @@ def main():
                    host_issue_ns_per_job=sp.get("host_issue_ns_per_job"),
                    host_issue_share_of_step=sp.get("host_issue_share_of_step"),
                    torch_compile_tokens_per_sec=tc.get("tokens_per_sec"),
-                   torch_compile_model_tflops=tc.get("model_tflops"), torch_compiled=tc.get("compiled"),
+                   torch_compile_model_tflops=tc.get("model_tflops"), torch_compiled=tc.get("compiled"), torch_impl=tc.get("impl"),
                    torch_peak_gib=tc.get("peak_device_gib"),
                    ratio_spill_over_torch_compile=ratio)
         grows.append({k: v for k, v in row.items() if v is not None})

@@ -54,6 +54,11 @@ var shapes = []shape{
 	{Name: "1.3b", Preset: "gpt2-1.3b", Layers: 24, Embd: 2048, Heads: 16, Vocab: 50304, MaxSeq: 2048, SeqLen: 1024, Batch: 8, Steps: 15, Warmup: 4},
 	// The preset's 32 heads (of 80) made 20 of 128, the shape.
 	{Name: "2.7b", Preset: "gpt2-2.7b", Layers: 32, Embd: 2560, Heads: 20, Vocab: 50304, MaxSeq: 2048, SeqLen: 2048, Batch: 4, Steps: 12, Warmup: 4},
+	// A Llama preset as it stands (no overrides: Layers 0 takes the
+	// preset's dimensions): grouped-query attention with head size 64,
+	// RMSNorm, SwiGLU, RoPE; its model FLOPs come from the engine
+	// (ModelFLOPsPerToken), and the kernel benchmarks skip it.
+	{Name: "llama1b", Preset: "llama3.2-1b", Vocab: 128256, SeqLen: 2048, Batch: 4, Steps: 12, Warmup: 4},
 }
 
 // gptParams counts the parameters of the GPT-2 architecture with tied
@@ -192,7 +197,7 @@ func run(ctx context.Context, device, torchPath, outPath string, only []string, 
 		want[strings.TrimSpace(s)] = true
 	}
 	for _, s := range shapes {
-		if !want[s.Name] || skipKernels {
+		if !want[s.Name] || skipKernels || s.Layers == 0 {
 			continue
 		}
 		g, a, err := kernelBench(device, s)
@@ -211,8 +216,10 @@ func run(ctx context.Context, device, torchPath, outPath string, only []string, 
 		if !want[s.Name] || kernelsOnly {
 			continue
 		}
-		s.Params = gptParams(s)
-		s.FLOPTok = 6 * s.Params
+		if s.Layers > 0 {
+			s.Params = gptParams(s)
+			s.FLOPTok = 6 * s.Params
+		}
 		r := shapeReport{shape: s}
 		fmt.Printf("== training %s (%d layers, d%d, %d heads, T%d, batch %d, %.1fM params)\n",
 			s.Name, s.Layers, s.Embd, s.Heads, s.SeqLen, s.Batch, float64(s.Params)/1e6)
@@ -343,7 +350,11 @@ func train(ctx context.Context, device string, s shape) (trainResult, error) {
 	}
 	wall := (ms[len(ms)-1].Elapsed - ms[s.Warmup-1].Elapsed).Seconds()
 	res.TokensPerSec = float64((len(ms)-s.Warmup)*s.Batch*s.SeqLen) / wall
-	res.ModelTFLOPs = res.TokensPerSec * float64(6*gptParams(s)) / 1e12
+	if s.Layers > 0 {
+		res.ModelTFLOPs = res.TokensPerSec * float64(6*gptParams(s)) / 1e12
+	} else {
+		res.ModelTFLOPs = res.TokensPerSec * ms[len(ms)-1].FLOPsPerToken / 1e12
+	}
 	res.StepMsMedian = median(steps)
 	if len(hs) == len(ms) {
 		a, z, n := hs[s.Warmup-1], hs[len(hs)-1], float64(len(ms)-s.Warmup)
