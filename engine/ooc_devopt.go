@@ -82,16 +82,27 @@ func (hs *hostState) updateDevice(s *stream.Stream, names []string, hp kernels.A
 		}
 		d := hs.devLayer(i)
 		err := s.Enqueue(names[i], func(q kernels.Queue) {
-			for _, ps := range hs.m.Layers[i].Params() {
+			// One AdamW per run of adjacent tensors that share their
+			// weight decay (a layer's tensors are contiguous; the update
+			// is elementwise, so the bits are those of one call per
+			// tensor): fewer, longer launches.
+			ps := hs.m.Layers[i].Params()
+			for a := 0; a < len(ps); {
+				z := a + 1
+				for z < len(ps) && ps[z].Decay == ps[a].Decay && ps[z].Offset == ps[z-1].Offset+ps[z-1].Elems() {
+					z++
+				}
+				off, n := ps[a].Offset, ps[z-1].Offset+ps[z-1].Elems()-ps[a].Offset
 				p := hp
-				if !ps.Decay {
+				if !ps[a].Decay {
 					p.WeightDecay = 0
 				}
+				a = z
 				out := kernels.Tensor{}
 				if d.weights.Buf != d.master.Buf {
-					out = param(d.weights, ps)
+					out = d.weights.Slice(off, n)
 				}
-				hs.dev.be.AdamW(q, param(d.master, ps), param(d.grads, ps), param(d.m, ps), param(d.v, ps), out, p)
+				hs.dev.be.AdamW(q, d.master.Slice(off, n), d.grads.Slice(off, n), d.m.Slice(off, n), d.v.Slice(off, n), out, p)
 			}
 		})
 		if err != nil {
