@@ -262,10 +262,13 @@ func flashBwdModeOf(v string) string {
 	return flashBwdFused
 }
 
-// flashFusedMaxScratch is the fraction of the memory budget the fused
+// 1/flashFusedMaxScratch is the fraction of the memory budget the fused
 // backward's scratch (D and the float32 dQ, B·NH·T·(hs+1)·4 bytes) may
-// take; above it the call takes the split kernels, which need only D.
-const flashFusedMaxScratch = 8
+// take; above it the call takes the split kernels, which need only D. The
+// scratch area is grow-only and charged to the budget ("scratch") beside
+// the layers' memory the trainer plans, so it is kept small (the tests of
+// out-of-core training leave the backend 1/8 of the limit).
+const flashFusedMaxScratch = 16
 
 // flashBwdLaunches counts AttentionBackward calls that took the flash path,
 // flashBwdFusedLaunches those of them that took the fused kernels.
@@ -372,7 +375,7 @@ func flashBwdFusedJobs(f flashBwd, dqkv, dout, qkv, out, lse, D, dq cu.DevicePtr
 
 // putFlashBwd enqueues the backward pass: the fused kernels when f has
 // them, their self-check passed (or force) and their scratch fits
-// (flashFusedMaxScratch), else the split ones; D at the start of the
+// (1/flashFusedMaxScratch of the budget), else the split ones; D at the start of the
 // scratch area, the fused path's dQ accumulator after it.
 func (q *queue) putFlashBwd(f flashBwd, force bool, dqkv, dout, qkv, out, lse cu.DevicePtr, B, T, NH, NKV, hs int, set bool) {
 	nD := align256(int64(B) * int64(NH) * int64(T) * 4)

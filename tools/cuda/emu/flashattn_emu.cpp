@@ -1,8 +1,10 @@
-// flashattn_emu.cpp: runs flash_fwd, flash_fwd_mt and the backward kernels of kernels/cuda/kernels/flashattn.cu on
+// flashattn_emu.cpp: runs flash_fwd, flash_fwd_mt and the backward kernels (split and
+// fused) of kernels/cuda/kernels/flashattn.cu on
 // the host, to check the kernel's index arithmetic without a GPU: each block
 // is 128 std::threads, __syncthreads a barrier, and mma.m16n8k16 and the
 // shuffles and ldmatrix are emulated warp-collectively from the fragment layouts of the
-// PTX ISA. Out, lse and dqkv are compared with a float64 reference, for
+// PTX ISA; atomicAdd on float is std::atomic_ref (blocks run one at a
+// time, so only the threads of one block race). Out, lse and dqkv are compared with a float64 reference, for
 // multi-head and grouped-query layouts (NKV key/value heads shared by
 // NH/NKV query heads each); built with
 // AddressSanitizer it also checks every global and shared access is in
