@@ -17,9 +17,9 @@ import (
 // overwriting a poisoned dqkv (AttentionBackwardSet), grouped-query
 // attention (GQAttentionBackward, NH 8 and NKV 2; it only accumulates).
 // Each implementation is checked against the CPU, then the fused results
-// against the split one within bf16 tolerance (the fused dQ sums in
-// another order), and each call must have taken the kernels its mode
-// names.
+// against the split one within bf16 tolerance relative to the gradient's
+// rms (the fused dQ sums in another order), and each call must have taken
+// the kernels its mode names.
 func TestFlashBwdFused(t *testing.T) {
 	defer func(impl int, mode string) { attnImpl, flashBwdMode = impl, mode }(attnImpl, flashBwdMode)
 	attnImpl = attnAuto
@@ -86,14 +86,28 @@ func TestFlashBwdFused(t *testing.T) {
 				p.check(name+"/"+mode+"/dqkv", dqkv, slack)
 				res[mode] = dqkv
 			}
+			// Fused against split: tighter than against the CPU, whose
+			// slack grows with T. Both round the same P and dS to bf16 up
+			// to the order of float32 sums, so the bound is the bf16
+			// tolerance scaled by the gradient's rms (as tools/cuda/emu.sh
+			// checks against float64), twice over.
 			split, _ := p.download(res[flashBwdSplit])
-			tol, eps := tolerance(kernels.BF16)
+			var ms float64
+			for i, w := range split {
+				d := float64(w)
+				if !set {
+					d -= float64(kernels.F32FromBF16(kernels.BF16FromF32(start[i])))
+				}
+				ms += d * d
+			}
+			rms := math.Sqrt(ms / float64(len(split)))
+			_, eps := tolerance(kernels.BF16)
 			for _, mode := range modes[1:] {
 				fused, _ := p.download(res[mode])
 				bad, first := 0, ""
 				for i, w := range split {
 					d := math.Abs(float64(fused[i]) - float64(w))
-					if !(d <= slack*(tol+eps*math.Abs(float64(w)))) {
+					if !(d <= 2*(2e-2*rms+eps*math.Abs(float64(w)))) {
 						if bad == 0 {
 							first = fmt.Sprintf("[%d]: fused %g, split %g", i, fused[i], w)
 						}
