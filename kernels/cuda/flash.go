@@ -243,20 +243,23 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // (or unset) the fused kernels, "split" the split kernels (bitwise
 // reproducible), "fused-bq32" the fused kernels with 32 query rows per
 // tile at head size 64 as well (a variant for timing sweeps; head size 128
-// always takes 32). Other values are taken as "fused".
+// always takes 32), "fused-bq32-occ3" that kernel compiled for three blocks
+// per SM (K from shared memory instead of registers). Other values are
+// taken as "fused".
 
 // Flash backward implementations (flashBwdMode).
 const (
 	flashBwdFused     = "fused"
 	flashBwdSplit     = "split"
 	flashBwdFusedBQ32 = "fused-bq32"
+	flashBwdFusedOcc3 = "fused-bq32-occ3"
 )
 
 // flashBwdMode is the implementation the flash backward takes; tests set it.
 var flashBwdMode = flashBwdModeOf(os.Getenv("SPILL_FLASH_BWD"))
 
 func flashBwdModeOf(v string) string {
-	if v == flashBwdSplit || v == flashBwdFusedBQ32 {
+	if v == flashBwdSplit || v == flashBwdFusedBQ32 || v == flashBwdFusedOcc3 {
 		return v
 	}
 	return flashBwdFused
@@ -301,6 +304,8 @@ func flashFusedName(hs int, mode string) string {
 		return "flash_bwd_fused_bf16_hs128"
 	case mode == flashBwdFusedBQ32:
 		return "flash_bwd_fused_bq32_bf16_hs64"
+	case mode == flashBwdFusedOcc3:
+		return "flash_bwd_fused_bq32_occ3_bf16_hs64"
 	}
 	return "flash_bwd_fused_bf16_hs64"
 }
@@ -417,7 +422,7 @@ func (b *Backend) checkFlashBwd() error {
 	for _, v := range []struct {
 		hs   int
 		mode string
-	}{{64, flashBwdFused}, {64, flashBwdFusedBQ32}, {128, flashBwdFused}} {
+	}{{64, flashBwdFused}, {64, flashBwdFusedBQ32}, {64, flashBwdFusedOcc3}, {128, flashBwdFused}} {
 		f, _ := b.flashBwdByHead(v.hs, v.mode)
 		name := flashFusedName(v.hs, v.mode)
 		if f.fused == 0 {

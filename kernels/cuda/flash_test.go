@@ -29,7 +29,7 @@ func TestFlashBwdFused(t *testing.T) {
 		t.Fatalf("flash self-checks at Open: forward %v, split backward %v, fused backward %v", be.flashErr, be.flashBwdErr,
 			be.flashBwdFusedErr)
 	}
-	modes := []string{flashBwdSplit, flashBwdFused, flashBwdFusedBQ32}
+	modes := []string{flashBwdSplit, flashBwdFused, flashBwdFusedBQ32, flashBwdFusedOcc3}
 	for _, sh := range [][5]int{ // B, T, NH, NKV, hs
 		{1, 1, 8, 2, 64}, {1, 1, 2, 2, 128}, {2, 65, 8, 2, 128}, {2, 65, 4, 4, 64}, {1, 200, 8, 8, 64},
 		{1, 200, 8, 2, 128}, {2, 300, 8, 2, 64}, {1, 300, 4, 4, 128},
@@ -125,7 +125,7 @@ func TestFlashBwdFused(t *testing.T) {
 // TestFlashBwdModeOf checks the parsing of SPILL_FLASH_BWD.
 func TestFlashBwdModeOf(t *testing.T) {
 	for in, want := range map[string]string{"": flashBwdFused, "fused": flashBwdFused, "split": flashBwdSplit,
-		"fused-bq32": flashBwdFusedBQ32, "nonsense": flashBwdFused} {
+		"fused-bq32": flashBwdFusedBQ32, "fused-bq32-occ3": flashBwdFusedOcc3, "nonsense": flashBwdFused} {
 		if got := flashBwdModeOf(in); got != want {
 			t.Errorf("flashBwdModeOf(%q) = %q, want %q", in, got, want)
 		}

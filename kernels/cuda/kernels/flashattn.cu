@@ -1141,6 +1141,15 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS)
     FA_FUSED_CALL(64, 32, true);
 }
 
+// flash_bwd_fused_bq32_occ3_bf16_hs64: the _bq32 kernel compiled for three
+// blocks per SM (at most 168 registers: K read from shared memory).
+extern "C" __global__ void __launch_bounds__(FA_THREADS, 3)
+    flash_bwd_fused_bq32_occ3_bf16_hs64(void* dqkv, float* dq, const void* dout, const void* qkv, const float* lse,
+                                        const float* D, int T, int NH, int NKV, float scale_log2, float scale, int set) {
+    FA_FUSED_SMEM(64, 32);
+    FA_FUSED_CALL(64, 32, false);
+}
+
 extern "C" __global__ void __launch_bounds__(FA_THREADS)
     flash_bwd_fused_bf16_hs128(void* dqkv, float* dq, const void* dout, const void* qkv, const float* lse, const float* D,
                                int T, int NH, int NKV, float scale_log2, float scale, int set) {

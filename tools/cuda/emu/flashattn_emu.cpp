@@ -306,6 +306,7 @@ int main() {
   run_bwd<64, 64, 1>(2, 70, 4, 45, bad, false, 2);
   run_bwd<64, 64, 1>(1, 129, 6, 46, bad, true, 2);
   run_bwd<64, 64, 2>(1, 100, 2, 47, bad, false, 1);
+  run_bwd<64, 32, 2>(2, 97, 4, 52, bad, true, 2);
   run_bwd<128, 32, 2>(1, 63, 1, 48, bad);
   run_bwd<128, 32, 2>(1, 130, 2, 49, bad, true);
   run_bwd<128, 32, 2>(1, 65, 3, 50, bad, false, 1);
