@@ -291,7 +291,7 @@ func (b *Backend) attentionBackward(kq kernels.Queue, set bool, dqkv, dout, qkv,
 	useFlash = useFlash && (impl == attnFlash || impl == attnAuto && b.flashBwdErr == nil)
 	if useFlash {
 		flashBwdLaunches.Add(1)
-		q.putFlashBwd(fb, d.p, g.p, x.p, o.p, l, B, T, NH, NH, C/NH, set)
+		q.putFlashBwd(fb, impl == attnFlash, d.p, g.p, x.p, o.p, l, B, T, NH, NH, C/NH, set)
 		return
 	}
 	if set {

@@ -42,6 +42,9 @@ type Backend struct {
 	flashBwdErr error
 	// flashFwd2Err is the same for the two-tile forward (flash.go).
 	flashFwd2Err error
+	// flashBwdFusedErr is the same for the fused backward kernels
+	// (flash.go); without them the flash backward takes the split kernels.
+	flashBwdFusedErr error
 	// reducedPrecision lets cuBLAS and cuBLASLt reduce split-K partial
 	// sums in the output type (bf16, f16) instead of float32, as PyTorch
 	// does by default; set at Open from SPILL_CUBLAS_REDUCED_PRECISION=1.
@@ -132,6 +135,9 @@ func Open(cfg kernels.Config) (*Backend, error) {
 		}
 		if b.flashBwdErr = b.flashErr; b.flashBwdErr == nil {
 			b.flashBwdErr = b.checkFlashBwd()
+		}
+		if b.flashBwdErr != nil {
+			b.flashBwdFusedErr = b.flashBwdErr
 		}
 		return nil
 	})

@@ -77,9 +77,11 @@
 // The backend implements kernels.LlamaOps (llama.go): RMSNorm, RoPE and
 // SwiGLU (kernels/llama.cu) and grouped-query attention, on the flash
 // kernels for bf16 with head size 64 or 128 (the key/value gradients summed
-// over each group inside one block, without atomics) and on the row-wise
-// kernels otherwise; with as many key/value heads as query heads it is
-// AttentionForward and AttentionBackward.
+// over each group inside one block, without atomics; the query gradients
+// of the default fused backward with float32 atomics, so not bitwise
+// reproducible, unlike SPILL_FLASH_BWD=split's, see flash.go) and on the
+// row-wise kernels otherwise; with as many key/value heads as query heads
+// it is AttentionForward and AttentionBackward.
 //
 // The backend implements kernels.Overwriter: the backward ops a layer
 // chains (matmul, GELU, attention, cross-entropy) can write their input

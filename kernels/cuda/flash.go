@@ -105,10 +105,19 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	case b.flashBwdErr != nil:
 		return fmt.Sprintf("forward: tensor-core flash kernel; backward: cuBLAS batched GEMMs (flash backward off: %v)", b.flashBwdErr)
 	}
+	fwd := "forward: tensor-core flash kernel"
 	if hs == 64 && flashFwd2 && b.flashFwd2Err == nil {
-		return "forward and backward: tensor-core flash kernels (forward with two 16-row tiles per warp)"
+		fwd += " (two 16-row tiles per warp)"
 	}
-	return "forward and backward: tensor-core flash kernels"
+	f, _ := b.flashBwdByHead(hs, flashBwdMode)
+	switch {
+	case flashBwdMode == flashBwdSplit:
+		return fwd + "; backward: split tensor-core flash kernels (SPILL_FLASH_BWD=split, deterministic)"
+	case f.fused == 0 || b.flashBwdFusedErr != nil:
+		return fmt.Sprintf("%s; backward: split tensor-core flash kernels (fused backward off: %v)", fwd, b.flashBwdFusedErr)
+	}
+	return fmt.Sprintf("%s; backward: fused tensor-core flash kernel %s (dQ by float32 atomics, not bitwise reproducible)", fwd,
+		flashFusedName(hs, flashBwdMode))
 }
 
 // checkFlash runs the flash kernel of each head size beside the row-wise
@@ -208,18 +217,70 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 	return nil
 }
 
-// The backward kernels (flash_bwd_kv_*, flash_bwd_q_*, flash_bwd_prep in
-// kernels/flashattn.cu) take the same operands: bf16 dqkv, dout, qkv and
-// out, head size 64 or 128, and accumulate into dqkv without atomics, so
-// the result does not depend on scheduling. They need D = rowsum(dO∘O), one
-// float32 per (batch, head, row), in the queue's scratch area. Checked at
-// Open like the forward (checkFlashBwd, against the row-wise kernels).
+// The backward kernels (kernels/flashattn.cu) take the same operands: bf16
+// dqkv, dout, qkv and out, head size 64 or 128. Two implementations:
+//
+//   - fused (the default): flash_bwd_fused_*, one block per 64 keys of one
+//     (batch, key/value head), recomputes P and dS once per tile (five
+//     products: S, dP, dV, dK, dQ) and keeps dK and dV in registers; dQ
+//     goes through a float32 accumulator in the queue's scratch area with
+//     atomic adds, which flash_bwd_dq then writes into dqkv. The atomics
+//     make the float32 sums of dQ depend on the blocks' schedule: dQ is
+//     not bitwise reproducible from run to run (as with FlashAttention-2's
+//     and cuDNN's default backward); dK and dV are.
+//   - split: flash_bwd_kv_* (dK, dV) and flash_bwd_q_* (dQ), each
+//     recomputing P and dP (seven products), no atomics: the result does
+//     not depend on scheduling. The deterministic mode, and the fallback.
+//
+// Both need D = rowsum(dO∘O) (flash_bwd_prep), one float32 per (batch,
+// head, row), in the scratch area; flash_bwd_prep also zeroes the fused
+// path's accumulator. Checked at Open like the forward (checkFlashBwd,
+// against the row-wise kernels): a failure of the split kernels turns the
+// flash backward off (flashBwdErr), of the fused ones only the fused path
+// (flashBwdFusedErr).
+//
+// SPILL_FLASH_BWD, read at start-up, selects the implementation: "fused"
+// (or unset) the fused kernels, "split" the split kernels (bitwise
+// reproducible), "fused-bq32" the fused kernels with 32 query rows per
+// tile at head size 64 as well (a variant for timing sweeps; head size 128
+// always takes 32), "fused-bq32-occ3" that kernel compiled for three blocks
+// per SM (K from shared memory instead of registers). Other values are
+// taken as "fused".
 
-// flashBwdLaunches counts AttentionBackward calls that took the flash path.
-var flashBwdLaunches atomic.Int64
+// Flash backward implementations (flashBwdMode).
+const (
+	flashBwdFused     = "fused"
+	flashBwdSplit     = "split"
+	flashBwdFusedBQ32 = "fused-bq32"
+	flashBwdFusedOcc3 = "fused-bq32-occ3"
+)
 
-// flashBwd holds the three kernels of one head size.
-type flashBwd struct{ kv, q, prep kfunc }
+// flashBwdMode is the implementation the flash backward takes; tests set it.
+var flashBwdMode = flashBwdModeOf(os.Getenv("SPILL_FLASH_BWD"))
+
+func flashBwdModeOf(v string) string {
+	if v == flashBwdSplit || v == flashBwdFusedBQ32 || v == flashBwdFusedOcc3 {
+		return v
+	}
+	return flashBwdFused
+}
+
+// 1/flashFusedMaxScratch is the fraction of the memory budget the fused
+// backward's scratch (D and the float32 dQ, B·NH·T·(hs+1)·4 bytes) may
+// take; above it the call takes the split kernels, which need only D. The
+// scratch area is grow-only and charged to the budget ("scratch") beside
+// the layers' memory the trainer plans, so it is kept small (the tests of
+// out-of-core training leave the backend 1/8 of the limit).
+const flashFusedMaxScratch = 16
+
+// flashBwdLaunches counts AttentionBackward calls that took the flash path,
+// flashBwdFusedLaunches those of them that took the fused kernels.
+var flashBwdLaunches, flashBwdFusedLaunches atomic.Int64
+
+// flashBwd holds the kernels of one head size: the split ones, the prep
+// kernel they share with the fused path, and the fused kernel selected by
+// flashBwdMode (0 when missing) with flash_bwd_dq.
+type flashBwd struct{ kv, q, prep, fused, dq kfunc }
 
 // flashBwdFuncs returns the backward kernels for a call, or false when they
 // do not apply (as flashFunc; dqkv and out need 4-byte, qkv and dout
@@ -233,10 +294,25 @@ func (b *Backend) flashBwdFuncs(d, g, x, o operand, B, T, NH, hs int) (flashBwd,
 	if (hs != 64 && hs != 128) || d.p%4 != 0 || o.p%4 != 0 || x.p%16 != 0 || g.p%16 != 0 || B*NH > 65535 || int64(B)*int64(T)*int64(NH) >= 1<<31 {
 		return flashBwd{}, false
 	}
-	return b.flashBwdByHead(hs)
+	return b.flashBwdByHead(hs, flashBwdMode)
 }
 
-func (b *Backend) flashBwdByHead(hs int) (flashBwd, bool) {
+// flashFusedName is the fused backward kernel of head size hs under mode.
+func flashFusedName(hs int, mode string) string {
+	switch {
+	case hs == 128:
+		return "flash_bwd_fused_bf16_hs128"
+	case mode == flashBwdFusedBQ32:
+		return "flash_bwd_fused_bq32_bf16_hs64"
+	case mode == flashBwdFusedOcc3:
+		return "flash_bwd_fused_bq32_occ3_bf16_hs64"
+	}
+	return "flash_bwd_fused_bf16_hs64"
+}
+
+// flashBwdByHead returns the kernels of head size hs; ok says the split
+// kernels are there (the fused one is optional, f.fused 0 without it).
+func (b *Backend) flashBwdByHead(hs int, mode string) (f flashBwd, ok bool) {
 	kvName, qName := "flash_bwd_kv_bf16_hs128", "flash_bwd_q_bf16_hs128"
 	if hs == 64 {
 		kvName, qName = "flash_bwd_kv_bf16_hs64", "flash_bwd_q_bf16_hs64"
@@ -244,22 +320,37 @@ func (b *Backend) flashBwdByHead(hs int) (flashBwd, bool) {
 	kv, ok1 := b.fns[kvName]
 	q, ok2 := b.fns[qName]
 	prep, ok3 := b.fns["flash_bwd_prep"]
-	return flashBwd{kv, q, prep}, ok1 && ok2 && ok3
+	f = flashBwd{kv: kv, q: q, prep: prep}
+	if mode != flashBwdSplit {
+		fused, ok4 := b.fns[flashFusedName(hs, mode)]
+		dq, ok5 := b.fns["flash_bwd_dq"]
+		if ok4 && ok5 {
+			f.fused, f.dq = fused, dq
+		}
+	}
+	return f, ok1 && ok2 && ok3
 }
 
-// flashBwdJobs are the three launches of the backward pass: D = rowsum(dO∘O)
-// into the float32 array at D (argument 0 of the first launch, 4 of the
-// others), then dK, dV and dQ, accumulated into dqkv or, with set, written
-// over it. NH query and NKV key/value heads of size hs (NKV = NH for
-// multi-head attention); the dK, dV kernel takes one block row per
-// key/value head and sums over its group.
-func flashBwdJobs(f flashBwd, dqkv, dout, qkv, out, lse, D cu.DevicePtr, B, T, NH, NKV, hs int, set bool) [3]job {
+// prepJob is the launch of flash_bwd_prep: D = rowsum(dO∘O) into the
+// float32 array at D (argument 0) and, unless dq is 0, zeros into the
+// float32 (B, NH, T, hs) array at dq (argument 7).
+func prepJob(prep kfunc, D, dout, out, dq cu.DevicePtr, B, T, NH, hs int) job {
 	warps := B * T * NH
+	return launchJob(prep, dim3{x: min((warps+7)/8, 132*16)}, dim3{x: 256}, aPtr(D), aPtr(dout), aPtr(out),
+		aI32(B*T), aI32(T), aI32(NH*hs), aI32(NH), aPtr(dq))
+}
+
+// flashBwdJobs are the three launches of the split backward pass: D =
+// rowsum(dO∘O) into the float32 array at D (argument 0 of the first
+// launch, 4 of the others), then dK, dV and dQ, accumulated into dqkv or,
+// with set, written over it. NH query and NKV key/value heads of size hs
+// (NKV = NH for multi-head attention); the dK, dV kernel takes one block
+// row per key/value head and sums over its group.
+func flashBwdJobs(f flashBwd, dqkv, dout, qkv, out, lse, D cu.DevicePtr, B, T, NH, NKV, hs int, set bool) [3]job {
 	nx := (T + flashRows - 1) / flashRows
 	scale, rscale := aF32(flashScale(hs)), aF32(float32(1/math.Sqrt(float64(hs))))
 	return [3]job{
-		launchJob(f.prep, dim3{x: min((warps+7)/8, 132*16)}, dim3{x: 256}, aPtr(D), aPtr(dout), aPtr(out),
-			aI32(B*T), aI32(T), aI32(NH*hs), aI32(NH)),
+		prepJob(f.prep, D, dout, out, 0, B, T, NH, hs),
 		launchJob(f.kv, dim3{x: nx, y: B * NKV}, dim3{x: flashThreads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
 			aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))),
 		launchJob(f.q, dim3{x: nx, y: B * NH}, dim3{x: flashThreads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
@@ -267,10 +358,44 @@ func flashBwdJobs(f flashBwd, dqkv, dout, qkv, out, lse, D cu.DevicePtr, B, T, N
 	}
 }
 
-// putFlashBwd enqueues flashBwdJobs with D at the start of the scratch area.
-func (q *queue) putFlashBwd(f flashBwd, dqkv, dout, qkv, out, lse cu.DevicePtr, B, T, NH, NKV, hs int, set bool) {
+// flashBwdFusedJobs are the three launches of the fused backward pass:
+// D into the float32 array at D and zeros into the float32 dQ accumulator
+// dq (B·NH·T·hs), then dK, dV into dqkv and dQ into dq
+// (flash_bwd_fused_*), then dqkv's query columns from dq (flash_bwd_dq);
+// with set dqkv is written over, else accumulated. D is argument 0 of the
+// first launch and 5 of the second; dq argument 7 of the first, 1 of the
+// others.
+func flashBwdFusedJobs(f flashBwd, dqkv, dout, qkv, out, lse, D, dq cu.DevicePtr, B, T, NH, NKV, hs int, set bool) [3]job {
+	nx := (T + flashRows - 1) / flashRows // 64 keys per block
+	scale, rscale := aF32(flashScale(hs)), aF32(float32(1/math.Sqrt(float64(hs))))
+	n2 := int64(B) * int64(NH) * int64(T) * int64(hs) / 2
+	return [3]job{
+		prepJob(f.prep, D, dout, out, dq, B, T, NH, hs),
+		launchJob(f.fused, dim3{x: nx, y: B * NKV}, dim3{x: flashThreads}, aPtr(dqkv), aPtr(dq), aPtr(dout), aPtr(qkv),
+			aPtr(lse), aPtr(D), aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))),
+		launchJob(f.dq, dim3{x: int(min((n2+255)/256, 132*16))}, dim3{x: 256}, aPtr(dqkv), aPtr(dq), aI64(n2), aI32(T),
+			aI32(NH), aI32(NKV), aI32(hs), rscale, aI32(setFlag(set))),
+	}
+}
+
+// putFlashBwd enqueues the backward pass: the fused kernels when f has
+// them, their self-check passed (or force) and their scratch fits
+// (1/flashFusedMaxScratch of the budget), else the split ones; D at the start of the
+// scratch area, the fused path's dQ accumulator after it.
+func (q *queue) putFlashBwd(f flashBwd, force bool, dqkv, dout, qkv, out, lse cu.DevicePtr, B, T, NH, NKV, hs int, set bool) {
+	nD := align256(int64(B) * int64(NH) * int64(T) * 4)
+	need := nD + int64(B)*int64(NH)*int64(T)*int64(hs)*4
+	if f.fused != 0 && (force || q.b.flashBwdFusedErr == nil) && need <= q.b.limit/flashFusedMaxScratch {
+		flashBwdFusedLaunches.Add(1)
+		js := flashBwdFusedJobs(f, dqkv, dout, qkv, out, lse, 0, cu.DevicePtr(nD), B, T, NH, NKV, hs, set)
+		js[0] = js[0].withScratch(need, 0, 7)
+		js[1] = js[1].withScratch(need, 1, 5)
+		js[2] = js[2].withScratch(need, 1)
+		q.putGroup(js[:])
+		return
+	}
 	js := flashBwdJobs(f, dqkv, dout, qkv, out, lse, 0, B, T, NH, NKV, hs, set)
-	need := int64(B) * int64(NH) * int64(T) * 4
+	need = int64(B) * int64(NH) * int64(T) * 4
 	js[0] = js[0].withScratch(need, 0)
 	js[1] = js[1].withScratch(need, 4)
 	js[2] = js[2].withScratch(need, 4)
@@ -280,22 +405,39 @@ func (q *queue) putFlashBwd(f flashBwd, dqkv, dout, qkv, out, lse cu.DevicePtr, 
 // checkFlashBwd runs the backward kernels of each head size beside the
 // row-wise kernels on the self-check's data (forward by the row-wise
 // kernel, dout pseudo-random, dqkv starting at 0.25 to check that both
-// accumulate) and compares dqkv. Called on a context goroutine at Open.
+// accumulate; T 80, partial key and query tiles) and compares dqkv: the
+// split kernels, then every fused variant, whose failure (or absence) only
+// sets flashBwdFusedErr. Called on a context goroutine at Open.
 func (b *Backend) checkFlashBwd() error {
 	const B, T, NH = 2, 80, 2
 	for _, hs := range []int{64, 128} {
-		f, ok := b.flashBwdByHead(hs)
+		f, ok := b.flashBwdByHead(hs, flashBwdSplit)
 		if !ok {
 			return fmt.Errorf("flash backward kernels for head size %d missing from the embedded PTX", hs)
 		}
-		if err := b.checkFlashBwdShape(f, B, T, NH*hs, NH); err != nil {
+		if err := b.checkFlashBwdShape(f, false, B, T, NH*hs, NH); err != nil {
 			return fmt.Errorf("flash backward self-check (B%d T%d C%d NH%d): %w", B, T, NH*hs, NH, err)
+		}
+	}
+	for _, v := range []struct {
+		hs   int
+		mode string
+	}{{64, flashBwdFused}, {64, flashBwdFusedBQ32}, {64, flashBwdFusedOcc3}, {128, flashBwdFused}} {
+		f, _ := b.flashBwdByHead(v.hs, v.mode)
+		name := flashFusedName(v.hs, v.mode)
+		if f.fused == 0 {
+			b.flashBwdFusedErr = fmt.Errorf("kernel %s or flash_bwd_dq missing from the embedded PTX", name)
+			break
+		}
+		if err := b.checkFlashBwdShape(f, true, B, T, NH*v.hs, NH); err != nil {
+			b.flashBwdFusedErr = fmt.Errorf("%s self-check (B%d T%d C%d NH%d): %w", name, B, T, NH*v.hs, NH, err)
+			break
 		}
 	}
 	return nil
 }
 
-func (b *Backend) checkFlashBwdShape(f flashBwd, B, T, C, NH int) error {
+func (b *Backend) checkFlashBwdShape(f flashBwd, fused bool, B, T, C, NH int) error {
 	nx, no, nl := B*T*3*C, B*T*C, B*NH*T
 	seed := uint32(777)
 	rnd := func(n int) []byte {
@@ -313,8 +455,8 @@ func (b *Backend) checkFlashBwdShape(f flashBwd, B, T, C, NH int) error {
 	}
 	var off int64
 	take := func(n int64) int64 { o := off; off += align256(n); return o }
-	oX, oG, oO, oL, oD, oD1, oD2 := take(int64(2*nx)), take(int64(2*no)), take(int64(2*no)), take(int64(4*nl)),
-		take(int64(4*nl)), take(int64(2*nx)), take(int64(2*nx))
+	oX, oG, oO, oL, oD, oD1, oD2, oQ := take(int64(2*nx)), take(int64(2*no)), take(int64(2*no)), take(int64(4*nl)),
+		take(int64(4*nl)), take(int64(2*nx)), take(int64(2*nx)), take(int64(4*no))
 	base, err := cu.MemAlloc(off)
 	if err != nil {
 		return err
@@ -341,7 +483,15 @@ func (b *Backend) checkFlashBwdShape(f flashBwd, B, T, C, NH int) error {
 		aPtr(p(oX)), bf, aI32(B), aI32(T), aI32(C), aI32(NH)); err != nil {
 		return err
 	}
-	for _, j := range flashBwdJobs(f, p(oD1), p(oG), p(oX), p(oO), p(oL), p(oD), B, T, NH, NH, C/NH, false) {
+	js := flashBwdJobs(f, p(oD1), p(oG), p(oX), p(oO), p(oL), p(oD), B, T, NH, NH, C/NH, false)
+	if fused {
+		// The accumulator starts as garbage: flash_bwd_prep must zero it.
+		if err := cu.MemsetD8Async(p(oQ), 0x7f, int64(4*no), s); err != nil {
+			return err
+		}
+		js = flashBwdFusedJobs(f, p(oD1), p(oG), p(oX), p(oO), p(oL), p(oD), p(oQ), B, T, NH, NH, C/NH, false)
+	}
+	for _, j := range js {
 		if err := j.launchOn(s); err != nil {
 			return err
 		}

@@ -244,7 +244,10 @@ func (b *Backend) GQAttentionForward(kq kernels.Queue, out, lse, qkv kernels.Ten
 // apply, else gqa_attention_backward (dQ and D, one warp per query row)
 // and gqa_attention_backward_kv (dK and dV, one warp per key row, summing
 // over the group's query heads in order), with D in the scratch area.
-// Neither path uses atomics: the result does not depend on scheduling.
+// The row-wise kernels and the split flash kernels use no atomics: their
+// result does not depend on scheduling; the fused flash kernel (the
+// default, flash.go) sums dQ with float32 atomics, so its dQ may differ in
+// the last bits from run to run.
 func (b *Backend) GQAttentionBackward(kq kernels.Queue, dqkv, dout, qkv, out, lse kernels.Tensor, B, T, NH, NKV, hs int) {
 	const op = "GQAttentionBackward"
 	W := gqaCheck(op, B, T, NH, NKV, hs)
@@ -263,7 +266,7 @@ func (b *Backend) GQAttentionBackward(kq kernels.Queue, dqkv, dout, qkv, out, ls
 	fb, useFlash := b.flashBwdFuncs(d, g, x, o, B, T, NH, hs)
 	if useFlash && (impl == attnFlash || impl == attnAuto && b.flashBwdErr == nil) {
 		flashBwdLaunches.Add(1)
-		q.putFlashBwd(fb, d.p, g.p, x.p, o.p, l, B, T, NH, NKV, hs, false)
+		q.putFlashBwd(fb, impl == attnFlash, d.p, g.p, x.p, o.p, l, B, T, NH, NKV, hs, false)
 		return
 	}
 	// D(B,NH,T) at offset 0 of the scratch area (argument 2 of both).

@@ -261,9 +261,13 @@ func TestGQAttention(t *testing.T) {
 // TestLlamaDeterministic: the backward ops that sum over rows or over a
 // group of query heads (RMSNorm's weight gradient, the attention's dK and
 // dV on the flash and the row-wise kernels) give bitwise the same result
-// when run twice.
+// when run twice. The flash backward runs its split kernels here
+// (SPILL_FLASH_BWD=split, flashBwdMode): the fused default sums dQ with
+// float32 atomics and is not bitwise reproducible (TestFlashBwdFused checks
+// it against the split kernels within bf16 tolerance instead).
 func TestLlamaDeterministic(t *testing.T) {
-	defer func(impl int) { attnImpl = impl }(attnImpl)
+	defer func(impl int, mode string) { attnImpl, flashBwdMode = impl, mode }(attnImpl, flashBwdMode)
+	flashBwdMode = flashBwdSplit
 	p := openPair(t)
 	lo, q := llama(p.g), p.g.DefaultQueue()
 	run := func(f func(out kernels.Tensor), out tp) []byte {
@@ -295,8 +299,12 @@ func TestLlamaDeterministic(t *testing.T) {
 	for _, impl := range []int{attnAuto, attnRowwise} {
 		attnImpl = impl
 		lo.GQAttentionForward(q, out.g, lse.g, qkv.g, B, T, NH, NKV, hs)
+		nf := flashBwdFusedLaunches.Load()
 		same(fmt.Sprintf("GQAttentionBackward (impl %d)", impl), func(d kernels.Tensor) {
 			lo.GQAttentionBackward(q, d, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, hs)
 		}, p.alloc(kernels.BF16, B*T*W))
+		if flashBwdFusedLaunches.Load() != nf {
+			t.Errorf("impl %d: the fused flash backward ran with SPILL_FLASH_BWD=split", impl)
+		}
 	}
 }

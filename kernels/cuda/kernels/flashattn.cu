@@ -74,11 +74,11 @@ __device__ __forceinline__ void fa_ldsm4t(uint32_t* r, const uint16_t* p) {
 // fa_cp_rows starts cp.async copies that fill a shared tile of `rows` rows
 // (row stride HS+8) from global rows r0.. of stride `stride` elements,
 // zero past T (a source size of 0 writes zeros; the row-0 address stands in
-// for the source). fa_cp_commit closes the group; fa_cp_wait waits for all
+// for the source), by a block of NT threads. fa_cp_commit closes the group; fa_cp_wait waits for all
 // of this thread's groups, and a __syncthreads after it publishes the tile.
-template <int HS>
+template <int HS, int NT = FA_THREADS>
 __device__ __forceinline__ void fa_cp_rows(uint16_t* s, const uint16_t* g, i64 stride, int r0, int rows, int T) {
-    for (int i = threadIdx.x; i < rows * (HS / 8); i += FA_THREADS) {
+    for (int i = threadIdx.x; i < rows * (HS / 8); i += NT) {
         const int r = i / (HS / 8), d = (i - r * (HS / 8)) * 8, t = r0 + r;
         const uint32_t dst = (uint32_t)__cvta_generic_to_shared(s + r * (HS + 8) + d);
         const uint16_t* src = t < T ? g + (i64)t * stride + d : g + d;
@@ -466,7 +466,10 @@ __device__ __forceinline__ void flash_fwd_mt(uint16_t* __restrict__ out, float* 
     }
 }
 
-// Backward pass. Two kernels, no atomics (deterministic), both accumulating into dqkv:
+// Backward pass, two ways. flash_bwd_fused (below flash_bwd_q) does it in one
+// pass over the key blocks, dQ through a float32 accumulator with atomic
+// adds (not bitwise reproducible); the split kernels are the deterministic
+// way. Split: two kernels, no atomics (deterministic), both accumulating into dqkv:
 // flash_bwd_kv gives dK and dV, one block per 64 keys of one (batch,
 // key/value head), each warp owning 16 keys and walking the query tiles from
 // its diagonal to T, for each query head of the group in turn (so the
@@ -769,6 +772,268 @@ __device__ __forceinline__ void flash_bwd_q(uint16_t* __restrict__ dqkv, const u
     }
 }
 
+// flash_bwd_fused: the backward of flash_bwd_kv and flash_bwd_q in one
+// pass, five products per query tile instead of seven. One block of NW
+// warps per BKV = 16·NW keys of one (batch, key/value head); as in
+// flash_bwd_kv each warp owns 16 keys, walks the query tiles (BQ rows) of
+// the group's query heads from the block's diagonal to T, recomputes Pᵀ and
+// dSᵀ once, and keeps dK and dV in registers. The tile's share of dQ,
+// dS·K over the block's keys, is added to the float32 accumulator
+// dq(B, NH, T, HS) (zero on entry; unscaled, flash_bwd_dq_store applies
+// scale) with atomic adds: each warp stores its 16 rows of dSᵀ in St (bf16,
+// the rounding the dK product uses), and after a barrier the warps split
+// the BQ x HS tile of dQ (WR groups of row tiles x WC groups of columns)
+// so that a block adds each element once per query tile. The order of
+// those float32 additions across blocks is the scheduler's: dQ is not
+// bitwise reproducible (dK and dV are). Ks holds the block's key rows
+// (zero past T), the B operand of dS·K; Qb, Gs, Lb, Db as in flash_bwd_kv;
+// St BKV rows of BQ+8. dqkv 4-byte aligned, qkv and dout 16-byte aligned,
+// dq 8-byte aligned. KREG keeps the warp's K rows in registers as A
+// fragments for S (as flash_bwd_kv does); without it they come from Ks
+// through ldmatrix each tile, 4·HS/16 registers fewer.
+template <int HS, int BQ, int NW, bool KREG>
+__device__ __forceinline__ void flash_bwd_fused(uint16_t* __restrict__ dqkv, float* __restrict__ dq,
+                                                const uint16_t* __restrict__ dout, const uint16_t* __restrict__ qkv,
+                                                const float* __restrict__ lse, const float* __restrict__ Dd, int T, int NH,
+                                                int NKV, float scale_log2, float scale, bool set, uint16_t* Ks,
+                                                uint16_t* Qb, uint16_t* Gs, uint16_t* St, float* Lb, float* Db) {
+    constexpr int NT = 32 * NW, BKV = 16 * NW;
+    constexpr int KS = HS + 8, QS = HS + 8, SS = BQ + 8, KD = HS / 16, ND = HS / 8, NQ = BQ / 8;
+    // dQ's split: WR groups of 16-row tiles times WC groups of HS/WC columns.
+    constexpr int QR = BQ / 16, WR = NW < QR ? NW : QR, WC = NW / WR, DC = HS / WC;
+    static_assert(NW % WR == 0 && QR % WR == 0 && DC % 16 == 0, "dQ split");
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int C = NH * HS, rep = NH / NKV;
+    const int z = blockIdx.y, b = z / NKV, kv = z - b * NKV;
+    const int k0 = blockIdx.x * BKV;
+    const i64 W = (i64)(NH + 2 * NKV) * HS;
+    const uint16_t* kbase = qkv + (i64)b * T * W + (i64)(NH + kv) * HS;
+    const uint16_t* vbase = kbase + (i64)NKV * HS;
+    const int kw0 = k0 + warp * 16, kr0 = kw0 + g, kr1 = kr0 + 8;
+    const bool active = kw0 < T;
+    uint32_t kf[KREG ? KD : 1][4], vf[KD][4];
+    if constexpr (KREG) fa_ld_frag<HS>(kf, kbase, W, kr0, T);
+    fa_ld_frag<HS>(vf, vbase, W, kr0, T);
+    float dk[ND][4], dv[ND][4];
+#pragma unroll
+    for (int j = 0; j < ND; j++) dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.f;
+    const int nt = (T - k0 + BQ - 1) / BQ, nit = rep * nt;
+    auto qhead = [&](int it) { return kv * rep + it / nt; };
+    auto qstart = [&](int it) { return k0 + (it % nt) * BQ; };
+    auto ld_q = [&](int it, int buf) {
+        const int h = qhead(it), q0 = qstart(it);
+        fa_cp_rows<HS, NT>(Qb + buf * BQ * QS, qkv + (i64)b * T * W + (i64)h * HS, W, q0, BQ, T);
+        fa_cp_commit();
+        const float* lz = lse + ((i64)b * NH + h) * T;
+        const float* dz = Dd + ((i64)b * NH + h) * T;
+        for (int i = tid; i < BQ; i += NT) {
+            const int q = q0 + i;
+            Lb[buf * BQ + i] = q < T ? lz[q] * FA_LOG2E : INFINITY;
+            Db[buf * BQ + i] = q < T ? dz[q] : 0.f;
+        }
+    };
+    fa_cp_rows<HS, NT>(Ks, kbase, W, k0, BKV, T);  // committed with the first Q tile
+    ld_q(0, 0);
+    for (int it = 0; it < nit; it++) {
+        const int h = qhead(it), q0 = qstart(it);
+        const uint16_t* Qs = Qb + (it & 1) * BQ * QS;
+        const float* Ls = Lb + (it & 1) * BQ;
+        const float* Ds = Db + (it & 1) * BQ;
+        fa_cp_wait();
+        __syncthreads();  // Q(q0) is in; every warp is done with St, Gs and the previous Q
+        fa_cp_rows<HS, NT>(Gs, dout + (i64)b * T * C + (i64)h * HS, C, q0, BQ, T);
+        fa_cp_commit();
+        const bool work = active && q0 + BQ > kw0;  // some query of the tile sees the warp's keys
+
+        // Pᵀ, 16 keys x BQ queries, as in flash_bwd_kv.
+        float s[NQ][4];
+        const bool mask = q0 < kw0 + 16;
+#pragma unroll
+        for (int j = 0; j < NQ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        if (work) {
+            if constexpr (KREG) {
+#pragma unroll
+                for (int j = 0; j < NQ; j++) {
+                    const int off = (8 * j + (lane & 7)) * QS + 8 * (lane >> 3);
+#pragma unroll
+                    for (int kk = 0; kk < KD; kk += 2) {
+                        uint32_t bq[4];
+                        fa_ldsm4(bq, Qs + off + 16 * kk);
+                        fa_mma(s[j], kf[kk], bq[0], bq[1]);
+                        fa_mma(s[j], kf[kk + 1], bq[2], bq[3]);
+                    }
+                }
+            } else {
+                // The warp's K rows from Ks, two 16-column steps at a time.
+                const uint16_t* kp = Ks + (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * KS + 8 * (lane >> 4);
+#pragma unroll
+                for (int kk = 0; kk < KD; kk += 2) {
+                    uint32_t ka[2][4];
+                    fa_ldsm4(ka[0], kp + 16 * kk);
+                    fa_ldsm4(ka[1], kp + 16 * kk + 16);
+#pragma unroll
+                    for (int j = 0; j < NQ; j++) {
+                        uint32_t bq[4];
+                        fa_ldsm4(bq, Qs + (8 * j + (lane & 7)) * QS + 8 * (lane >> 3) + 16 * kk);
+                        fa_mma(s[j], ka[0], bq[0], bq[1]);
+                        fa_mma(s[j], ka[1], bq[2], bq[3]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NQ; j++) {
+                const int qi = 8 * j + 2 * c, q = q0 + qi;
+                const float l0 = Ls[qi], l1 = Ls[qi + 1];
+                s[j][0] = fa_exp2(s[j][0] * scale_log2 - l0);
+                s[j][1] = fa_exp2(s[j][1] * scale_log2 - l1);
+                s[j][2] = fa_exp2(s[j][2] * scale_log2 - l0);
+                s[j][3] = fa_exp2(s[j][3] * scale_log2 - l1);
+                if (mask) {
+                    if (q < kr0) s[j][0] = 0.f;
+                    if (q + 1 < kr0) s[j][1] = 0.f;
+                    if (q < kr1) s[j][2] = 0.f;
+                    if (q + 1 < kr1) s[j][3] = 0.f;
+                }
+            }
+        }
+        fa_cp_wait();
+        __syncthreads();  // dO(q0) is in
+        if (it + 1 < nit) ld_q(it + 1, (it + 1) & 1);
+
+        // dSᵀ = Pᵀ∘(dPᵀ - D), dPᵀ = V·dOᵀ; a warp without work stores zeros
+        // in its rows of St (the dQ product reads every row).
+        float dp[NQ][4];
+#pragma unroll
+        for (int j = 0; j < NQ; j++) dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.f;
+        if (work) {
+#pragma unroll
+            for (int j = 0; j < NQ; j++) {
+                const int off = (8 * j + (lane & 7)) * QS + 8 * (lane >> 3);
+#pragma unroll
+                for (int kk = 0; kk < KD; kk += 2) {
+                    uint32_t bg[4];
+                    fa_ldsm4(bg, Gs + off + 16 * kk);
+                    fa_mma(dp[j], vf[kk], bg[0], bg[1]);
+                    fa_mma(dp[j], vf[kk + 1], bg[2], bg[3]);
+                }
+                const int qi = 8 * j + 2 * c;
+                const float d0 = Ds[qi], d1 = Ds[qi + 1];
+                dp[j][0] = s[j][0] * (dp[j][0] - d0);
+                dp[j][1] = s[j][1] * (dp[j][1] - d1);
+                dp[j][2] = s[j][2] * (dp[j][2] - d0);
+                dp[j][3] = s[j][3] * (dp[j][3] - d1);
+            }
+        }
+        uint16_t* sw = St + (16 * warp + g) * SS + 2 * c;
+#pragma unroll
+        for (int j = 0; j < NQ; j++) {
+            *reinterpret_cast<uint32_t*>(sw + 8 * j) = fa_pack(dp[j][0], dp[j][1]);
+            *reinterpret_cast<uint32_t*>(sw + 8 * SS + 8 * j) = fa_pack(dp[j][2], dp[j][3]);
+        }
+        // dV += Pᵀ·dO and dK += dSᵀ·Q, as in flash_bwd_kv.
+        if (work) {
+#pragma unroll
+            for (int kk = 0; kk < BQ / 16; kk++) {
+                uint32_t pa[4], da[4];
+                pa[0] = fa_pack(s[2 * kk][0], s[2 * kk][1]);
+                pa[1] = fa_pack(s[2 * kk][2], s[2 * kk][3]);
+                pa[2] = fa_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pa[3] = fa_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                da[0] = fa_pack(dp[2 * kk][0], dp[2 * kk][1]);
+                da[1] = fa_pack(dp[2 * kk][2], dp[2 * kk][3]);
+                da[2] = fa_pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+                da[3] = fa_pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+                const int off = (16 * kk + (lane & 15)) * QS + 8 * (lane >> 4);
+#pragma unroll
+                for (int j = 0; j < ND; j += 2) {
+                    uint32_t bg[4], bq[4];
+                    fa_ldsm4t(bg, Gs + off + 8 * j);
+                    fa_mma(dv[j], pa, bg[0], bg[1]);
+                    fa_mma(dv[j + 1], pa, bg[2], bg[3]);
+                    fa_ldsm4t(bq, Qs + off + 8 * j);
+                    fa_mma(dk[j], da, bq[0], bq[1]);
+                    fa_mma(dk[j + 1], da, bq[2], bq[3]);
+                }
+            }
+        }
+        __syncthreads();  // St holds the tile's dSᵀ
+
+        // dQ(q0 + 16·rt.., cols) += dS·K, dS read transposed from St (A
+        // operand: ldmatrix.trans of dSᵀ rows = keys); only the key steps at
+        // or before the row tile's last query can be nonzero.
+        float* dqz = dq + ((i64)b * NH + h) * T * HS;
+#pragma unroll
+        for (int ri = 0; ri < QR / WR; ri++) {
+            const int rt = warp % WR + ri * WR, qr = q0 + 16 * rt;
+            if (qr >= T) continue;
+            const int nk = min(BKV / 16, (qr + 15 - k0) / 16 + 1);
+            uint32_t af[BKV / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < BKV / 16; kk++)
+                if (kk < nk)
+                    fa_ldsm4t(af[kk], St + (16 * kk + (lane & 7) + 8 * (lane >> 4)) * SS + 16 * rt + 8 * ((lane >> 3) & 1));
+            const int r0 = qr + g, r1 = r0 + 8;
+#pragma unroll
+            for (int j = 0; j < DC / 8; j += 2) {
+                const int col = (warp / WR) * DC + 8 * j;
+                float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+                for (int kk = 0; kk < BKV / 16; kk++) {
+                    if (kk < nk) {
+                        uint32_t bk[4];
+                        fa_ldsm4t(bk, Ks + (16 * kk + (lane & 15)) * KS + 8 * (lane >> 4) + col);
+                        fa_mma(acc[0], af[kk], bk[0], bk[1]);
+                        fa_mma(acc[1], af[kk], bk[2], bk[3]);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    float* p = dqz + col + 8 * u + 2 * c;
+                    if (r0 < T) {
+                        atomicAdd(p + (i64)r0 * HS, acc[u][0]);
+                        atomicAdd(p + (i64)r0 * HS + 1, acc[u][1]);
+                    }
+                    if (r1 < T) {
+                        atomicAdd(p + (i64)r1 * HS, acc[u][2]);
+                        atomicAdd(p + (i64)r1 * HS + 1, acc[u][3]);
+                    }
+                }
+            }
+        }
+    }
+    if (!active) return;
+    uint16_t* dkb = dqkv + (i64)b * T * W + (i64)(NH + kv) * HS + 2 * c;
+    uint16_t* dvb = dkb + (i64)NKV * HS;
+    if (kr0 < T) {
+#pragma unroll
+        for (int j = 0; j < ND; j++) {
+            fa_acc2(dkb + (i64)kr0 * W + j * 8, dk[j][0] * scale, dk[j][1] * scale, set);
+            fa_acc2(dvb + (i64)kr0 * W + j * 8, dv[j][0], dv[j][1], set);
+        }
+    }
+    if (kr1 < T) {
+#pragma unroll
+        for (int j = 0; j < ND; j++) {
+            fa_acc2(dkb + (i64)kr1 * W + j * 8, dk[j][2] * scale, dk[j][3] * scale, set);
+            fa_acc2(dvb + (i64)kr1 * W + j * 8, dv[j][2], dv[j][3], set);
+        }
+    }
+}
+
+// flash_bwd_dq_store writes the bf16 pair i of dQ (pairs in the order of
+// dq(B, NH, T, HS), float32, from flash_bwd_fused) into the query columns
+// of dqkv: scale·dq added to dqkv, rounded once, or with set written over it.
+__device__ __forceinline__ void flash_bwd_dq_store(uint16_t* __restrict__ dqkv, const float* __restrict__ dq, i64 i, int T,
+                                                   int NH, int NKV, int HS, float scale, bool set) {
+    const i64 e = 2 * i, row = e / HS;  // row = (b·NH + h)·T + t
+    const int d = (int)(e - row * HS), t = (int)(row % T);
+    const i64 bh = row / T;
+    const int h = (int)(bh % NH);
+    const i64 b = bh / NH;
+    const float2 v = *reinterpret_cast<const float2*>(dq + e);
+    fa_acc2(dqkv + (b * T + t) * (i64)(NH + 2 * NKV) * HS + (i64)h * HS + d, v.x * scale, v.y * scale, set);
+}
+
 // ---- Entry points ----
 
 // flash_fwd_bf16_hs64 and _hs128: out(B,T,C) and lse(B,NH,T) from
@@ -843,10 +1108,71 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS)
     flash_bwd_q<128, 32>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, scale, set != 0, Kb, Vs);
 }
 
+// flash_bwd_fused entry points: dqkv's key and value columns += (or, with
+// set, =) dK and dV, and dq(B, NH, T, hs) float32 += the unscaled dQ, which
+// must be zero on entry (flash_bwd_prep zeroes it) and is then written into
+// dqkv by flash_bwd_dq. Operands as flash_bwd_kv's; dq 8-byte aligned.
+// Grid (ceil(T/64), B·NKV), 128 threads: 64 keys per block, 16 per warp.
+// The head-size-64 kernel walks 64 query rows at a time, the _bq32 variant
+// and the head-size-128 kernel 32 (registers: dK, dV, K and V fragments
+// stay in them). Not bitwise reproducible: dq's atomic float32 sums follow
+// the blocks' schedule.
+#define FA_FUSED_SMEM(HS, BQ) \
+    __shared__ __align__(16) uint16_t Ks[64 * (HS + 8)]; \
+    __shared__ __align__(16) uint16_t Qb[2 * BQ * (HS + 8)]; \
+    __shared__ __align__(16) uint16_t Gs[BQ * (HS + 8)]; \
+    __shared__ __align__(16) uint16_t St[64 * (BQ + 8)]; \
+    __shared__ float Lb[2 * BQ], Db[2 * BQ]
+#define FA_FUSED_CALL(HS, BQ, KREG) \
+    flash_bwd_fused<HS, BQ, 4, KREG>((uint16_t*)dqkv, dq, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, NKV, \
+                               scale_log2, scale, set != 0, Ks, Qb, Gs, St, Lb, Db)
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS)
+    flash_bwd_fused_bf16_hs64(void* dqkv, float* dq, const void* dout, const void* qkv, const float* lse, const float* D,
+                              int T, int NH, int NKV, float scale_log2, float scale, int set) {
+    FA_FUSED_SMEM(64, 64);
+    FA_FUSED_CALL(64, 64, true);
+}
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS)
+    flash_bwd_fused_bq32_bf16_hs64(void* dqkv, float* dq, const void* dout, const void* qkv, const float* lse,
+                                   const float* D, int T, int NH, int NKV, float scale_log2, float scale, int set) {
+    FA_FUSED_SMEM(64, 32);
+    FA_FUSED_CALL(64, 32, true);
+}
+
+// flash_bwd_fused_bq32_occ3_bf16_hs64: the _bq32 kernel compiled for three
+// blocks per SM (at most 168 registers: K read from shared memory).
+extern "C" __global__ void __launch_bounds__(FA_THREADS, 3)
+    flash_bwd_fused_bq32_occ3_bf16_hs64(void* dqkv, float* dq, const void* dout, const void* qkv, const float* lse,
+                                        const float* D, int T, int NH, int NKV, float scale_log2, float scale, int set) {
+    FA_FUSED_SMEM(64, 32);
+    FA_FUSED_CALL(64, 32, false);
+}
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS)
+    flash_bwd_fused_bf16_hs128(void* dqkv, float* dq, const void* dout, const void* qkv, const float* lse, const float* D,
+                               int T, int NH, int NKV, float scale_log2, float scale, int set) {
+    FA_FUSED_SMEM(128, 32);
+    FA_FUSED_CALL(128, 32, false);
+}
+
+// flash_bwd_dq: dqkv's query columns = (set ? 0 : dqkv) + scale·dq, one
+// rounding to bf16; dq(B, NH, T, hs) float32 from flash_bwd_fused, n2 =
+// B·NH·T·hs/2 pairs, grid-stride. hs even; dqkv 4-byte aligned.
+extern "C" __global__ void flash_bwd_dq(void* dqkv, const float* dq, long long n2, int T, int NH, int NKV, int hs,
+                                        float scale, int set) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n2; i += (i64)gridDim.x * blockDim.x)
+        flash_bwd_dq_store((uint16_t*)dqkv, dq, i, T, NH, NKV, hs, scale, set != 0);
+}
+
 // flash_bwd_prep: D[(b·NH + h)·T + t] = Σ_d dout·out over head h of token
 // (b, t), in float32; one warp per (token, head), grid-stride. dout and out
-// bf16 (B,T,C), 4-byte aligned; hs even.
-extern "C" __global__ void flash_bwd_prep(float* D, const void* dout, const void* out, int BT, int T, int C, int NH) {
+// bf16 (B,T,C), 4-byte aligned; hs even. Unless dq is null it also zeroes
+// row (b·NH + h)·T + t of dq(B, NH, T, hs), float32, 8-byte aligned: the
+// accumulator of flash_bwd_fused.
+extern "C" __global__ void flash_bwd_prep(float* D, const void* dout, const void* out, int BT, int T, int C, int NH,
+                                          float* dq) {
     const int hs = C / NH, lane = threadIdx.x & 31;
     const int nw = BT * NH, stride = gridDim.x * (blockDim.x >> 5);  // BT·NH < 2^31 (checked by the host)
     for (int w = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < nw; w += stride) {
@@ -860,9 +1186,11 @@ extern "C" __global__ void flash_bwd_prep(float* D, const void* dout, const void
                    __uint_as_float(a & 0xffff0000u) * __uint_as_float(e & 0xffff0000u);
         }
         acc = warp_sum(acc);
-        if (lane == 0) {
-            const int b = tok / T, t = tok - b * T;
-            D[((i64)b * NH + h) * T + t] = acc;
+        const int b = tok / T, t = tok - b * T;
+        if (lane == 0) D[((i64)b * NH + h) * T + t] = acc;
+        if (dq != nullptr) {
+            float* r = dq + (((i64)b * NH + h) * T + t) * hs;
+            for (int d = 2 * lane; d < hs; d += 64) *reinterpret_cast<float2*>(r + d) = make_float2(0.f, 0.f);
         }
     }
 }

@@ -1,12 +1,15 @@
-// flashattn_emu.cpp: runs flash_fwd, flash_fwd_mt and the backward kernels of kernels/cuda/kernels/flashattn.cu on
+// flashattn_emu.cpp: runs flash_fwd, flash_fwd_mt and the backward kernels (split and
+// fused) of kernels/cuda/kernels/flashattn.cu on
 // the host, to check the kernel's index arithmetic without a GPU: each block
 // is 128 std::threads, __syncthreads a barrier, and mma.m16n8k16 and the
 // shuffles and ldmatrix are emulated warp-collectively from the fragment layouts of the
-// PTX ISA. Out, lse and dqkv are compared with a float64 reference, for
+// PTX ISA; atomicAdd on float is std::atomic_ref (blocks run one at a
+// time, so only the threads of one block race). Out, lse and dqkv are compared with a float64 reference, for
 // multi-head and grouped-query layouts (NKV key/value heads shared by
 // NH/NKV query heads each); built with
 // AddressSanitizer it also checks every global and shared access is in
 // bounds. Run with tools/cuda/emu.sh (g++ only, no CUDA toolkit).
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -91,9 +94,9 @@ static void fa_ldsm4t(uint32_t* r, const uint16_t* p) { ldsm4(r, p, true); }
 static float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 // cp.async, synchronously: the copies land at once (the pipeline's races
 // are not modelled, only its indexing).
-template <int HS>
+template <int HS, int NT = FA_THREADS>
 static void fa_cp_rows(uint16_t* s, const uint16_t* g, i64 stride, int r0, int rows, int T) {
-  for (int i = threadIdx.x; i < rows * (HS / 8); i += FA_THREADS) {
+  for (int i = threadIdx.x; i < rows * (HS / 8); i += NT) {
     const int r = i / (HS / 8), d = (i - r * (HS / 8)) * 8, t = r0 + r;
     if (((uintptr_t)(s + r * (HS + 8) + d)) % 16 != 0) { printf("cp.async: destination not 16-byte aligned\n"); abort(); }
     if (t < T) memcpy(s + r * (HS + 8) + d, g + (i64)t * stride + d, 16);
@@ -101,6 +104,9 @@ static void fa_cp_rows(uint16_t* s, const uint16_t* g, i64 stride, int r0, int r
   }
 }
 static void fa_cp_commit() {}
+// atomicAdd on global float32: the threads of a block run concurrently.
+struct float2 { float x, y; };
+static float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 static void fa_cp_wait() {}
 #include "flashattn_body.inc" // extracted from flashattn.cu by emu.sh
 
@@ -165,10 +171,12 @@ template <int HS, int MT = 0> void run(int B, int T, int NH, unsigned seed, int&
   }
   printf("HS%d MT%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", HS, MT, B, T, NH, NKV, worst, worstL, bad);
 }
-// run_bwd checks flash_bwd_kv and flash_bwd_q: dqkv starts random (the
-// kernels accumulate, or with set overwrite), lse and D come from a float64
-// forward pass. NKV as in run: dK and dV sum over the query heads of a group.
-template <int HS, int BQ> void run_bwd(int B, int T, int NH, unsigned seed, int& bad, bool set = false, int NKV = 0) {
+// run_bwd checks flash_bwd_kv and flash_bwd_q (FUSED 0) or flash_bwd_fused
+// with K in registers (1) or read from shared memory (2) followed by
+// flash_bwd_dq_store: dqkv starts random (the kernels accumulate, or with
+// set overwrite), lse and D come from a float64 forward pass. NKV as in
+// run: dK and dV sum over the query heads of a group.
+template <int HS, int BQ, int FUSED = 0> void run_bwd(int B, int T, int NH, unsigned seed, int& bad, bool set = false, int NKV = 0) {
   if (NKV == 0) NKV = NH;
   int C = NH * HS, rep = NH / NKV;
   i64 C3 = (i64)(NH + 2 * NKV) * HS;  // the row width of qkv and dqkv
@@ -212,7 +220,20 @@ template <int HS, int BQ> void run_bwd(int B, int T, int NH, unsigned seed, int&
     }
   }
   float sl2 = (float)(1.4426950408889634 / std::sqrt((double)HS)), s1 = (float)sc;
-  for (int pass = 0; pass < 2; pass++) {
+  if constexpr (FUSED != 0) {
+    // One pass: dK, dV into dqkv, dQ into the float32 accumulator (zero on
+    // entry, as flash_bwd_prep leaves it), then the accumulator into dqkv.
+    gridDim = {(T + 63) / 64, B * NKV};
+    std::vector<float> dq((size_t)B * NH * T * HS, 0.f);
+    std::vector<uint16_t> Ks(64 * (HS + 8)), Qb(2 * BQ * (HS + 8)), Gs(BQ * (HS + 8)), St(64 * (BQ + 8));
+    std::vector<float> Ls(2 * BQ), Ds(2 * BQ);
+    run_grid([&] {
+      flash_bwd_fused<HS, BQ, 4, FUSED == 1>(dqkv.data(), dq.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, s1, set,
+                                             Ks.data(), Qb.data(), Gs.data(), St.data(), Ls.data(), Ds.data());
+    });
+    for (i64 i = 0; i < (i64)dq.size() / 2; i++) flash_bwd_dq_store(dqkv.data(), dq.data(), i, T, NH, NKV, HS, s1, set);
+  }
+  for (int pass = 0; pass < (FUSED ? 0 : 2); pass++) {
     gridDim = {(T + 63) / 64, B * (pass == 0 ? NKV : NH)};  // flash_bwd_kv: one block row per key/value head
     // Exact sizes, so that AddressSanitizer sees any access past a tile:
     // both kernels stream BQ rows at a time, double-buffering Q (with lse
@@ -242,7 +263,7 @@ template <int HS, int BQ> void run_bwd(int B, int T, int NH, unsigned seed, int&
       if (bad++ < 8) printf("%s tok %zu col %d: %g vs %g\n", part[which], tok, cl, got, want);
     }
   }
-  printf("bwd%s HS%d BQ%d B%d T%d NH%d NKV%d: worst err/tol %.3f (rms grad %.3g), bad %d\n", set ? " (set)" : "", HS, BQ, B, T, NH, NKV, worst, rms, bad);
+  printf("bwd%s%s HS%d BQ%d B%d T%d NH%d NKV%d: worst err/tol %.3f (rms grad %.3g), bad %d\n", FUSED == 1 ? " fused" : FUSED == 2 ? " fused (K in smem)" : "", set ? " (set)" : "", HS, BQ, B, T, NH, NKV, worst, rms, bad);
 }
 
 int main() {
@@ -274,5 +295,21 @@ int main() {
   run_bwd<64, 64>(1, 129, 6, 36, bad, true, 2);
   run_bwd<128, 32>(1, 65, 3, 37, bad, false, 1);
   run_bwd<64, 64>(1, 1, 2, 38, bad, false, 1);
+  // The fused backward: both head sizes, K from registers and from shared
+  // memory, 64- and 32-row query tiles, odd T (partial key and query
+  // tiles), set and accumulate, multi-head and grouped-query.
+  run_bwd<64, 64, 1>(1, 1, 1, 40, bad);
+  run_bwd<64, 64, 1>(2, 65, 2, 41, bad);
+  run_bwd<64, 64, 1>(1, 200, 1, 42, bad, true);
+  run_bwd<64, 32, 1>(2, 65, 2, 43, bad, true);
+  run_bwd<64, 32, 1>(1, 130, 4, 44, bad, false, 2);
+  run_bwd<64, 64, 1>(2, 70, 4, 45, bad, false, 2);
+  run_bwd<64, 64, 1>(1, 129, 6, 46, bad, true, 2);
+  run_bwd<64, 64, 2>(1, 100, 2, 47, bad, false, 1);
+  run_bwd<64, 32, 2>(2, 97, 4, 52, bad, true, 2);
+  run_bwd<128, 32, 2>(1, 63, 1, 48, bad);
+  run_bwd<128, 32, 2>(1, 130, 2, 49, bad, true);
+  run_bwd<128, 32, 2>(1, 65, 3, 50, bad, false, 1);
+  run_bwd<128, 32, 2>(2, 97, 4, 51, bad, true, 2);
   return bad != 0;
 }
