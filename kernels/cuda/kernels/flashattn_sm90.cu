@@ -80,14 +80,13 @@ __device__ __forceinline__ void f9_cp16(uint16_t* dst, const uint16_t* src, int 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(f9_smem(dst)), "l"(src), "r"(n));
 }
 __device__ __forceinline__ void f9_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// f9_cp_wait waits for all of this thread's cp.async groups, then orders
-// the writes they made (generic proxy) before later async-proxy accesses
-// (wgmma operand reads) to shared memory; a barrier after it publishes
+// f9_cp_wait waits for all of this thread's cp.async groups.
+__device__ __forceinline__ void f9_cp_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// f9_fence_proxy orders this thread's shared-memory writes through the
+// generic proxy (its completed cp.async copies included) before later
+// async-proxy accesses (wgmma operand reads); a barrier after it publishes
 // them to the warpgroup.
-__device__ __forceinline__ void f9_cp_wait() {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
+__device__ __forceinline__ void f9_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // f9_wg_fence orders this thread's earlier register and shared accesses
 // before the wgmma operations that follow (wgmma.fence).
@@ -128,7 +127,7 @@ __device__ __forceinline__ void f9_wgmma_n128(float* d, const uint32_t* a, uint6
 // ---- Device code: tools/cuda/emu.sh sm90 runs everything from here to the
 // entry points on the host (tools/cuda/emu/flashattn_sm90_emu.cpp, with its
 // own versions of the helpers above: f9_pack, f9_exp2, f9_ld32, f9_smem,
-// f9_cp16, f9_cp_commit, f9_cp_wait, the wgmma ones), so it must stay plain
+// f9_cp16, f9_cp_commit, f9_cp_wait, f9_fence_proxy, the wgmma ones), so it must stay plain
 // C++ apart from those.
 
 // f9_desc is the wgmma matrix descriptor of an operand at shared address a
@@ -196,6 +195,7 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
     f9_cp_commit();
     for (int k0 = 0; k0 <= qlast; k0 += F9_BK) {
         f9_cp_wait();
+        f9_fence_proxy();
         __syncthreads();  // K(k0) is in; every warp is done with V of the previous tile
         f9_load_tile<HS>(Vs, vbase, W, k0, T);
         f9_cp_commit();
@@ -269,6 +269,7 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
             pa[kk][3] = f9_pack(s[8 * kk + 6], s[8 * kk + 7]);
         }
         f9_cp_wait();
+        f9_fence_proxy();
         __syncthreads();  // V(k0) is in; every warp is done with K(k0)
         if (k0 + F9_BK <= qlast) {
             f9_load_tile<HS>(Ks, kbase, W, k0 + F9_BK, T);
