@@ -195,6 +195,7 @@ func (b *Backend) AttentionForward(kq kernels.Queue, out, lse, qkv kernels.Tenso
 		if frows == flashRows2 {
 			flashFwd2Launches.Add(1)
 		}
+		b.countFlashSM90(flash)
 		j := flashJob(flash, frows, o.p, l, x.p, B, T, NH, NH, C/NH)
 		q.put(&j)
 		return

@@ -231,6 +231,7 @@ func (b *Backend) GQAttentionForward(kq kernels.Queue, out, lse, qkv kernels.Ten
 		if frows == flashRows2 {
 			flashFwd2Launches.Add(1)
 		}
+		b.countFlashSM90(flash)
 		j := flashJob(flash, frows, o.p, l, x.p, B, T, NH, NKV, hs)
 		q.put(&j)
 		return
