@@ -72,8 +72,8 @@ func (b *Backend) flashFunc(o, x operand, B, NH, hs int) (fn kfunc, rows int, ok
 	if o.dt != kernels.BF16 || x.dt != kernels.BF16 || (hs != 64 && hs != 128) || x.p%16 != 0 || o.p%4 != 0 || B*NH > 65535 {
 		return 0, 0, false
 	}
-	if fn, ok := b.useFlashSM90(hs); ok {
-		return fn, flashRows, true // flash_sm90.go
+	if fn, rows, ok := b.useFlashSM90(hs); ok {
+		return fn, rows, true // flash_sm90.go
 	}
 	if hs == 64 && flashFwd2 && b.flashFwd2Err == nil {
 		if fn, ok := b.fns[flashFwd2Name]; ok {
@@ -108,7 +108,10 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	case b.flashBwdErr != nil:
 		return fmt.Sprintf("forward: tensor-core flash kernel; backward: cuBLAS batched GEMMs (flash backward off: %v)", b.flashBwdErr)
 	}
-	if _, ok := b.useFlashSM90(hs); ok {
+	if _, rows, ok := b.useFlashSM90(hs); ok {
+		if rows == flashRows2 {
+			return "forward: wgmma flash kernel for sm_90a (two 64-row tiles per warpgroup); backward: tensor-core flash kernels"
+		}
 		return "forward: wgmma flash kernel for sm_90a; backward: tensor-core flash kernels"
 	}
 	if hs == 64 && flashFwd2 && b.flashFwd2Err == nil {

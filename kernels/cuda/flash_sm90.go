@@ -13,10 +13,12 @@ import (
 )
 
 // The Hopper forward (kernels/flashattn_sm90.cu, compiled for compute_90a)
-// computes what flash_fwd_bf16_hs64/_hs128 do, with the same arguments and
-// grid (64 query rows per block of 128 threads), on the warpgroup
-// tensor-core instructions (wgmma) of sm_90a. flashFunc takes it for the
-// forward, in place of the mma.sync kernels, when
+// computes what flash_fwd_bf16_hs64/_hs128 do, with the same arguments, on
+// the warpgroup tensor-core instructions (wgmma) of sm_90a: blocks of 128
+// threads (one warpgroup), 64 query rows per block for head size 128 and
+// 128 (two row tiles, flash_fwd2_sm90_bf16_hs64) for head size 64, or 64
+// with SPILL_FLASH_FWD=sm90x1 (flash_fwd_sm90_bf16_hs64). flashFunc takes
+// it for the forward, in place of the mma.sync kernels, when
 //   - the device has compute capability 9.x and its module loaded (the
 //     module is optional: loadModules hands it to loadFlashSM90, and a
 //     failed load leaves Backend.flashSM90Err set, not Open failing; PTX for
@@ -34,6 +36,14 @@ const flashSM90Module = "ptx/flashattn_sm90.ptx"
 var errNoSM90 = errors.New("not a compute capability 9.x device")
 
 var flashSM90 = os.Getenv("SPILL_FLASH_FWD") != "mma" && os.Getenv("SPILL_FLASH_FWD") != "1"
+
+// flashSM90x2 selects the two-tile Hopper kernel for head size 64 (the
+// default; SPILL_FLASH_FWD=sm90x1 at start-up clears it).
+var flashSM90x2 = os.Getenv("SPILL_FLASH_FWD") != "sm90x1"
+
+// flashSM90x2Name is the two-tile Hopper forward for head size 64, with
+// flashRows2 (128) query rows per block.
+const flashSM90x2Name = "flash_fwd2_sm90_bf16_hs64"
 
 // flashSM90Launches counts the forward calls that took the Hopper kernel
 // (not the self-check), for tests.
@@ -70,45 +80,55 @@ func (b *Backend) loadFlashSM90(f, src string) {
 	maps.Copy(b.fns, fns)
 }
 
-// useFlashSM90 reports whether forward calls of head size hs take the
-// Hopper kernel (flashFunc's choice, dtype and alignment aside).
-func (b *Backend) useFlashSM90(hs int) (kfunc, bool) {
+// useFlashSM90 returns the Hopper kernel that forward calls of head size
+// hs take and its query rows per block, or false when they take none
+// (flashFunc's choice, dtype and alignment aside).
+func (b *Backend) useFlashSM90(hs int) (kfunc, int, bool) {
 	if !flashSM90 || b.flashSM90Err != nil || (hs != 64 && hs != 128) {
-		return 0, false
+		return 0, 0, false
+	}
+	if hs == 64 && flashSM90x2 {
+		fn, ok := b.fns[flashSM90x2Name]
+		return fn, flashRows2, ok
 	}
 	fn, ok := b.fns[flashSM90Name(hs)]
-	return fn, ok
+	return fn, flashRows, ok
 }
 
-// countFlashSM90 counts a forward launch of fn when it is a Hopper kernel.
-func (b *Backend) countFlashSM90(fn kfunc) {
-	for _, hs := range []int{64, 128} {
-		if f, ok := b.fns[flashSM90Name(hs)]; ok && f == fn {
+// countFlashSM90 counts a forward launch of fn and reports true when fn is
+// a Hopper kernel.
+func (b *Backend) countFlashSM90(fn kfunc) bool {
+	for _, name := range []string{flashSM90Name(64), flashSM90Name(128), flashSM90x2Name} {
+		if f, ok := b.fns[name]; ok && f == fn {
 			flashSM90Launches.Add(1)
+			return true
 		}
 	}
+	return false
 }
 
-// checkFlashSM90 runs the Hopper forward of each head size beside the
-// row-wise kernel (checkFlashShape) on problems with partial tiles: T 80
-// (two key tiles, the second partial) and T 200 (four query blocks, the
-// last partial), and sets b.flashSM90Err when one fails. Called on a
-// context goroutine at Open after checkFlash, when the module loaded.
+// checkFlashSM90 runs the Hopper kernels beside the row-wise kernel
+// (checkFlashShape) on problems with partial tiles: T 80 (two key tiles,
+// the second partial) and T 200 (several query blocks, the last partial),
+// and sets b.flashSM90Err when one fails. Called on a context goroutine at
+// Open after checkFlash, when the module loaded.
 func (b *Backend) checkFlashSM90() {
 	if b.flashSM90Err != nil {
 		return
 	}
 	const B, NH = 2, 2
-	for _, hs := range []int{64, 128} {
-		name := flashSM90Name(hs)
-		fn, ok := b.fns[name]
+	for _, k := range []struct {
+		name     string
+		hs, rows int
+	}{{flashSM90Name(64), 64, flashRows}, {flashSM90Name(128), 128, flashRows}, {flashSM90x2Name, 64, flashRows2}} {
+		fn, ok := b.fns[k.name]
 		if !ok {
-			b.flashSM90Err = fmt.Errorf("kernel %s missing from the embedded PTX", name)
+			b.flashSM90Err = fmt.Errorf("kernel %s missing from the embedded PTX", k.name)
 			return
 		}
 		for _, T := range []int{80, 200} {
-			if err := b.checkFlashShape(fn, flashRows, B, T, NH*hs, NH); err != nil {
-				b.flashSM90Err = fmt.Errorf("%s self-check (B%d T%d C%d NH%d): %w", name, B, T, NH*hs, NH, err)
+			if err := b.checkFlashShape(fn, k.rows, B, T, NH*k.hs, NH); err != nil {
+				b.flashSM90Err = fmt.Errorf("%s self-check (B%d T%d C%d NH%d): %w", k.name, B, T, NH*k.hs, NH, err)
 				return
 			}
 		}

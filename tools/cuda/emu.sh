@@ -38,7 +38,8 @@ mutants=(
   "K step of 1024 bytes instead of 2048|s/ks + kk \* 2 \* (F9_BK \* 16)/ks + kk * (F9_BK * 16)/"
   "causal mask off by one|s/if (key > r0) s/if (key > r0 + 1) s/"
   "no fence.proxy.async|s/^ *f9_fence_proxy();//"
-  "no wgmma.wait before reading S|s/f9_wg_wait<NS>(s);//"
+  "no wgmma.wait before reading S|0,/f9_wg_wait();/s/f9_wg_wait();//"
+  "row tile 0 skips its diagonal key tile (two tiles)|s/k0 <= q0 + F9_BQ \* t + F9_BQ - 1/k0 < q0 + F9_BQ * t/"
   "no barrier after the V tile lands|0,/__syncthreads();  \/\/ V(k0)/{/__syncthreads();  \/\/ V(k0)/s/__syncthreads();//}"
 )
 failed=0

@@ -92,12 +92,12 @@ __device__ __forceinline__ void f9_fence_proxy() { asm volatile("fence.proxy.asy
 // before the wgmma operations that follow (wgmma.fence).
 __device__ __forceinline__ void f9_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void f9_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-// f9_wg_wait waits for all of the warpgroup's committed wgmma groups; the
-// N accumulators d pass through empty asm statements after it, so that the
-// compiler reads none of them before the wait.
+// f9_wg_wait waits for all of the warpgroup's committed wgmma groups.
+__device__ __forceinline__ void f9_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// f9_regs passes the N accumulators d through empty asm statements: after
+// f9_wg_wait, it keeps the compiler from reading them before the wait.
 template <int N>
-__device__ __forceinline__ void f9_wg_wait(float* d) {
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+__device__ __forceinline__ void f9_regs(float* d) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
@@ -127,8 +127,8 @@ __device__ __forceinline__ void f9_wgmma_n128(float* d, const uint32_t* a, uint6
 // ---- Device code: tools/cuda/emu.sh sm90 runs everything from here to the
 // entry points on the host (tools/cuda/emu/flashattn_sm90_emu.cpp, with its
 // own versions of the helpers above: f9_pack, f9_exp2, f9_ld32, f9_smem,
-// f9_cp16, f9_cp_commit, f9_cp_wait, f9_fence_proxy, the wgmma ones), so it must stay plain
-// C++ apart from those.
+// f9_cp16, f9_cp_commit, f9_cp_wait, f9_fence_proxy, the wgmma ones,
+// f9_regs), so it must stay plain C++ apart from those.
 
 // f9_desc is the wgmma matrix descriptor of an operand at shared address a
 // without swizzling, with leading and stride dimension byte offsets lbo and
@@ -153,120 +153,145 @@ __device__ __forceinline__ void f9_load_tile(uint16_t* s, const uint16_t* g, i64
     }
 }
 
-// flash_fwd_sm90 computes the block's 64 query rows. Ks and Vs are the
-// key and value tiles (F9_BK·HS elements each, 128-byte aligned).
-template <int HS>
+// flash_fwd_sm90 computes the block's 64·MT query rows: the warpgroup owns
+// MT row tiles of 64 (tile t: rows q0+64t..q0+64t+63), and each K and V
+// tile in shared memory feeds MT back-to-back wgmma batches (fewer tile
+// loads per product than MT 1, and the tensor cores get MT independent
+// batches per wait). Ks and Vs are the key and value tiles (F9_BK·HS
+// elements each, 128-byte aligned).
+template <int HS, int MT>
 __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float* __restrict__ lse,
                                                const uint16_t* __restrict__ qkv, int T, int NH, int NKV,
                                                float scale_log2, uint16_t* Ks, uint16_t* Vs) {
-    constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2;
+    constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, BQ = F9_BQ * MT;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
     // The last query blocks have the most keys: start them first.
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * F9_BQ;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
     const i64 W = (i64)(NH + 2 * NKV) * HS;                              // row stride of qkv
     const uint16_t* base = qkv + (i64)b * T * W + (i64)h * HS;            // q of token 0 of this head
     const uint16_t* kbase = qkv + (i64)b * T * W + (i64)(NH + kv) * HS;  // k of token 0 of its key head
     const uint16_t* vbase = kbase + (i64)NKV * HS;                        // v of token 0 of its value head
-    const int w0 = q0 + warp * 16;                                       // first row of this warp
-    const int r0 = w0 + g, r1 = r0 + 8;
+    const int qlast = min(q0 + BQ, T) - 1;                               // the block's last valid row
 
-    // Q as wgmma A fragments (rows past T zero).
-    uint32_t qf[KD][4];
+    // Q as wgmma A fragments (rows past T zero); this thread's rows of tile
+    // t are r0 = q0 + 64t + 16·warp + g and r1 = r0 + 8.
+    uint32_t qf[MT][KD][4];
+    float o[MT][NO], s[MT][NS], m[MT][2], l[MT][2];
 #pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-        const int d = kk * 16 + 2 * c;
-        qf[kk][0] = r0 < T ? f9_ld32(base + (i64)r0 * W + d) : 0u;
-        qf[kk][1] = r1 < T ? f9_ld32(base + (i64)r1 * W + d) : 0u;
-        qf[kk][2] = r0 < T ? f9_ld32(base + (i64)r0 * W + d + 8) : 0u;
-        qf[kk][3] = r1 < T ? f9_ld32(base + (i64)r1 * W + d + 8) : 0u;
+    for (int t = 0; t < MT; t++) {
+        const int r0 = q0 + F9_BQ * t + warp * 16 + g, r1 = r0 + 8;
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) {
+            const int d = kk * 16 + 2 * c;
+            qf[t][kk][0] = r0 < T ? f9_ld32(base + (i64)r0 * W + d) : 0u;
+            qf[t][kk][1] = r1 < T ? f9_ld32(base + (i64)r1 * W + d) : 0u;
+            qf[t][kk][2] = r0 < T ? f9_ld32(base + (i64)r0 * W + d + 8) : 0u;
+            qf[t][kk][3] = r1 < T ? f9_ld32(base + (i64)r1 * W + d + 8) : 0u;
+        }
+#pragma unroll
+        for (int i = 0; i < NO; i++) o[t][i] = 0.f;
+        m[t][0] = m[t][1] = -INFINITY;
+        l[t][0] = l[t][1] = 0.f;
     }
-    float o[NO], s[NS];
-#pragma unroll
-    for (int i = 0; i < NO; i++) o[i] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    const int qlast = min(q0 + F9_BQ, T) - 1;  // the block's last valid row
     const uint32_t ks = f9_smem(Ks), vs = f9_smem(Vs);
 
-    // Keys past T are zero: masked, and never NaN times 0. Every warp runs
-    // every tile (wgmma is warpgroup-wide): a warp whose rows all precede a
-    // tile's keys masks it whole, and its exponentials are 0.
+    // Keys past T are zero: masked, and never NaN times 0. Row tile t takes
+    // part in key tile k0 (uniformly over the warpgroup, as wgmma needs)
+    // when it has a row at or past k0 and a row before T; every row of a
+    // tile that takes part in its first key tile sees key 0 there.
     f9_load_tile<HS>(Ks, kbase, W, 0, T);
     f9_cp_commit();
     for (int k0 = 0; k0 <= qlast; k0 += F9_BK) {
+        bool work[MT];
+#pragma unroll
+        for (int t = 0; t < MT; t++)  // always with one tile: q0 <= k0 <= qlast < q0 + 64
+            work[t] = MT == 1 || (q0 + F9_BQ * t <= qlast && k0 <= q0 + F9_BQ * t + F9_BQ - 1);
         f9_cp_wait();
         f9_fence_proxy();
         __syncthreads();  // K(k0) is in; every warp is done with V of the previous tile
         f9_load_tile<HS>(Vs, vbase, W, k0, T);
         f9_cp_commit();
 
-        // S = Q·Kᵀ (64 rows x 64 keys): K-major B, LBO 8 dims = 1024 bytes,
-        // SBO 8 keys = 128 bytes; each k16 step starts 2048 bytes on.
+        // S = Q·Kᵀ (64 rows x 64 keys per row tile): K-major B, LBO 8 dims
+        // = 1024 bytes, SBO 8 keys = 128 bytes; each k16 step starts 2048
+        // bytes on.
         f9_wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < KD; kk++)
-            f9_wgmma_n64<0>(s, qf[kk], f9_desc(ks + kk * 2 * (F9_BK * 16), F9_BK * 16, 128), kk);
+        for (int t = 0; t < MT; t++)
+            if (work[t]) {
+#pragma unroll
+                for (int kk = 0; kk < KD; kk++)
+                    f9_wgmma_n64<0>(s[t], qf[t][kk], f9_desc(ks + kk * 2 * (F9_BK * 16), F9_BK * 16, 128), kk);
+            }
         f9_wg_commit();
-        f9_wg_wait<NS>(s);
+        f9_wg_wait();
+#pragma unroll
+        for (int t = 0; t < MT; t++) f9_regs<NS>(s[t]);
 
-        // Raw scores (scale > 0 commutes with max); keys after a row, and so
-        // keys past T, are masked on the tiles that reach past w0.
-        if (k0 + F9_BK - 1 > w0) {
+        uint32_t pa[MT][F9_BK / 16][4];
+#pragma unroll
+        for (int t = 0; t < MT; t++) {
+            if (!work[t]) continue;
+            const int w0 = q0 + F9_BQ * t + warp * 16, r0 = w0 + g, r1 = r0 + 8;
+            // Raw scores (scale > 0 commutes with max); keys after a row, and
+            // so keys past T, are masked on the tiles that reach past w0.
+            if (k0 + F9_BK - 1 > w0) {
+#pragma unroll
+                for (int j = 0; j < NS / 4; j++) {
+                    const int key = k0 + j * 8 + 2 * c;
+                    if (key > r0) s[t][4 * j] = -INFINITY;
+                    if (key + 1 > r0) s[t][4 * j + 1] = -INFINITY;
+                    if (key > r1) s[t][4 * j + 2] = -INFINITY;
+                    if (key + 1 > r1) s[t][4 * j + 3] = -INFINITY;
+                }
+            }
+            float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
             for (int j = 0; j < NS / 4; j++) {
-                const int key = k0 + j * 8 + 2 * c;
-                if (key > r0) s[4 * j] = -INFINITY;
-                if (key + 1 > r0) s[4 * j + 1] = -INFINITY;
-                if (key > r1) s[4 * j + 2] = -INFINITY;
-                if (key + 1 > r1) s[4 * j + 3] = -INFINITY;
+                mx0 = fmaxf(mx0, fmaxf(s[t][4 * j], s[t][4 * j + 1]));
+                mx1 = fmaxf(mx1, fmaxf(s[t][4 * j + 2], s[t][4 * j + 3]));
             }
-        }
-        float mx0 = -INFINITY, mx1 = -INFINITY;
+            // The four lanes of a quad hold one row between them.
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float n0 = fmaxf(m[t][0], mx0), n1 = fmaxf(m[t][1], mx1);
+            // n0 and n1 are finite from the tile's first key tile on; the
+            // guards only keep -inf - -inf out.
+            const float b0 = n0 == -INFINITY ? 0.f : n0 * scale_log2, b1 = n1 == -INFINITY ? 0.f : n1 * scale_log2;
+            const float f0 = f9_exp2(m[t][0] * scale_log2 - b0), f1 = f9_exp2(m[t][1] * scale_log2 - b1);  // 0 while m is -inf
+            m[t][0] = n0;
+            m[t][1] = n1;
+            float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
-        for (int j = 0; j < NS / 4; j++) {
-            mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
-            mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-        }
-        // The four lanes of a quad hold one row between them.
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        // Every row sees key 0 in the first tile, so n0 and n1 are finite
-        // from then on; the guards only keep -inf - -inf out.
-        const float b0 = n0 == -INFINITY ? 0.f : n0 * scale_log2, b1 = n1 == -INFINITY ? 0.f : n1 * scale_log2;
-        const float f0 = f9_exp2(m0 * scale_log2 - b0), f1 = f9_exp2(m1 * scale_log2 - b1);  // 0 while m is -inf
-        m0 = n0;
-        m1 = n1;
-        float ps0 = 0.f, ps1 = 0.f;
+            for (int j = 0; j < NS / 4; j++) {
+                s[t][4 * j] = f9_exp2(s[t][4 * j] * scale_log2 - b0);
+                s[t][4 * j + 1] = f9_exp2(s[t][4 * j + 1] * scale_log2 - b0);
+                s[t][4 * j + 2] = f9_exp2(s[t][4 * j + 2] * scale_log2 - b1);
+                s[t][4 * j + 3] = f9_exp2(s[t][4 * j + 3] * scale_log2 - b1);
+                ps0 += s[t][4 * j] + s[t][4 * j + 1];
+                ps1 += s[t][4 * j + 2] + s[t][4 * j + 3];
+            }
+            l[t][0] = l[t][0] * f0 + ps0;
+            l[t][1] = l[t][1] * f1 + ps1;
 #pragma unroll
-        for (int j = 0; j < NS / 4; j++) {
-            s[4 * j] = f9_exp2(s[4 * j] * scale_log2 - b0);
-            s[4 * j + 1] = f9_exp2(s[4 * j + 1] * scale_log2 - b0);
-            s[4 * j + 2] = f9_exp2(s[4 * j + 2] * scale_log2 - b1);
-            s[4 * j + 3] = f9_exp2(s[4 * j + 3] * scale_log2 - b1);
-            ps0 += s[4 * j] + s[4 * j + 1];
-            ps1 += s[4 * j + 2] + s[4 * j + 3];
-        }
-        l0 = l0 * f0 + ps0;
-        l1 = l1 * f1 + ps1;
+            for (int j = 0; j < NO / 4; j++) {
+                o[t][4 * j] *= f0;
+                o[t][4 * j + 1] *= f0;
+                o[t][4 * j + 2] *= f1;
+                o[t][4 * j + 3] *= f1;
+            }
+            // P as A fragments: the accumulator layout of keys 16kk..16kk+15
+            // is the A layout of the k16 step kk.
 #pragma unroll
-        for (int j = 0; j < NO / 4; j++) {
-            o[4 * j] *= f0;
-            o[4 * j + 1] *= f0;
-            o[4 * j + 2] *= f1;
-            o[4 * j + 3] *= f1;
-        }
-        // P as A fragments: the accumulator layout of keys 16kk..16kk+15 is
-        // the A layout of the k16 step kk.
-        uint32_t pa[F9_BK / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < F9_BK / 16; kk++) {
-            pa[kk][0] = f9_pack(s[8 * kk], s[8 * kk + 1]);
-            pa[kk][1] = f9_pack(s[8 * kk + 2], s[8 * kk + 3]);
-            pa[kk][2] = f9_pack(s[8 * kk + 4], s[8 * kk + 5]);
-            pa[kk][3] = f9_pack(s[8 * kk + 6], s[8 * kk + 7]);
+            for (int kk = 0; kk < F9_BK / 16; kk++) {
+                pa[t][kk][0] = f9_pack(s[t][8 * kk], s[t][8 * kk + 1]);
+                pa[t][kk][1] = f9_pack(s[t][8 * kk + 2], s[t][8 * kk + 3]);
+                pa[t][kk][2] = f9_pack(s[t][8 * kk + 4], s[t][8 * kk + 5]);
+                pa[t][kk][3] = f9_pack(s[t][8 * kk + 6], s[t][8 * kk + 7]);
+            }
         }
         f9_cp_wait();
         f9_fence_proxy();
@@ -279,52 +304,74 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
         // bytes; each k16 step starts 256 bytes on.
         f9_wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < F9_BK / 16; kk++) {
-            const uint64_t dv = f9_desc(vs + kk * 256, 128, F9_BK * 16);
-            if constexpr (HS == 64)
-                f9_wgmma_n64<1>(o, pa[kk], dv, 1);
-            else
-                f9_wgmma_n128<1>(o, pa[kk], dv, 1);
-        }
+        for (int t = 0; t < MT; t++)
+            if (work[t]) {
+#pragma unroll
+                for (int kk = 0; kk < F9_BK / 16; kk++) {
+                    const uint64_t dv = f9_desc(vs + kk * 256, 128, F9_BK * 16);
+                    if constexpr (HS == 64)
+                        f9_wgmma_n64<1>(o[t], pa[t][kk], dv, 1);
+                    else
+                        f9_wgmma_n128<1>(o[t], pa[t][kk], dv, 1);
+                }
+            }
         f9_wg_commit();
-        f9_wg_wait<NO>(o);
-    }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    uint16_t* ob = out + (i64)b * T * C + (i64)h * HS + 2 * c;
-    if (r0 < T) {
-        const float inv = 1.f / l0;
+        f9_wg_wait();
 #pragma unroll
-        for (int j = 0; j < NO / 4; j++)
-            *reinterpret_cast<uint32_t*>(ob + (i64)r0 * C + j * 8) = f9_pack(o[4 * j] * inv, o[4 * j + 1] * inv);
-        if (c == 0) lse[(i64)z * T + r0] = (m0 * scale_log2 + log2f(l0)) * F9_LN2;
+        for (int t = 0; t < MT; t++) f9_regs<NO>(o[t]);
     }
-    if (r1 < T) {
-        const float inv = 1.f / l1;
 #pragma unroll
-        for (int j = 0; j < NO / 4; j++)
-            *reinterpret_cast<uint32_t*>(ob + (i64)r1 * C + j * 8) = f9_pack(o[4 * j + 2] * inv, o[4 * j + 3] * inv);
-        if (c == 0) lse[(i64)z * T + r1] = (m1 * scale_log2 + log2f(l1)) * F9_LN2;
+    for (int t = 0; t < MT; t++) {
+        const int r0 = q0 + F9_BQ * t + warp * 16 + g, r1 = r0 + 8;
+        float l0 = l[t][0], l1 = l[t][1];
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        uint16_t* ob = out + (i64)b * T * C + (i64)h * HS + 2 * c;
+        if (r0 < T) {
+            const float inv = 1.f / l0;
+#pragma unroll
+            for (int j = 0; j < NO / 4; j++)
+                *reinterpret_cast<uint32_t*>(ob + (i64)r0 * C + j * 8) = f9_pack(o[t][4 * j] * inv, o[t][4 * j + 1] * inv);
+            if (c == 0) lse[(i64)z * T + r0] = (m[t][0] * scale_log2 + log2f(l0)) * F9_LN2;
+        }
+        if (r1 < T) {
+            const float inv = 1.f / l1;
+#pragma unroll
+            for (int j = 0; j < NO / 4; j++)
+                *reinterpret_cast<uint32_t*>(ob + (i64)r1 * C + j * 8) =
+                    f9_pack(o[t][4 * j + 2] * inv, o[t][4 * j + 3] * inv);
+            if (c == 0) lse[(i64)z * T + r1] = (m[t][1] * scale_log2 + log2f(l1)) * F9_LN2;
+        }
     }
 }
 
 // ---- Entry points ----
 
 // flash_fwd_sm90_bf16_hs64 and _hs128: flash_fwd_bf16_hs64 and _hs128 of
-// flashattn.cu (same arguments, grid (ceil(T/64), B·NH), 128 threads, qkv
-// 16-byte and out 4-byte aligned) on the sm_90a tensor cores.
+// flashattn.cu (same arguments and contract, qkv 16-byte and out 4-byte
+// aligned) on the sm_90a tensor cores, one row tile per warpgroup: grid
+// (ceil(T/64), B·NH), 128 threads.
 extern "C" __global__ void __launch_bounds__(F9_THREADS)
     flash_fwd_sm90_bf16_hs64(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
     __shared__ __align__(128) uint16_t Ks[F9_BK * 64];
     __shared__ __align__(128) uint16_t Vs[F9_BK * 64];
-    flash_fwd_sm90<64>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
+    flash_fwd_sm90<64, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
 }
 
 extern "C" __global__ void __launch_bounds__(F9_THREADS)
     flash_fwd_sm90_bf16_hs128(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
     __shared__ __align__(128) uint16_t Ks[F9_BK * 128];
     __shared__ __align__(128) uint16_t Vs[F9_BK * 128];
-    flash_fwd_sm90<128>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
+    flash_fwd_sm90<128, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
+}
+
+// flash_fwd2_sm90_bf16_hs64: flash_fwd_sm90_bf16_hs64 with two row tiles
+// per warpgroup: grid (ceil(T/128), B·NH), 128 threads.
+extern "C" __global__ void __launch_bounds__(F9_THREADS)
+    flash_fwd2_sm90_bf16_hs64(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
+    __shared__ __align__(128) uint16_t Ks[F9_BK * 64];
+    __shared__ __align__(128) uint16_t Vs[F9_BK * 64];
+    flash_fwd_sm90<64, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
 }
