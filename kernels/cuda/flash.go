@@ -87,11 +87,12 @@ func (b *Backend) flashFunc(o, x operand, B, NH, hs int) (fn kfunc, rows int, ok
 // flashScale is log2(e)/sqrt(hs): the flash kernel works in base 2.
 func flashScale(hs int) float32 { return float32(math.Log2E / math.Sqrt(float64(hs))) }
 
-// flashJob is the launch of fn (rows query rows per block) for out, lse,
+// flashJob is the launch of fn (rows query rows per block of
+// flashBlockThreads(fn) threads) for out, lse,
 // qkv with NH query and NKV key/value heads of size hs (NKV = NH for
 // multi-head attention).
 func flashJob(fn kfunc, rows int, o, lse, x cu.DevicePtr, B, T, NH, NKV, hs int) job {
-	return launchJob(fn, dim3{x: (T + rows - 1) / rows, y: B * NH}, dim3{x: flashThreads},
+	return launchJob(fn, dim3{x: (T + rows - 1) / rows, y: B * NH}, dim3{x: flashBlockThreads(fn)},
 		aPtr(o), aPtr(lse), aPtr(x), aI32(T), aI32(NH), aI32(NKV), aF32(flashScale(hs)))
 }
 
@@ -110,7 +111,7 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	}
 	if _, rows, ok := b.useFlashSM90(hs); ok {
 		if rows == flashRows2 {
-			return "forward: wgmma flash kernel for sm_90a (two 64-row tiles per warpgroup); backward: tensor-core flash kernels"
+			return "forward: wgmma flash kernel for sm_90a (128 query rows per block); backward: tensor-core flash kernels"
 		}
 		return "forward: wgmma flash kernel for sm_90a; backward: tensor-core flash kernels"
 	}

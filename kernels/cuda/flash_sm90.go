@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"sync"
 	"sync/atomic"
 
 	"gorgonia.org/cu"
@@ -14,10 +15,12 @@ import (
 
 // The Hopper forward (kernels/flashattn_sm90.cu, compiled for compute_90a)
 // computes what flash_fwd_bf16_hs64/_hs128 do, with the same arguments, on
-// the warpgroup tensor-core instructions (wgmma) of sm_90a: blocks of 128
-// threads (one warpgroup), 64 query rows per block for head size 128 and
-// 128 (two row tiles, flash_fwd2_sm90_bf16_hs64) for head size 64, or 64
-// with SPILL_FLASH_FWD=sm90x1 (flash_fwd_sm90_bf16_hs64). flashFunc takes
+// the warpgroup tensor-core instructions (wgmma) of sm_90a, 128 query rows
+// per block by default: flash_fwd2_sm90_bf16_hs64, one warpgroup (128
+// threads) with two 64-row tiles, and flash_fwd2_sm90_bf16_hs128, two
+// warpgroups (256 threads, flashBlockThreads) of one tile each sharing the
+// key and value tiles; with SPILL_FLASH_FWD=sm90x1 flash_fwd_sm90_bf16_hs64
+// and _hs128, one warpgroup and one 64-row tile per block. flashFunc takes
 // it for the forward, in place of the mma.sync kernels, when
 //   - the device has compute capability 9.x and its module loaded (the
 //     module is optional: loadModules hands it to loadFlashSM90, and a
@@ -37,13 +40,30 @@ var errNoSM90 = errors.New("not a compute capability 9.x device")
 
 var flashSM90 = os.Getenv("SPILL_FLASH_FWD") != "mma" && os.Getenv("SPILL_FLASH_FWD") != "1"
 
-// flashSM90x2 selects the two-tile Hopper kernel for head size 64 (the
-// default; SPILL_FLASH_FWD=sm90x1 at start-up clears it).
+// flashSM90x2 selects the Hopper kernels with flashRows2 (128) query rows
+// per block (the default; SPILL_FLASH_FWD=sm90x1 at start-up clears it).
 var flashSM90x2 = os.Getenv("SPILL_FLASH_FWD") != "sm90x1"
 
-// flashSM90x2Name is the two-tile Hopper forward for head size 64, with
-// flashRows2 (128) query rows per block.
-const flashSM90x2Name = "flash_fwd2_sm90_bf16_hs64"
+// flashSM90x2Name is the Hopper forward of head size hs with 128 query rows
+// per block.
+func flashSM90x2Name(hs int) string {
+	if hs == 64 {
+		return "flash_fwd2_sm90_bf16_hs64"
+	}
+	return "flash_fwd2_sm90_bf16_hs128"
+}
+
+// flashWide holds the flash kernels launched with two warpgroups (256
+// threads; kfunc keys, set when a module loads, read by flashJob).
+var flashWide sync.Map
+
+// flashBlockThreads is the block size of flash kernel fn.
+func flashBlockThreads(fn kfunc) int {
+	if _, ok := flashWide.Load(fn); ok {
+		return 2 * flashThreads
+	}
+	return flashThreads
+}
 
 // flashSM90Launches counts the forward calls that took the Hopper kernel
 // (not the self-check), for tests.
@@ -77,6 +97,9 @@ func (b *Backend) loadFlashSM90(f, src string) {
 		b.flashSM90Err = err
 		return
 	}
+	if fn, ok := fns[flashSM90x2Name(128)]; ok {
+		flashWide.Store(fn, struct{}{})
+	}
 	maps.Copy(b.fns, fns)
 }
 
@@ -87,8 +110,8 @@ func (b *Backend) useFlashSM90(hs int) (kfunc, int, bool) {
 	if !flashSM90 || b.flashSM90Err != nil || (hs != 64 && hs != 128) {
 		return 0, 0, false
 	}
-	if hs == 64 && flashSM90x2 {
-		fn, ok := b.fns[flashSM90x2Name]
+	if flashSM90x2 {
+		fn, ok := b.fns[flashSM90x2Name(hs)]
 		return fn, flashRows2, ok
 	}
 	fn, ok := b.fns[flashSM90Name(hs)]
@@ -98,7 +121,7 @@ func (b *Backend) useFlashSM90(hs int) (kfunc, int, bool) {
 // countFlashSM90 counts a forward launch of fn and reports true when fn is
 // a Hopper kernel.
 func (b *Backend) countFlashSM90(fn kfunc) bool {
-	for _, name := range []string{flashSM90Name(64), flashSM90Name(128), flashSM90x2Name} {
+	for _, name := range []string{flashSM90Name(64), flashSM90Name(128), flashSM90x2Name(64), flashSM90x2Name(128)} {
 		if f, ok := b.fns[name]; ok && f == fn {
 			flashSM90Launches.Add(1)
 			return true
@@ -120,7 +143,7 @@ func (b *Backend) checkFlashSM90() {
 	for _, k := range []struct {
 		name     string
 		hs, rows int
-	}{{flashSM90Name(64), 64, flashRows}, {flashSM90Name(128), 128, flashRows}, {flashSM90x2Name, 64, flashRows2}} {
+	}{{flashSM90Name(64), 64, flashRows}, {flashSM90Name(128), 128, flashRows}, {flashSM90x2Name(64), 64, flashRows2}, {flashSM90x2Name(128), 128, flashRows2}} {
 		fn, ok := b.fns[k.name]
 		if !ok {
 			b.flashSM90Err = fmt.Errorf("kernel %s missing from the embedded PTX", k.name)

@@ -14,8 +14,8 @@ import (
 
 // TestAttentionFlashSM90 checks the Hopper forward (flash_sm90.go) in a
 // chain: the CPU backend, the mma.sync flash kernel (SPILL_FLASH_FWD=mma's
-// choice) against it, the Hopper kernels (both variants for head size 64)
-// against it, and each Hopper kernel and the mma.sync one against each other on the same inputs, with poisoned outputs, at head
+// choice) against it, the Hopper kernels (128 and 64 query rows per
+// block) against it, and each Hopper kernel and the mma.sync one against each other on the same inputs, with poisoned outputs, at head
 // sizes 64 and 128, multi-head and grouped-query, T of 1, 65, 200 and 1000
 // (partial query blocks and key tiles), asserting that the Hopper kernel
 // ran. Skipped on a device whose compute capability is not 9.x.
@@ -69,15 +69,10 @@ func TestAttentionFlashSM90(t *testing.T) {
 		}
 		p.check(name+"/mma/out", outM, 1)
 		p.check(name+"/mma/lse", lseM, 2)
-		// The Hopper kernel against the CPU, then against the mma.sync
-		// kernel; for head size 64 both Hopper variants (two row tiles per
-		// warpgroup, the default, and one).
+		// The Hopper kernels against the CPU, then against the mma.sync
+		// kernel: 128 query rows per block (the default) and 64.
 		flashSM90 = true
-		x2s := []bool{true}
-		if hs == 64 {
-			x2s = []bool{true, false}
-		}
-		for _, x2 := range x2s {
+		for _, x2 := range []bool{true, false} {
 			flashSM90x2 = x2
 			vname := fmt.Sprintf("%s/sm90-x2=%v", name, x2)
 			out, lse := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)

@@ -39,7 +39,8 @@ mutants=(
   "causal mask off by one|s/if (key > r0) s/if (key > r0 + 1) s/"
   "no fence.proxy.async|s/^ *f9_fence_proxy();//"
   "no wgmma.wait before reading S|0,/f9_wg_wait();/s/f9_wg_wait();//"
-  "row tile 0 skips its diagonal key tile (two tiles)|s/k0 <= q0 + F9_BQ \* t + F9_BQ - 1/k0 < q0 + F9_BQ * t/"
+  "a row tile skips its diagonal key tile|s/k0 <= qw + F9_BQ \* t + F9_BQ - 1/k0 < qw + F9_BQ * t/"
+  "warp index not taken within the warpgroup (two warpgroups)|s/warp = (tid >> 5) \& 3/warp = tid >> 5/"
   "no barrier after the V tile lands|0,/__syncthreads();  \/\/ V(k0)/{/__syncthreads();  \/\/ V(k0)/s/__syncthreads();//}"
 )
 failed=0
@@ -52,7 +53,7 @@ for m in "${mutants[@]}"; do
     continue
   fi
   cxx -o "$tmp/mutant" "$tmp/flashattn_sm90_emu.cpp"
-  if "$tmp/mutant" quick >"$tmp/log" 2>&1; then
+  if bash -c '"$0" quick; exit $?' "$tmp/mutant" >"$tmp/log" 2>&1; then
     echo "emu.sh sm90: mutant '$name' PASSED the check (the emulator misses it)" >&2
     failed=1
   else

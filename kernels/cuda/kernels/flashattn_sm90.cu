@@ -138,33 +138,34 @@ __device__ __forceinline__ uint64_t f9_desc(uint32_t a, uint32_t lbo, uint32_t s
            (uint64_t)((sbo & 0x3FFFFu) >> 4) << 32;
 }
 
-// f9_load_tile starts the cp.async copies of global rows r0..r0+63 (row
+// f9_load_tile starts (with NT threads) the cp.async copies of global rows r0..r0+63 (row
 // stride `stride` elements, HS elements each; zeros for rows at or past T)
 // into the tile s in the layout above. The 8 threads of a quarter warp take
 // one 16-byte column of 8 consecutive keys (128 contiguous shared bytes: no
 // bank conflicts); a warp's 4 quarters take 4 consecutive columns of the
 // same keys (64 contiguous global bytes per key).
-template <int HS>
+template <int HS, int NT>
 __device__ __forceinline__ void f9_load_tile(uint16_t* s, const uint16_t* g, i64 stride, int r0, int T) {
     constexpr int ND = HS / 8;
-    for (int i = threadIdx.x; i < F9_BK * ND; i += F9_THREADS) {
+    for (int i = threadIdx.x; i < F9_BK * ND; i += NT) {
         const int key = (i / (8 * ND)) * 8 + (i & 7), q = (i >> 3) % ND, t = r0 + key;
         f9_cp16(s + q * (F9_BK * 8) + key * 8, t < T ? g + (i64)t * stride + q * 8 : g, t < T ? 16 : 0);
     }
 }
 
-// flash_fwd_sm90 computes the block's 64·MT query rows: the warpgroup owns
-// MT row tiles of 64 (tile t: rows q0+64t..q0+64t+63), and each K and V
-// tile in shared memory feeds MT back-to-back wgmma batches (fewer tile
-// loads per product than MT 1, and the tensor cores get MT independent
-// batches per wait). Ks and Vs are the key and value tiles (F9_BK·HS
-// elements each, 128-byte aligned).
-template <int HS, int MT>
+// flash_fwd_sm90 computes the block's 64·MT·WG query rows with WG
+// warpgroups (128·WG threads): warpgroup w owns MT row tiles of 64 (its
+// tile t: rows qw+64t..qw+64t+63, qw = q0 + 64·MT·w), and each K and V tile
+// in shared memory feeds MT·WG wgmma batches, MT of them back to back in
+// each warpgroup (fewer tile loads per product than one tile per block,
+// and the tensor cores get independent batches per wait). Ks and Vs are
+// the key and value tiles (F9_BK·HS elements each, 128-byte aligned).
+template <int HS, int MT, int WG>
 __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float* __restrict__ lse,
                                                const uint16_t* __restrict__ qkv, int T, int NH, int NKV,
                                                float scale_log2, uint16_t* Ks, uint16_t* Vs) {
-    constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, BQ = F9_BQ * MT;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, BQ = F9_BQ * MT * WG, NT = F9_THREADS * WG;
+    const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
     // The last query blocks have the most keys: start them first.
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
@@ -173,14 +174,16 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
     const uint16_t* kbase = qkv + (i64)b * T * W + (i64)(NH + kv) * HS;  // k of token 0 of its key head
     const uint16_t* vbase = kbase + (i64)NKV * HS;                        // v of token 0 of its value head
     const int qlast = min(q0 + BQ, T) - 1;                               // the block's last valid row
+    const int qw = q0 + F9_BQ * MT * (tid >> 7);                         // this warpgroup's first row
 
     // Q as wgmma A fragments (rows past T zero); this thread's rows of tile
-    // t are r0 = q0 + 64t + 16·warp + g and r1 = r0 + 8.
+    // t are r0 = qw + 64t + 16·warp + g and r1 = r0 + 8 (warp within the
+    // warpgroup).
     uint32_t qf[MT][KD][4];
     float o[MT][NO], s[MT][NS], m[MT][2], l[MT][2];
 #pragma unroll
     for (int t = 0; t < MT; t++) {
-        const int r0 = q0 + F9_BQ * t + warp * 16 + g, r1 = r0 + 8;
+        const int r0 = qw + F9_BQ * t + warp * 16 + g, r1 = r0 + 8;
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
             const int d = kk * 16 + 2 * c;
@@ -200,17 +203,17 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
     // part in key tile k0 (uniformly over the warpgroup, as wgmma needs)
     // when it has a row at or past k0 and a row before T; every row of a
     // tile that takes part in its first key tile sees key 0 there.
-    f9_load_tile<HS>(Ks, kbase, W, 0, T);
+    f9_load_tile<HS, NT>(Ks, kbase, W, 0, T);
     f9_cp_commit();
     for (int k0 = 0; k0 <= qlast; k0 += F9_BK) {
         bool work[MT];
 #pragma unroll
-        for (int t = 0; t < MT; t++)  // always with one tile: q0 <= k0 <= qlast < q0 + 64
-            work[t] = MT == 1 || (q0 + F9_BQ * t <= qlast && k0 <= q0 + F9_BQ * t + F9_BQ - 1);
+        for (int t = 0; t < MT; t++)  // always with one tile per block: q0 <= k0 <= qlast < q0 + 64
+            work[t] = (MT == 1 && WG == 1) || (qw + F9_BQ * t <= qlast && k0 <= qw + F9_BQ * t + F9_BQ - 1);
         f9_cp_wait();
         f9_fence_proxy();
         __syncthreads();  // K(k0) is in; every warp is done with V of the previous tile
-        f9_load_tile<HS>(Vs, vbase, W, k0, T);
+        f9_load_tile<HS, NT>(Vs, vbase, W, k0, T);
         f9_cp_commit();
 
         // S = Q·Kᵀ (64 rows x 64 keys per row tile): K-major B, LBO 8 dims
@@ -233,7 +236,7 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
 #pragma unroll
         for (int t = 0; t < MT; t++) {
             if (!work[t]) continue;
-            const int w0 = q0 + F9_BQ * t + warp * 16, r0 = w0 + g, r1 = r0 + 8;
+            const int w0 = qw + F9_BQ * t + warp * 16, r0 = w0 + g, r1 = r0 + 8;
             // Raw scores (scale > 0 commutes with max); keys after a row, and
             // so keys past T, are masked on the tiles that reach past w0.
             if (k0 + F9_BK - 1 > w0) {
@@ -297,7 +300,7 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
         f9_fence_proxy();
         __syncthreads();  // V(k0) is in; every warp is done with K(k0)
         if (k0 + F9_BK <= qlast) {
-            f9_load_tile<HS>(Ks, kbase, W, k0 + F9_BK, T);
+            f9_load_tile<HS, NT>(Ks, kbase, W, k0 + F9_BK, T);
             f9_cp_commit();
         }
         // O += P·V: N-major B, LBO 8 keys = 128 bytes, SBO 8 dims = 1024
@@ -322,7 +325,7 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
     }
 #pragma unroll
     for (int t = 0; t < MT; t++) {
-        const int r0 = q0 + F9_BQ * t + warp * 16 + g, r1 = r0 + 8;
+        const int r0 = qw + F9_BQ * t + warp * 16 + g, r1 = r0 + 8;
         float l0 = l[t][0], l1 = l[t][1];
         l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
         l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -357,14 +360,14 @@ extern "C" __global__ void __launch_bounds__(F9_THREADS)
     flash_fwd_sm90_bf16_hs64(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
     __shared__ __align__(128) uint16_t Ks[F9_BK * 64];
     __shared__ __align__(128) uint16_t Vs[F9_BK * 64];
-    flash_fwd_sm90<64, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
+    flash_fwd_sm90<64, 1, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
 }
 
 extern "C" __global__ void __launch_bounds__(F9_THREADS)
     flash_fwd_sm90_bf16_hs128(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
     __shared__ __align__(128) uint16_t Ks[F9_BK * 128];
     __shared__ __align__(128) uint16_t Vs[F9_BK * 128];
-    flash_fwd_sm90<128, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
+    flash_fwd_sm90<128, 1, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
 }
 
 // flash_fwd2_sm90_bf16_hs64: flash_fwd_sm90_bf16_hs64 with two row tiles
@@ -373,5 +376,15 @@ extern "C" __global__ void __launch_bounds__(F9_THREADS)
     flash_fwd2_sm90_bf16_hs64(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
     __shared__ __align__(128) uint16_t Ks[F9_BK * 64];
     __shared__ __align__(128) uint16_t Vs[F9_BK * 64];
-    flash_fwd_sm90<64, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
+    flash_fwd_sm90<64, 2, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
+}
+
+// flash_fwd2_sm90_bf16_hs128: flash_fwd_sm90_bf16_hs128 with two
+// warpgroups of one row tile each sharing the K and V tiles: grid
+// (ceil(T/128), B·NH), 256 threads.
+extern "C" __global__ void __launch_bounds__(2 * F9_THREADS)
+    flash_fwd2_sm90_bf16_hs128(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
+    __shared__ __align__(128) uint16_t Ks[F9_BK * 128];
+    __shared__ __align__(128) uint16_t Vs[F9_BK * 128];
+    flash_fwd_sm90<128, 1, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
 }

@@ -1,8 +1,9 @@
 // flashattn_sm90_emu.cpp: runs flash_fwd_sm90 of
 // kernels/cuda/kernels/flashattn_sm90.cu on the host, with emulated wgmma,
 // cp.async, proxy fences, shuffles and barriers: each block is 128
-// std::threads (one warpgroup), and out and lse are compared with a float64
-// reference for multi-head and grouped-query layouts. Built with
+// std::threads per warpgroup (one or two warpgroups, one or two row tiles
+// each), and out and lse are compared with a float64 reference for
+// multi-head and grouped-query layouts. Built with
 // AddressSanitizer and UBSan by tools/cuda/emu.sh sm90 (g++ 12 or later, no
 // CUDA toolkit).
 //
@@ -49,6 +50,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -72,13 +74,13 @@ static void die(const char* m) { printf("emulator: %s (thread %d, block %d,%d)\n
 
 // The block: barriers, the emulated shared window.
 std::barrier<>* blockBar;
-std::barrier<>* warpBar[4];
-std::barrier<>* wgBar;
+std::barrier<>* warpBar[8];
+std::barrier<>* wgBar[2];
 uint8_t* smemBase;   // the shared window of the running block
 size_t smemSize;
 thread_local int nsync;  // __syncthreads passed by this thread
 static void __syncthreads() { blockBar->arrive_and_wait(); nsync++; }
-float shf[4][32];
+float shf[8][32];
 static float __shfl_xor_sync(unsigned, float v, int o) {
   int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   shf[w][l] = v; warpBar[w]->arrive_and_wait();
@@ -119,7 +121,7 @@ static void f9_fence_proxy() { lastUnfencedSync[threadIdx.x] = -1; }
 struct Op { float* d; int N, trans, acc; uint64_t desc; int sync; };
 thread_local std::vector<Op> ops;
 thread_local bool wgFenced;
-uint32_t wgA[64][128][4];
+uint32_t wgA[64][256][4];
 static void wg_issue(float* d, const uint32_t* a, uint64_t desc, int acc, int N, int trans) {
   if (!wgFenced) die("wgmma.mma_async without a wgmma.fence since the last wait");
   if (ops.size() >= 64) die("too many wgmma in flight");
@@ -144,24 +146,24 @@ static float bElem(uint64_t desc, int trans, int k, int n, int issueSync) {
   return bf2f(v);
 }
 static void f9_wg_wait() {
-  wgBar->arrive_and_wait();  // every thread has issued (the ops are warpgroup-collective)
-  const int t = threadIdx.x, w = t >> 5, l = t & 31, g = l >> 2, c = l & 3;
+  const int t = threadIdx.x, w = (t >> 5) & 3, l = t & 31, g = l >> 2, c = l & 3, wg0 = t & ~127;
+  wgBar[t >> 7]->arrive_and_wait();  // the warpgroup has issued (the ops are warpgroup-collective)
   for (size_t oi = 0; oi < ops.size(); oi++) {
     const Op& op = ops[oi];
     // Landed copies must have been fenced before the barrier preceding the issue.
-    for (int u = 0; u < 128; u++)
+    for (int u = 0; u < (int)lastUnfencedSync.size(); u++)
       if (lastUnfencedSync[u] >= 0 && lastUnfencedSync[u] < op.sync) die("wgmma after a barrier without fence.proxy.async of landed cp.async writes");
     for (int i = 0; i < op.N / 2; i++) {
       const int j = i / 4, e = i % 4, row = 16 * w + g + 8 * (e / 2), col = 8 * j + 2 * c + (e & 1);
       float acc = op.acc ? op.d[i] : 0.f;
       for (int k = 0; k < 16; k++) {
-        const int rr = row % 16, owner = 32 * (row / 16) + (rr % 8) * 4 + (k % 8) / 2, reg = rr / 8 + 2 * (k / 8);
+        const int rr = row % 16, owner = wg0 + 32 * (row / 16) + (rr % 8) * 4 + (k % 8) / 2, reg = rr / 8 + 2 * (k / 8);
         acc += halfOf(wgA[oi][owner][reg], k % 2) * bElem(op.desc, op.trans, k, col, op.sync);
       }
       op.d[i] = acc;
     }
   }
-  wgBar->arrive_and_wait();  // nobody reuses wgA before all have read it
+  wgBar[t >> 7]->arrive_and_wait();  // nobody reuses wgA before the warpgroup has read it
   ops.clear();
   wgFenced = false;
 }
@@ -170,20 +172,23 @@ template <int N> static void f9_regs(float*) {}
 
 #include "flashattn_sm90_body.inc"  // extracted from flashattn_sm90.cu by emu.sh
 
-// run_grid runs kernel over gridDim, one block at a time, each block as 128
-// threads with a fresh (NaN-filled) shared window of smem bytes.
-template <class F> void run_grid(size_t smem, F kernel) {
+// run_grid runs kernel over gridDim, one block at a time, each block as
+// 128·WG threads with a fresh (NaN-filled) shared window of smem bytes.
+template <class F> void run_grid(int WG, size_t smem, F kernel) {
+  const int NT = 128 * WG;
   std::vector<uint8_t> window(smem);
   for (int by = 0; by < gridDim.y; by++)
     for (int bx = 0; bx < gridDim.x; bx++) {
       for (size_t i = 0; i + 1 < smem; i += 2) { window[i] = 0xc0; window[i + 1] = 0x7f; }
       smemBase = window.data(); smemSize = smem;
       chunkSync.assign(smem / 16, -1);
-      lastUnfencedSync.assign(128, -1);
-      std::barrier<> bb(128), wg(128), w0(32), w1(32), w2(32), w3(32);
-      blockBar = &bb; wgBar = &wg; warpBar[0] = &w0; warpBar[1] = &w1; warpBar[2] = &w2; warpBar[3] = &w3;
+      lastUnfencedSync.assign(NT, -1);
+      std::barrier<> bb(NT), wga(128), wgb(128);
+      std::vector<std::unique_ptr<std::barrier<>>> wb;
+      for (int w = 0; w < NT / 32; w++) { wb.emplace_back(new std::barrier<>(32)); warpBar[w] = wb.back().get(); }
+      blockBar = &bb; wgBar[0] = &wga; wgBar[1] = &wgb;
       std::vector<std::thread> th;
-      for (int t = 0; t < 128; t++)
+      for (int t = 0; t < NT; t++)
         th.emplace_back([&, t] {
           threadIdx = {t, 0}; blockIdx = {bx, by}; nsync = 0; wgFenced = false;
           copies.clear(); ops.clear();
@@ -195,9 +200,9 @@ template <class F> void run_grid(size_t smem, F kernel) {
     }
 }
 
-// run checks flash_fwd_sm90<HS, MT> with NH query heads and NKV key/value
-// heads (0 means NKV = NH) against a float64 reference.
-template <int HS, int MT = 1> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
+// run checks flash_fwd_sm90<HS, MT, WG> with NH query heads and NKV
+// key/value heads (0 means NKV = NH) against a float64 reference.
+template <int HS, int MT = 1, int WG = 1> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
   if (NKV == 0) NKV = NH;
   int C = NH * HS, rep = NH / NKV;
   size_t W = (size_t)(NH + 2 * NKV) * HS;
@@ -207,12 +212,12 @@ template <int HS, int MT = 1> void run(int B, int T, int NH, unsigned seed, int&
   std::vector<float> lse((size_t)B * NH * T, NAN);
   for (auto& x : qkv) x = f2bf(U(rng));
   float sl2 = (float)(1.4426950408889634 / std::sqrt((double)HS));
-  gridDim = {(T + 64 * MT - 1) / (64 * MT), B * NH};
+  gridDim = {(T + 64 * MT * WG - 1) / (64 * MT * WG), B * NH};
   const size_t tile = (size_t)F9_BK * HS * 2;  // bytes of one K or V tile
-  run_grid(2 * tile, [&] {
+  run_grid(WG, 2 * tile, [&] {
     uint16_t* Ks = (uint16_t*)smemBase;
     uint16_t* Vs = (uint16_t*)(smemBase + tile);
-    flash_fwd_sm90<HS, MT>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks, Vs);
+    flash_fwd_sm90<HS, MT, WG>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks, Vs);
   });
   double worst = 0, worstL = 0;
   for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
@@ -235,7 +240,7 @@ template <int HS, int MT = 1> void run(int B, int T, int NH, unsigned seed, int&
       if (!(e <= 2e-2 + 1.6e-2 * std::fabs(o))) { if (bad++ < 5) printf("out b%d h%d t%d d%d: %g vs %g\n", b, h, t, d, g, o); }
     }
   }
-  printf("sm90 HS%d MT%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", HS, MT, B, T, NH, NKV, worst, worstL, bad);
+  printf("sm90 HS%d MT%d WG%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", HS, MT, WG, B, T, NH, NKV, worst, worstL, bad);
 }
 
 int main(int argc, char** argv) {
@@ -245,6 +250,7 @@ int main(int argc, char** argv) {
     run<64>(1, 130, 2, 1, bad, 1);
     run<128>(1, 65, 1, 2, bad);
     run<64, 2>(1, 200, 2, 3, bad, 1);
+    run<128, 1, 2>(1, 200, 2, 4, bad, 1);
     return bad != 0;
   }
   const int Ts[] = {1, 63, 64, 65, 200, 300};
@@ -256,6 +262,8 @@ int main(int argc, char** argv) {
     run<128>(1, T, 3, seed++, bad, 1);                  // multi-query
     run<64, 2>(T < 100 ? 2 : 1, T, 2, seed++, bad);     // two row tiles, multi-head
     run<64, 2>(1, T, 4, seed++, bad, 2);                // two row tiles, groups of 2
+    run<128, 1, 2>(1, T, 2, seed++, bad);               // two warpgroups, multi-head
+    run<128, 1, 2>(1, T, 3, seed++, bad, 1);            // two warpgroups, multi-query
   }
   return bad != 0;
 }
