@@ -5,10 +5,15 @@
 // named *_sm90.cu); the module loads only on a device of compute capability
 // 9.0.
 //
-// One block = one warpgroup (4 warps, 128 threads) per 64 query rows of one
-// (batch, head), warp w owning rows 16w..16w+15. Keys and values stream
-// through shared memory 64 at a time (cp.async; the next K tile loads
-// during this tile's P·V, V during its S = Q·Kᵀ and softmax). Per tile:
+// A block computes 64·MT·WG query rows of one (batch, head) with WG
+// warpgroups (4 warps, 128 threads each) of MT row tiles of 64 rows each,
+// warp w of a warpgroup owning rows 16w..16w+15 of each of its tiles
+// (flash_fwd_sm90<HS, MT, WG>; the entry points use MT·WG = 1, or 2 in the
+// flash_fwd2_sm90 kernels: MT 2 for head size 64, WG 2 for 128, where two
+// tiles' accumulators would not fit one warpgroup's registers). Keys and
+// values stream through shared memory 64 at a time (cp.async; the next K
+// tile loads during this tile's P·V, V during its S = Q·Kᵀ and softmax),
+// each tile feeding every row tile of the block. Per key tile and row tile:
 //   S(64x64) = Q·Kᵀ: HS/16 wgmma m64n64k16, A = Q from registers (loaded
 //     once), B = the K tile, K-major (keys are N, head dims K);
 //   causal mask on the tiles that reach past the warp's first row, online
