@@ -192,7 +192,7 @@ func (b *Backend) AttentionForward(kq kernels.Queue, out, lse, qkv kernels.Tenso
 		// Counted when enqueued, so that a test sees it without waiting
 		// for the queue.
 		flashLaunches.Add(1)
-		if frows == flashRows2 {
+		if !b.countFlashSM90(flash) && frows == flashRows2 {
 			flashFwd2Launches.Add(1)
 		}
 		j := flashJob(flash, frows, o.p, l, x.p, B, T, NH, NH, C/NH)

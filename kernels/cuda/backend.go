@@ -45,6 +45,8 @@ type Backend struct {
 	// flashBwdFusedErr is the same for the fused backward kernels
 	// (flash.go); without them the flash backward takes the split kernels.
 	flashBwdFusedErr error
+	// flashSM90Err is the same for the Hopper forward (flash_sm90.go).
+	flashSM90Err error
 	// reducedPrecision lets cuBLAS and cuBLASLt reduce split-K partial
 	// sums in the output type (bf16, f16) instead of float32, as PyTorch
 	// does by default; set at Open from SPILL_CUBLAS_REDUCED_PRECISION=1.
@@ -132,7 +134,11 @@ func Open(cfg kernels.Config) (*Backend, error) {
 		}
 		if b.flashErr != nil {
 			b.flashFwd2Err = b.flashErr
+			if b.flashSM90Err == nil {
+				b.flashSM90Err = b.flashErr
+			}
 		}
+		b.checkFlashSM90()
 		if b.flashBwdErr = b.flashErr; b.flashBwdErr == nil {
 			b.flashBwdErr = b.checkFlashBwd()
 		}

@@ -23,7 +23,8 @@
 //
 // The kernels are CUDA C++ in kernels/<op>.cu (extern "C" entry points named
 // <op>_forward and <op>_backward), compiled to PTX for compute_80 (Ampere and
-// later) by `go generate` on a machine with nvcc (tools/cuda/ptx.sh). The
+// later; kernels/*_sm90.cu for compute_90a, loaded on Hopper only, see
+// flash_sm90.go) by `go generate` on a machine with nvcc (tools/cuda/ptx.sh). The
 // PTX files in ptx/ are committed and embedded; the driver JIT-compiles
 // them for the GPU when the backend opens.
 //

@@ -72,6 +72,9 @@ func (b *Backend) flashFunc(o, x operand, B, NH, hs int) (fn kfunc, rows int, ok
 	if o.dt != kernels.BF16 || x.dt != kernels.BF16 || (hs != 64 && hs != 128) || x.p%16 != 0 || o.p%4 != 0 || B*NH > 65535 {
 		return 0, 0, false
 	}
+	if fn, rows, ok := b.useFlashSM90(hs); ok {
+		return fn, rows, true // flash_sm90.go
+	}
 	if hs == 64 && flashFwd2 && b.flashFwd2Err == nil {
 		if fn, ok := b.fns[flashFwd2Name]; ok {
 			return fn, flashRows2, true
@@ -84,11 +87,12 @@ func (b *Backend) flashFunc(o, x operand, B, NH, hs int) (fn kfunc, rows int, ok
 // flashScale is log2(e)/sqrt(hs): the flash kernel works in base 2.
 func flashScale(hs int) float32 { return float32(math.Log2E / math.Sqrt(float64(hs))) }
 
-// flashJob is the launch of fn (rows query rows per block) for out, lse,
+// flashJob is the launch of fn (rows query rows per block of
+// flashBlockThreads(fn) threads) for out, lse,
 // qkv with NH query and NKV key/value heads of size hs (NKV = NH for
 // multi-head attention).
 func flashJob(fn kfunc, rows int, o, lse, x cu.DevicePtr, B, T, NH, NKV, hs int) job {
-	return launchJob(fn, dim3{x: (T + rows - 1) / rows, y: B * NH}, dim3{x: flashThreads},
+	return launchJob(fn, dim3{x: (T + rows - 1) / rows, y: B * NH}, dim3{x: flashBlockThreads(fn)},
 		aPtr(o), aPtr(lse), aPtr(x), aI32(T), aI32(NH), aI32(NKV), aF32(flashScale(hs)))
 }
 
@@ -106,7 +110,12 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 		return fmt.Sprintf("forward: tensor-core flash kernel; backward: cuBLAS batched GEMMs (flash backward off: %v)", b.flashBwdErr)
 	}
 	fwd := "forward: tensor-core flash kernel"
-	if hs == 64 && flashFwd2 && b.flashFwd2Err == nil {
+	if _, rows, ok := b.useFlashSM90(hs); ok {
+		fwd = "forward: wgmma flash kernel for sm_90a"
+		if rows == flashRows2 {
+			fwd += " (128 query rows per block)"
+		}
+	} else if hs == 64 && flashFwd2 && b.flashFwd2Err == nil {
 		fwd += " (two 16-row tiles per warp)"
 	}
 	f, _ := b.flashBwdByHead(hs, flashBwdMode)

@@ -228,7 +228,7 @@ func (b *Backend) GQAttentionForward(kq kernels.Queue, out, lse, qkv kernels.Ten
 	flash, frows, useFlash := b.flashFunc(o, x, B, NH, hs)
 	if useFlash && (impl == attnFlash || impl == attnAuto && b.flashErr == nil) {
 		flashLaunches.Add(1)
-		if frows == flashRows2 {
+		if !b.countFlashSM90(flash) && frows == flashRows2 {
 			flashFwd2Launches.Add(1)
 		}
 		j := flashJob(flash, frows, o.p, l, x.p, B, T, NH, NKV, hs)

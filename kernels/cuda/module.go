@@ -29,6 +29,10 @@ func (b *Backend) loadModules() error {
 		if err != nil {
 			return err
 		}
+		if f == flashSM90Module {
+			b.loadFlashSM90(f, string(src)) // optional, Hopper only (flash_sm90.go)
+			continue
+		}
 		fns, err := b.loadModule(f, string(src))
 		if err != nil && f == flashModule {
 			// Optional: without it attention takes the cuBLAS path.

@@ -460,8 +460,8 @@ func TestSumSquaresFinite(t *testing.T) {
 // 128, 129, 200, 300: 16-row tiles, 64-key tiles and 128-row block edges),
 // with poisoned outputs, and that its self-check at Open passed.
 func TestAttentionFlash2(t *testing.T) {
-	defer func(impl int, two bool) { attnImpl, flashFwd2 = impl, two }(attnImpl, flashFwd2)
-	attnImpl = attnFlash
+	defer func(impl int, two, h bool) { attnImpl, flashFwd2, flashSM90 = impl, two, h }(attnImpl, flashFwd2, flashSM90)
+	attnImpl, flashSM90 = attnFlash, false // the mma.sync kernels, not the Hopper one (flash_sm90.go)
 	p := openPair(t)
 	gb := p.g.(*Backend)
 	if gb.flashFwd2Err != nil {

@@ -1,20 +1,67 @@
 #!/usr/bin/env bash
-# emu.sh: check the flash-attention kernels (kernels/cuda/kernels/flashattn.cu)
-# on the host with tools/cuda/emu/flashattn_emu.cpp, under AddressSanitizer
-# and UBSan: the device code (between its "---- Device code" and "---- Entry
-# points" markers) is extracted and compiled as C++20 with emulated warp
-# primitives (mma, ldmatrix, shuffles). Needs g++ 12 or later; no GPU or CUDA toolkit.
+# emu.sh: check the flash-attention kernels on the host under
+# AddressSanitizer and UBSan: the device code of a kernel file (between its
+# "---- Device code" and "---- Entry points" markers) is extracted and
+# compiled as C++20 with emulated warp primitives. Needs g++ 12 or later; no
+# GPU or CUDA toolkit.
+#   emu.sh         kernels/cuda/kernels/flashattn.cu with
+#                  tools/cuda/emu/flashattn_emu.cpp (mma, ldmatrix, shuffles);
+#   emu.sh sm90    kernels/cuda/kernels/flashattn_sm90.cu with
+#                  tools/cuda/emu/flashattn_sm90_emu.cpp (wgmma through its
+#                  descriptors, cp.async, proxy fences), then the mutants:
+#                  deliberately broken copies of the kernel (a descriptor, the
+#                  transpose flag, the mask, a fence, a wait) that must fail.
 # EMU_SANITIZE=thread builds with ThreadSanitizer instead: it reports
 # shared-memory accesses of one block's threads not ordered by a barrier
-# (a missing __syncthreads); slower. The cp.async copies land at once
-# here, so the pipeline's own ordering is not checked either way.
+# (a missing __syncthreads); slower. The cp.async copies land at once in
+# the mma.sync emulator, so the pipeline's own ordering is not checked.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-src=$root/kernels/cuda/kernels/flashattn.cu
-sed -n '/^\/\/ ---- Device code/,/^\/\/ ---- Entry points/p' "$src" | sed '$d' >"$tmp/flashattn_body.inc"
-cp "$root/tools/cuda/emu/flashattn_emu.cpp" "$tmp/"
-${CXX:-g++} -std=c++20 -O1 -g -fsanitize=${EMU_SANITIZE:-address,undefined} -fno-strict-aliasing -pthread \
-  -o "$tmp/emu" "$tmp/flashattn_emu.cpp"
+cxx() { ${CXX:-g++} -std=c++20 -O1 -g -fsanitize=${EMU_SANITIZE:-address,undefined} -fno-strict-aliasing -pthread "$@"; }
+body() { sed -n '/^\/\/ ---- Device code/,/^\/\/ ---- Entry points/p' "$1" | sed '$d'; }
+if [ "${1:-}" != sm90 ]; then
+  body "$root/kernels/cuda/kernels/flashattn.cu" >"$tmp/flashattn_body.inc"
+  cp "$root/tools/cuda/emu/flashattn_emu.cpp" "$tmp/"
+  cxx -o "$tmp/emu" "$tmp/flashattn_emu.cpp"
+  "$tmp/emu"
+  exit
+fi
+src=$root/kernels/cuda/kernels/flashattn_sm90.cu
+cp "$root/tools/cuda/emu/flashattn_sm90_emu.cpp" "$tmp/"
+body "$src" >"$tmp/flashattn_sm90_body.inc"
+cxx -o "$tmp/emu" "$tmp/flashattn_sm90_emu.cpp"
 "$tmp/emu"
+echo "emu.sh sm90: the kernel passed; now the mutants, each of which must fail"
+# Each mutant: a name and a sed expression applied to the extracted device code.
+mutants=(
+  "K descriptor LBO and SBO swapped|s/F9_BK \* 16, 128)/128, F9_BK * 16)/"
+  "V descriptor LBO and SBO swapped|s/f9_desc(vs + kk \* 256, 128, F9_BK \* 16)/f9_desc(vs + kk * 256, F9_BK * 16, 128)/"
+  "V read K-major (imm-trans-b 0)|s/f9_wgmma_n\([0-9]*\)<1>/f9_wgmma_n\1<0>/g"
+  "K step of 1024 bytes instead of 2048|s/ks + kk \* 2 \* (F9_BK \* 16)/ks + kk * (F9_BK * 16)/"
+  "causal mask off by one|s/if (key > r0) s/if (key > r0 + 1) s/"
+  "no fence.proxy.async|s/^ *f9_fence_proxy();//"
+  "no wgmma.wait before reading S|0,/f9_wg_wait();/s/f9_wg_wait();//"
+  "a row tile skips its diagonal key tile|s/k0 <= qw + F9_BQ \* t + F9_BQ - 1/k0 < qw + F9_BQ * t/"
+  "warp index not taken within the warpgroup (two warpgroups)|s/warp = (tid >> 5) \& 3/warp = tid >> 5/"
+  "no barrier after the V tile lands|0,/__syncthreads();  \/\/ V(k0)/{/__syncthreads();  \/\/ V(k0)/s/__syncthreads();//}"
+)
+failed=0
+for m in "${mutants[@]}"; do
+  name=${m%%|*} expr=${m#*|}
+  body "$src" | sed "$expr" >"$tmp/flashattn_sm90_body.inc"
+  if cmp -s "$tmp/flashattn_sm90_body.inc" <(body "$src"); then
+    echo "emu.sh sm90: mutant '$name' changed nothing (stale sed expression)" >&2
+    failed=1
+    continue
+  fi
+  cxx -o "$tmp/mutant" "$tmp/flashattn_sm90_emu.cpp"
+  if bash -c '"$0" quick; exit $?' "$tmp/mutant" >"$tmp/log" 2>&1; then
+    echo "emu.sh sm90: mutant '$name' PASSED the check (the emulator misses it)" >&2
+    failed=1
+  else
+    echo "emu.sh sm90: mutant '$name' fails as it must: $(grep -m1 -E 'emulator:|bad [1-9]|out b|lse b' "$tmp/log" || echo crashed)"
+  fi
+done
+exit $failed

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ptx.sh: compile every kernels/cuda/kernels/<op>.cu to kernels/cuda/ptx/<op>.ptx
 # with nvcc for virtual architecture compute_80 (Ampere and later; the driver
-# JIT-compiles it for the GPU at load). Run through `go generate` in
+# JIT-compiles it for the GPU at load), files named *_sm90.cu for
+# compute_90a (Hopper only: their module loads on compute capability 9.0). Run through `go generate` in
 # kernels/cuda on a machine with the CUDA toolkit, then commit the PTX.
 # NVCC and NVCC_FLAGS override the compiler and add flags.
 set -euo pipefail
@@ -17,7 +18,9 @@ failed=()
 for f in "$src"/*.cu; do
   op=$(basename "$f" .cu)
   tmp=$(mktemp "$dst/.$op.XXXXXX")
-  if "$nvcc" -ptx -arch=compute_80 -O3 -std=c++17 ${NVCC_FLAGS:-} -o "$tmp" "$f"; then
+  arch=compute_80
+  case $op in *_sm90) arch=compute_90a ;; esac
+  if "$nvcc" -ptx -arch=$arch -O3 -std=c++17 ${NVCC_FLAGS:-} -o "$tmp" "$f"; then
     chmod 644 "$tmp"
     mv "$tmp" "$dst/$op.ptx"
     echo "ptx.sh: $op.ptx ($(wc -c <"$dst/$op.ptx") bytes)"

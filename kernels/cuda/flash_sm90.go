@@ -1,0 +1,159 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"gorgonia.org/cu"
+)
+
+// The Hopper forward (kernels/flashattn_sm90.cu, compiled for compute_90a)
+// computes what flash_fwd_bf16_hs64/_hs128 do, with the same arguments, on
+// the warpgroup tensor-core instructions (wgmma) of sm_90a, 128 query rows
+// per block by default: flash_fwd2_sm90_bf16_hs64, one warpgroup (128
+// threads) with two 64-row tiles, and flash_fwd2_sm90_bf16_hs128, two
+// warpgroups (256 threads, flashBlockThreads) of one tile each sharing the
+// key and value tiles; with SPILL_FLASH_FWD=sm90x1 flash_fwd_sm90_bf16_hs64
+// and _hs128, one warpgroup and one 64-row tile per block. flashFunc takes
+// it for the forward, in place of the mma.sync kernels, when
+//   - the device has compute capability 9.x and its module loaded (the
+//     module is optional: loadModules hands it to loadFlashSM90, and a
+//     failed load leaves Backend.flashSM90Err set, not Open failing; PTX for
+//     compute_90a loads on sm_90 devices only),
+//   - its self-check at Open passed (checkFlashSM90, against the row-wise
+//     kernel like checkFlash), and
+//   - SPILL_FLASH_FWD is neither "mma" (the mma.sync kernels, two-tile for
+//     head size 64) nor "1" (the one-tile mma.sync kernel) at start-up.
+// The backward is not affected.
+
+// flashSM90Module is the embedded PTX of the Hopper forward.
+const flashSM90Module = "ptx/flashattn_sm90.ptx"
+
+// errNoSM90 is flashSM90Err on a device whose compute capability is not 9.x.
+var errNoSM90 = errors.New("not a compute capability 9.x device")
+
+var flashSM90 = os.Getenv("SPILL_FLASH_FWD") != "mma" && os.Getenv("SPILL_FLASH_FWD") != "1"
+
+// flashSM90x2 selects the Hopper kernels with flashRows2 (128) query rows
+// per block (the default; SPILL_FLASH_FWD=sm90x1 at start-up clears it).
+var flashSM90x2 = os.Getenv("SPILL_FLASH_FWD") != "sm90x1"
+
+// flashSM90x2Name is the Hopper forward of head size hs with 128 query rows
+// per block.
+func flashSM90x2Name(hs int) string {
+	if hs == 64 {
+		return "flash_fwd2_sm90_bf16_hs64"
+	}
+	return "flash_fwd2_sm90_bf16_hs128"
+}
+
+// flashWide holds the flash kernels launched with two warpgroups (256
+// threads; kfunc keys, set when a module loads, read by flashJob).
+var flashWide sync.Map
+
+// flashBlockThreads is the block size of flash kernel fn.
+func flashBlockThreads(fn kfunc) int {
+	if _, ok := flashWide.Load(fn); ok {
+		return 2 * flashThreads
+	}
+	return flashThreads
+}
+
+// flashSM90Launches counts the forward calls that took the Hopper kernel
+// (not the self-check), for tests.
+var flashSM90Launches atomic.Int64
+
+// flashSM90Name is the Hopper forward kernel of head size hs (64 or 128).
+func flashSM90Name(hs int) string {
+	if hs == 64 {
+		return "flash_fwd_sm90_bf16_hs64"
+	}
+	return "flash_fwd_sm90_bf16_hs128"
+}
+
+// loadFlashSM90 loads the Hopper module src (file f) on a compute
+// capability 9.x device and adds its entry points; otherwise, or when the
+// load fails, it sets b.flashSM90Err and adds nothing. Called by
+// loadModules on a context goroutine.
+func (b *Backend) loadFlashSM90(f, src string) {
+	major, err := b.dev.Attribute(cu.ComputeCapabilityMajor)
+	if err != nil {
+		b.flashSM90Err = fmt.Errorf("compute capability: %w", err)
+		return
+	}
+	if major != 9 {
+		minor, _ := b.dev.Attribute(cu.ComputeCapabilityMinor)
+		b.flashSM90Err = fmt.Errorf("%w (%d.%d)", errNoSM90, major, minor)
+		return
+	}
+	fns, err := b.loadModule(f, src)
+	if err != nil {
+		b.flashSM90Err = err
+		return
+	}
+	if fn, ok := fns[flashSM90x2Name(128)]; ok {
+		flashWide.Store(fn, struct{}{})
+	}
+	maps.Copy(b.fns, fns)
+}
+
+// useFlashSM90 returns the Hopper kernel that forward calls of head size
+// hs take and its query rows per block, or false when they take none
+// (flashFunc's choice, dtype and alignment aside).
+func (b *Backend) useFlashSM90(hs int) (kfunc, int, bool) {
+	if !flashSM90 || b.flashSM90Err != nil || (hs != 64 && hs != 128) {
+		return 0, 0, false
+	}
+	if flashSM90x2 {
+		fn, ok := b.fns[flashSM90x2Name(hs)]
+		return fn, flashRows2, ok
+	}
+	fn, ok := b.fns[flashSM90Name(hs)]
+	return fn, flashRows, ok
+}
+
+// countFlashSM90 counts a forward launch of fn and reports true when fn is
+// a Hopper kernel.
+func (b *Backend) countFlashSM90(fn kfunc) bool {
+	for _, name := range []string{flashSM90Name(64), flashSM90Name(128), flashSM90x2Name(64), flashSM90x2Name(128)} {
+		if f, ok := b.fns[name]; ok && f == fn {
+			flashSM90Launches.Add(1)
+			return true
+		}
+	}
+	return false
+}
+
+// checkFlashSM90 runs the Hopper kernels beside the row-wise kernel
+// (checkFlashShape) on problems with partial tiles: T 80 (two key tiles,
+// the second partial) and T 200 (several query blocks, the last partial),
+// and sets b.flashSM90Err when one fails. Called on a context goroutine at
+// Open after checkFlash, when the module loaded.
+func (b *Backend) checkFlashSM90() {
+	if b.flashSM90Err != nil {
+		return
+	}
+	const B, NH = 2, 2
+	for _, k := range []struct {
+		name     string
+		hs, rows int
+	}{{flashSM90Name(64), 64, flashRows}, {flashSM90Name(128), 128, flashRows}, {flashSM90x2Name(64), 64, flashRows2}, {flashSM90x2Name(128), 128, flashRows2}} {
+		fn, ok := b.fns[k.name]
+		if !ok {
+			b.flashSM90Err = fmt.Errorf("kernel %s missing from the embedded PTX", k.name)
+			return
+		}
+		for _, T := range []int{80, 200} {
+			if err := b.checkFlashShape(fn, k.rows, B, T, NH*k.hs, NH); err != nil {
+				b.flashSM90Err = fmt.Errorf("%s self-check (B%d T%d C%d NH%d): %w", k.name, B, T, NH*k.hs, NH, err)
+				return
+			}
+		}
+	}
+}

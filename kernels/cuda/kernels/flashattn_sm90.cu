@@ -1,0 +1,395 @@
+// flashattn_sm90: causal attention forward for Hopper (sm_90a) on the
+// warpgroup tensor-core instructions (wgmma), bf16 with head size 64 or 128;
+// the same contract as flash_fwd_bf16_hs64/_hs128 in flashattn.cu (see
+// flash_sm90.go). Compiled for compute_90a by tools/cuda/ptx.sh (files
+// named *_sm90.cu); the module loads only on a device of compute capability
+// 9.0.
+//
+// A block computes 64·MT·WG query rows of one (batch, head) with WG
+// warpgroups (4 warps, 128 threads each) of MT row tiles of 64 rows each,
+// warp w of a warpgroup owning rows 16w..16w+15 of each of its tiles
+// (flash_fwd_sm90<HS, MT, WG>; the entry points use MT·WG = 1, or 2 in the
+// flash_fwd2_sm90 kernels: MT 2 for head size 64, WG 2 for 128, where two
+// tiles' accumulators would not fit one warpgroup's registers). Keys and
+// values stream through shared memory 64 at a time (cp.async; the next K
+// tile loads during this tile's P·V, V during its S = Q·Kᵀ and softmax),
+// each tile feeding every row tile of the block. Per key tile and row tile:
+//   S(64x64) = Q·Kᵀ: HS/16 wgmma m64n64k16, A = Q from registers (loaded
+//     once), B = the K tile, K-major (keys are N, head dims K);
+//   causal mask on the tiles that reach past the warp's first row, online
+//     softmax in base 2 on the accumulator fragments (as flash_fwd);
+//   O(64xHS) += P·V: 4 wgmma m64nHSk16, A = P converted to bf16 in
+//     registers, B = the V tile, N-major (imm-trans-b 1: head dims are N,
+//     contiguous; keys K).
+// Only out(B,T,C) and lse(B,NH,T) (natural log) are written.
+//
+// PTX ISA facts used (section 9.7.15, "Asynchronous Warpgroup Level Matrix
+// Multiply-Accumulate"):
+//  - Register fragments of .m64nNk16 (9.7.15.5.1.1.1): warp w of the
+//    warpgroup holds rows 16w..16w+15; within a warp, A (64x16 bf16, 4
+//    registers) and D (f32, N/2 registers) have the layouts of the
+//    mma.m16n8k16 A and C fragments, D repeated per 8 columns: with g =
+//    lane/4, c = lane%4, d[4j], d[4j+1] are row g, cols 8j+2c, 8j+2c+1 and
+//    d[4j+2], d[4j+3] row g+8, same cols; a0: row g cols 2c,2c+1, a1: row
+//    g+8, a2: row g cols 2c+8,+9, a3: row g+8 cols 2c+8,+9.
+//  - Shared memory layouts without swizzling (9.7.15.5.1.2, "canonical
+//    layouts", T = 8 bf16 = 16 bytes): K-major ((8,m),(T,2k)) with strides
+//    ((T,SBO),(1,LBO)); MN-major ((T,1,m),(8,k)) with strides
+//    ((1,T,SBO),(T,LBO)). In both, a core matrix is 8 rows of 16 contiguous
+//    bytes (128 bytes); LBO steps 8 elements along K and SBO 8 along M/N.
+//  - Matrix descriptor (9.7.15.5.1.2.2): bits 0-13 start address, 16-29
+//    LBO, 32-45 SBO, each encoded (x & 0x3FFFF) >> 4; bits 49-51 base
+//    offset (0; unused without swizzle); bits 62-63 swizzle mode 0 (none).
+//  - wgmma.fence before the first wgmma and whenever its registers were
+//    written by other instructions; commit_group/wait_group before the
+//    accumulators are read; shared memory written through the generic
+//    proxy (cp.async without .bulk counts as such) must be made visible to
+//    the async proxy with fence.proxy.async before wgmma reads it (9.7.15.2,
+//    and the memory consistency model's proxy section).
+//
+// Tile layout in shared memory (both K and V, 64 keys x HS): the 16-byte
+// chunk of key t, head dims 8q..8q+7 is at byte q·1024 + t·16. For K
+// (K-major, N = key, K = dim) that makes LBO 1024 (next 8 dims) and SBO 128
+// (next 8 keys); for V (N-major, N = dim, K = key) LBO 128 (next 8 keys) and
+// SBO 1024 (next 8 dims). No swizzle: each core matrix is 128 contiguous
+// bytes.
+#include "common.cuh"
+
+#define F9_BQ 64  // query rows per block (one warpgroup)
+#define F9_BK 64  // keys per shared-memory tile
+#define F9_THREADS 128
+#define F9_LN2 0.6931471805599453f
+
+// f9_pack rounds lo and hi to bf16 and packs them, lo in the lower half.
+__device__ __forceinline__ uint32_t f9_pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// f9_exp2 is 2^x by ex2.approx.ftz (2^-inf = 0).
+__device__ __forceinline__ float f9_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// f9_ld32 loads the bf16 pair at p (4-byte aligned).
+__device__ __forceinline__ uint32_t f9_ld32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// f9_smem is the shared-window address of p.
+__device__ __forceinline__ uint32_t f9_smem(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// f9_cp16 starts a 16-byte cp.async from src to the shared dst; n bytes are
+// read (16 or 0), the rest of the 16 written as zeros.
+__device__ __forceinline__ void f9_cp16(uint16_t* dst, const uint16_t* src, int n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(f9_smem(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void f9_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// f9_cp_wait waits for all of this thread's cp.async groups.
+__device__ __forceinline__ void f9_cp_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// f9_fence_proxy orders this thread's shared-memory writes through the
+// generic proxy (its completed cp.async copies included) before later
+// async-proxy accesses (wgmma operand reads); a barrier after it publishes
+// them to the warpgroup.
+__device__ __forceinline__ void f9_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// f9_wg_fence orders this thread's earlier register and shared accesses
+// before the wgmma operations that follow (wgmma.fence).
+__device__ __forceinline__ void f9_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void f9_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// f9_wg_wait waits for all of the warpgroup's committed wgmma groups.
+__device__ __forceinline__ void f9_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// f9_regs passes the N accumulators d through empty asm statements: after
+// f9_wg_wait, it keeps the compiler from reading them before the wait.
+template <int N>
+__device__ __forceinline__ void f9_regs(float* d) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// f9_wgmma_n64: d(64x64, f32) = a(64x16, bf16 registers)·B(16x64) (+ d when acc
+// != 0); B from shared memory through desc, TRANS_B 0 for K-major, 1 for N-major.
+template <int TRANS_B>
+__device__ __forceinline__ void f9_wgmma_n64(float* d, const uint32_t* a, uint64_t desc, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc), "n"(TRANS_B));
+}
+
+// f9_wgmma_n128: d(64x128, f32) = a(64x16, bf16 registers)·B(16x128) (+ d when acc
+// != 0); B from shared memory through desc, TRANS_B 0 for K-major, 1 for N-major.
+template <int TRANS_B>
+__device__ __forceinline__ void f9_wgmma_n128(float* d, const uint32_t* a, uint64_t desc, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc), "n"(TRANS_B));
+}
+
+// ---- Device code: tools/cuda/emu.sh sm90 runs everything from here to the
+// entry points on the host (tools/cuda/emu/flashattn_sm90_emu.cpp, with its
+// own versions of the helpers above: f9_pack, f9_exp2, f9_ld32, f9_smem,
+// f9_cp16, f9_cp_commit, f9_cp_wait, f9_fence_proxy, the wgmma ones,
+// f9_regs), so it must stay plain C++ apart from those.
+
+// f9_desc is the wgmma matrix descriptor of an operand at shared address a
+// without swizzling, with leading and stride dimension byte offsets lbo and
+// sbo (all multiples of 16).
+__device__ __forceinline__ uint64_t f9_desc(uint32_t a, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((a & 0x3FFFFu) >> 4) | (uint64_t)((lbo & 0x3FFFFu) >> 4) << 16 |
+           (uint64_t)((sbo & 0x3FFFFu) >> 4) << 32;
+}
+
+// f9_load_tile starts (with NT threads) the cp.async copies of global rows r0..r0+63 (row
+// stride `stride` elements, HS elements each; zeros for rows at or past T)
+// into the tile s in the layout above. The 8 threads of a quarter warp take
+// one 16-byte column of 8 consecutive keys (128 contiguous shared bytes: no
+// bank conflicts); a warp's 4 quarters take 4 consecutive columns of the
+// same keys (64 contiguous global bytes per key).
+template <int HS, int NT>
+__device__ __forceinline__ void f9_load_tile(uint16_t* s, const uint16_t* g, i64 stride, int r0, int T) {
+    constexpr int ND = HS / 8;
+    for (int i = threadIdx.x; i < F9_BK * ND; i += NT) {
+        const int key = (i / (8 * ND)) * 8 + (i & 7), q = (i >> 3) % ND, t = r0 + key;
+        f9_cp16(s + q * (F9_BK * 8) + key * 8, t < T ? g + (i64)t * stride + q * 8 : g, t < T ? 16 : 0);
+    }
+}
+
+// flash_fwd_sm90 computes the block's 64·MT·WG query rows with WG
+// warpgroups (128·WG threads): warpgroup w owns MT row tiles of 64 (its
+// tile t: rows qw+64t..qw+64t+63, qw = q0 + 64·MT·w), and each K and V tile
+// in shared memory feeds MT·WG wgmma batches, MT of them back to back in
+// each warpgroup (fewer tile loads per product than one tile per block,
+// and the tensor cores get independent batches per wait). Ks and Vs are
+// the key and value tiles (F9_BK·HS elements each, 128-byte aligned).
+template <int HS, int MT, int WG>
+__device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float* __restrict__ lse,
+                                               const uint16_t* __restrict__ qkv, int T, int NH, int NKV,
+                                               float scale_log2, uint16_t* Ks, uint16_t* Vs) {
+    constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, BQ = F9_BQ * MT * WG, NT = F9_THREADS * WG;
+    const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
+    // The last query blocks have the most keys: start them first.
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+    const i64 W = (i64)(NH + 2 * NKV) * HS;                              // row stride of qkv
+    const uint16_t* base = qkv + (i64)b * T * W + (i64)h * HS;            // q of token 0 of this head
+    const uint16_t* kbase = qkv + (i64)b * T * W + (i64)(NH + kv) * HS;  // k of token 0 of its key head
+    const uint16_t* vbase = kbase + (i64)NKV * HS;                        // v of token 0 of its value head
+    const int qlast = min(q0 + BQ, T) - 1;                               // the block's last valid row
+    const int qw = q0 + F9_BQ * MT * (tid >> 7);                         // this warpgroup's first row
+
+    // Q as wgmma A fragments (rows past T zero); this thread's rows of tile
+    // t are r0 = qw + 64t + 16·warp + g and r1 = r0 + 8 (warp within the
+    // warpgroup).
+    uint32_t qf[MT][KD][4];
+    float o[MT][NO], s[MT][NS], m[MT][2], l[MT][2];
+#pragma unroll
+    for (int t = 0; t < MT; t++) {
+        const int r0 = qw + F9_BQ * t + warp * 16 + g, r1 = r0 + 8;
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) {
+            const int d = kk * 16 + 2 * c;
+            qf[t][kk][0] = r0 < T ? f9_ld32(base + (i64)r0 * W + d) : 0u;
+            qf[t][kk][1] = r1 < T ? f9_ld32(base + (i64)r1 * W + d) : 0u;
+            qf[t][kk][2] = r0 < T ? f9_ld32(base + (i64)r0 * W + d + 8) : 0u;
+            qf[t][kk][3] = r1 < T ? f9_ld32(base + (i64)r1 * W + d + 8) : 0u;
+        }
+#pragma unroll
+        for (int i = 0; i < NO; i++) o[t][i] = 0.f;
+        m[t][0] = m[t][1] = -INFINITY;
+        l[t][0] = l[t][1] = 0.f;
+    }
+    const uint32_t ks = f9_smem(Ks), vs = f9_smem(Vs);
+
+    // Keys past T are zero: masked, and never NaN times 0. Row tile t takes
+    // part in key tile k0 (uniformly over the warpgroup, as wgmma needs)
+    // when it has a row at or past k0 and a row before T; every row of a
+    // tile that takes part in its first key tile sees key 0 there.
+    f9_load_tile<HS, NT>(Ks, kbase, W, 0, T);
+    f9_cp_commit();
+    for (int k0 = 0; k0 <= qlast; k0 += F9_BK) {
+        bool work[MT];
+#pragma unroll
+        for (int t = 0; t < MT; t++)  // always with one tile per block: q0 <= k0 <= qlast < q0 + 64
+            work[t] = (MT == 1 && WG == 1) || (qw + F9_BQ * t <= qlast && k0 <= qw + F9_BQ * t + F9_BQ - 1);
+        f9_cp_wait();
+        f9_fence_proxy();
+        __syncthreads();  // K(k0) is in; every warp is done with V of the previous tile
+        f9_load_tile<HS, NT>(Vs, vbase, W, k0, T);
+        f9_cp_commit();
+
+        // S = Q·Kᵀ (64 rows x 64 keys per row tile): K-major B, LBO 8 dims
+        // = 1024 bytes, SBO 8 keys = 128 bytes; each k16 step starts 2048
+        // bytes on.
+        f9_wg_fence();
+#pragma unroll
+        for (int t = 0; t < MT; t++)
+            if (work[t]) {
+#pragma unroll
+                for (int kk = 0; kk < KD; kk++)
+                    f9_wgmma_n64<0>(s[t], qf[t][kk], f9_desc(ks + kk * 2 * (F9_BK * 16), F9_BK * 16, 128), kk);
+            }
+        f9_wg_commit();
+        f9_wg_wait();
+#pragma unroll
+        for (int t = 0; t < MT; t++) f9_regs<NS>(s[t]);
+
+        uint32_t pa[MT][F9_BK / 16][4];
+#pragma unroll
+        for (int t = 0; t < MT; t++) {
+            if (!work[t]) continue;
+            const int w0 = qw + F9_BQ * t + warp * 16, r0 = w0 + g, r1 = r0 + 8;
+            // Raw scores (scale > 0 commutes with max); keys after a row, and
+            // so keys past T, are masked on the tiles that reach past w0.
+            if (k0 + F9_BK - 1 > w0) {
+#pragma unroll
+                for (int j = 0; j < NS / 4; j++) {
+                    const int key = k0 + j * 8 + 2 * c;
+                    if (key > r0) s[t][4 * j] = -INFINITY;
+                    if (key + 1 > r0) s[t][4 * j + 1] = -INFINITY;
+                    if (key > r1) s[t][4 * j + 2] = -INFINITY;
+                    if (key + 1 > r1) s[t][4 * j + 3] = -INFINITY;
+                }
+            }
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < NS / 4; j++) {
+                mx0 = fmaxf(mx0, fmaxf(s[t][4 * j], s[t][4 * j + 1]));
+                mx1 = fmaxf(mx1, fmaxf(s[t][4 * j + 2], s[t][4 * j + 3]));
+            }
+            // The four lanes of a quad hold one row between them.
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float n0 = fmaxf(m[t][0], mx0), n1 = fmaxf(m[t][1], mx1);
+            // n0 and n1 are finite from the tile's first key tile on; the
+            // guards only keep -inf - -inf out.
+            const float b0 = n0 == -INFINITY ? 0.f : n0 * scale_log2, b1 = n1 == -INFINITY ? 0.f : n1 * scale_log2;
+            const float f0 = f9_exp2(m[t][0] * scale_log2 - b0), f1 = f9_exp2(m[t][1] * scale_log2 - b1);  // 0 while m is -inf
+            m[t][0] = n0;
+            m[t][1] = n1;
+            float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+            for (int j = 0; j < NS / 4; j++) {
+                s[t][4 * j] = f9_exp2(s[t][4 * j] * scale_log2 - b0);
+                s[t][4 * j + 1] = f9_exp2(s[t][4 * j + 1] * scale_log2 - b0);
+                s[t][4 * j + 2] = f9_exp2(s[t][4 * j + 2] * scale_log2 - b1);
+                s[t][4 * j + 3] = f9_exp2(s[t][4 * j + 3] * scale_log2 - b1);
+                ps0 += s[t][4 * j] + s[t][4 * j + 1];
+                ps1 += s[t][4 * j + 2] + s[t][4 * j + 3];
+            }
+            l[t][0] = l[t][0] * f0 + ps0;
+            l[t][1] = l[t][1] * f1 + ps1;
+#pragma unroll
+            for (int j = 0; j < NO / 4; j++) {
+                o[t][4 * j] *= f0;
+                o[t][4 * j + 1] *= f0;
+                o[t][4 * j + 2] *= f1;
+                o[t][4 * j + 3] *= f1;
+            }
+            // P as A fragments: the accumulator layout of keys 16kk..16kk+15
+            // is the A layout of the k16 step kk.
+#pragma unroll
+            for (int kk = 0; kk < F9_BK / 16; kk++) {
+                pa[t][kk][0] = f9_pack(s[t][8 * kk], s[t][8 * kk + 1]);
+                pa[t][kk][1] = f9_pack(s[t][8 * kk + 2], s[t][8 * kk + 3]);
+                pa[t][kk][2] = f9_pack(s[t][8 * kk + 4], s[t][8 * kk + 5]);
+                pa[t][kk][3] = f9_pack(s[t][8 * kk + 6], s[t][8 * kk + 7]);
+            }
+        }
+        f9_cp_wait();
+        f9_fence_proxy();
+        __syncthreads();  // V(k0) is in; every warp is done with K(k0)
+        if (k0 + F9_BK <= qlast) {
+            f9_load_tile<HS, NT>(Ks, kbase, W, k0 + F9_BK, T);
+            f9_cp_commit();
+        }
+        // O += P·V: N-major B, LBO 8 keys = 128 bytes, SBO 8 dims = 1024
+        // bytes; each k16 step starts 256 bytes on.
+        f9_wg_fence();
+#pragma unroll
+        for (int t = 0; t < MT; t++)
+            if (work[t]) {
+#pragma unroll
+                for (int kk = 0; kk < F9_BK / 16; kk++) {
+                    const uint64_t dv = f9_desc(vs + kk * 256, 128, F9_BK * 16);
+                    if constexpr (HS == 64)
+                        f9_wgmma_n64<1>(o[t], pa[t][kk], dv, 1);
+                    else
+                        f9_wgmma_n128<1>(o[t], pa[t][kk], dv, 1);
+                }
+            }
+        f9_wg_commit();
+        f9_wg_wait();
+#pragma unroll
+        for (int t = 0; t < MT; t++) f9_regs<NO>(o[t]);
+    }
+#pragma unroll
+    for (int t = 0; t < MT; t++) {
+        const int r0 = qw + F9_BQ * t + warp * 16 + g, r1 = r0 + 8;
+        float l0 = l[t][0], l1 = l[t][1];
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        uint16_t* ob = out + (i64)b * T * C + (i64)h * HS + 2 * c;
+        if (r0 < T) {
+            const float inv = 1.f / l0;
+#pragma unroll
+            for (int j = 0; j < NO / 4; j++)
+                *reinterpret_cast<uint32_t*>(ob + (i64)r0 * C + j * 8) = f9_pack(o[t][4 * j] * inv, o[t][4 * j + 1] * inv);
+            if (c == 0) lse[(i64)z * T + r0] = (m[t][0] * scale_log2 + log2f(l0)) * F9_LN2;
+        }
+        if (r1 < T) {
+            const float inv = 1.f / l1;
+#pragma unroll
+            for (int j = 0; j < NO / 4; j++)
+                *reinterpret_cast<uint32_t*>(ob + (i64)r1 * C + j * 8) =
+                    f9_pack(o[t][4 * j + 2] * inv, o[t][4 * j + 3] * inv);
+            if (c == 0) lse[(i64)z * T + r1] = (m[t][1] * scale_log2 + log2f(l1)) * F9_LN2;
+        }
+    }
+}
+
+// ---- Entry points ----
+
+// flash_fwd_sm90_bf16_hs64 and _hs128: flash_fwd_bf16_hs64 and _hs128 of
+// flashattn.cu (same arguments and contract, qkv 16-byte and out 4-byte
+// aligned) on the sm_90a tensor cores, one row tile per warpgroup: grid
+// (ceil(T/64), B·NH), 128 threads.
+extern "C" __global__ void __launch_bounds__(F9_THREADS)
+    flash_fwd_sm90_bf16_hs64(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
+    __shared__ __align__(128) uint16_t Ks[F9_BK * 64];
+    __shared__ __align__(128) uint16_t Vs[F9_BK * 64];
+    flash_fwd_sm90<64, 1, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
+}
+
+extern "C" __global__ void __launch_bounds__(F9_THREADS)
+    flash_fwd_sm90_bf16_hs128(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
+    __shared__ __align__(128) uint16_t Ks[F9_BK * 128];
+    __shared__ __align__(128) uint16_t Vs[F9_BK * 128];
+    flash_fwd_sm90<128, 1, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
+}
+
+// flash_fwd2_sm90_bf16_hs64: flash_fwd_sm90_bf16_hs64 with two row tiles
+// per warpgroup: grid (ceil(T/128), B·NH), 128 threads.
+extern "C" __global__ void __launch_bounds__(F9_THREADS)
+    flash_fwd2_sm90_bf16_hs64(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
+    __shared__ __align__(128) uint16_t Ks[F9_BK * 64];
+    __shared__ __align__(128) uint16_t Vs[F9_BK * 64];
+    flash_fwd_sm90<64, 2, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
+}
+
+// flash_fwd2_sm90_bf16_hs128: flash_fwd_sm90_bf16_hs128 with two
+// warpgroups of one row tile each sharing the K and V tiles: grid
+// (ceil(T/128), B·NH), 256 threads.
+extern "C" __global__ void __launch_bounds__(2 * F9_THREADS)
+    flash_fwd2_sm90_bf16_hs128(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
+    __shared__ __align__(128) uint16_t Ks[F9_BK * 128];
+    __shared__ __align__(128) uint16_t Vs[F9_BK * 128];
+    flash_fwd_sm90<128, 1, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
+}

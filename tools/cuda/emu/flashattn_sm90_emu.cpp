@@ -1,0 +1,269 @@
+// flashattn_sm90_emu.cpp: runs flash_fwd_sm90 of
+// kernels/cuda/kernels/flashattn_sm90.cu on the host, with emulated wgmma,
+// cp.async, proxy fences, shuffles and barriers: each block is 128
+// std::threads per warpgroup (one or two warpgroups, one or two row tiles
+// each), and out and lse are compared with a float64 reference for
+// multi-head and grouped-query layouts. Built with
+// AddressSanitizer and UBSan by tools/cuda/emu.sh sm90 (g++ 12 or later, no
+// CUDA toolkit).
+//
+// The model of the hardware, and the PTX ISA sections it follows (PTX ISA
+// 8.x, section 9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-
+// Accumulate Instructions"):
+//  - Matrix descriptor (9.7.15.5.1.2.2): start address, LBO and SBO are
+//    decoded from bits 0-13, 16-29 and 32-45 (each << 4); bits 62-63 (the
+//    swizzle mode) must be 0 — the only mode modelled, anything else aborts;
+//    the base offset (bits 49-51) is ignored, as the ISA says it is for
+//    no-swizzle.
+//  - Shared memory layout without swizzling (9.7.15.5.1.2.1, canonical
+//    layouts, T = 8 bf16 per 16 bytes): element (k, n) of B (K x N) is at
+//    byte start + (n%8)·16 + (n/8)·SBO + (k%8)·2 + (k/8)·LBO when K-major
+//    (imm-trans-b 0) and start + (n%8)·2 + (n/8)·SBO + (k%8)·16 + (k/8)·LBO
+//    when N-major (imm-trans-b 1). Reads outside the emulated shared window
+//    abort; shared memory starts as NaN, so an element read where nothing
+//    was written poisons the result.
+//  - Register fragments of m64nNk16 (9.7.15.5.1.1.1): warp w holds rows
+//    16w..16w+15; A register i (0..3) of lane l holds row 16w + l/4 +
+//    8·(i%2), cols 2(l%4) + 8·(i/2) and +1 (lower half the lower index); D
+//    register 4j+e holds row 16w + l/4 + 8·(e/2), col 8j + 2(l%4) + e%2.
+//  - Asynchrony: a wgmma snapshots its A registers at issue and reads
+//    shared memory and writes its accumulators only at wgmma.wait_group, so
+//    accumulators read before the wait are stale. A wgmma issued without a
+//    wgmma.fence since the thread's last wait aborts. It checks, per 16-byte
+//    chunk it reads, that the chunk's last cp.async landed before a
+//    __syncthreads that the issuing thread passed before the issue (a
+//    missing barrier aborts) and that every thread fenced its landed copies
+//    with fence.proxy.async before that barrier (generic-proxy writes made
+//    visible to the async proxy; memory consistency model, proxies).
+//  - cp.async (9.7.9.25): copies are queued and land at the thread's
+//    cp.async.wait_group (the latest moment allowed), zero-filled past the
+//    source size; destination and source must be 16-byte aligned.
+// Not modelled: write-after-read hazards of a cp.async into a tile a
+// pending wgmma still reads (the kernel waits for its wgmma before the
+// barrier that precedes the next copy into that tile), the exact rounding
+// and summation order of the tensor cores (products are summed in float),
+// the 128/64/32-byte swizzle modes, bank conflicts and timing.
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+typedef long long i64;
+struct __nv_bfloat16 { uint16_t bits; };
+struct __nv_bfloat162 { __nv_bfloat16 x, y; };
+static uint16_t f2bf(float f) { uint32_t u; memcpy(&u, &f, 4); if ((u & 0x7fffffff) > 0x7f800000) return 0x7fc0; u += 0x7fff + ((u >> 16) & 1); return u >> 16; }
+static float bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+struct dim { int x, y; };
+thread_local dim threadIdx, blockIdx;
+dim gridDim;
+#define __device__
+#define __forceinline__
+#define __restrict__
+#define F9_BQ 64
+#define F9_BK 64
+#define F9_THREADS 128
+#define F9_LN2 0.6931471805599453f
+using std::min;
+static void die(const char* m) { printf("emulator: %s (thread %d, block %d,%d)\n", m, threadIdx.x, blockIdx.x, blockIdx.y); fflush(stdout); abort(); }
+
+// The block: barriers, the emulated shared window.
+std::barrier<>* blockBar;
+std::barrier<>* warpBar[8];
+std::barrier<>* wgBar[2];
+uint8_t* smemBase;   // the shared window of the running block
+size_t smemSize;
+thread_local int nsync;  // __syncthreads passed by this thread
+static void __syncthreads() { blockBar->arrive_and_wait(); nsync++; }
+float shf[8][32];
+static float __shfl_xor_sync(unsigned, float v, int o) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  shf[w][l] = v; warpBar[w]->arrive_and_wait();
+  float r = shf[w][l ^ o]; warpBar[w]->arrive_and_wait();
+  return r;
+}
+static uint32_t f9_pack(float lo, float hi) { return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16); }
+static float f9_exp2(float x) { return exp2f(x); }
+static uint32_t f9_ld32(const uint16_t* p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint32_t f9_smem(const void* p) {
+  const uint8_t* q = (const uint8_t*)p;
+  if (q < smemBase || q >= smemBase + smemSize) die("shared address outside the shared window");
+  return (uint32_t)(q - smemBase);
+}
+
+// cp.async: queued per thread, landing at f9_cp_wait.
+struct Copy { uint16_t* dst; const uint16_t* src; int n; };
+thread_local std::vector<Copy> copies;
+std::vector<int> chunkSync;          // per 16-byte shared chunk: the writer's nsync when it landed
+std::vector<int> lastUnfencedSync;   // per thread: nsync at which it last left copies unfenced, -1 none
+static void f9_cp16(uint16_t* dst, const uint16_t* src, int n) {
+  if ((uintptr_t)dst % 16 || (n && (uintptr_t)src % 16)) die("cp.async: address not 16-byte aligned");
+  f9_smem(dst); f9_smem((uint8_t*)dst + 15);
+  copies.push_back({dst, src, n});
+}
+static void f9_cp_commit() {}
+static void f9_cp_wait() {
+  for (auto& c : copies) {
+    if (c.n) memcpy(c.dst, c.src, 16); else memset(c.dst, 0, 16);
+    chunkSync[f9_smem(c.dst) / 16] = nsync;
+  }
+  if (!copies.empty()) lastUnfencedSync[threadIdx.x] = nsync;
+  copies.clear();
+}
+static void f9_fence_proxy() { lastUnfencedSync[threadIdx.x] = -1; }
+
+// wgmma: issued ops queue per thread; A snapshots in wgA by op index.
+struct Op { float* d; int N, trans, acc; uint64_t desc; int sync; };
+thread_local std::vector<Op> ops;
+thread_local bool wgFenced;
+uint32_t wgA[64][256][4];
+static void wg_issue(float* d, const uint32_t* a, uint64_t desc, int acc, int N, int trans) {
+  if (!wgFenced) die("wgmma.mma_async without a wgmma.fence since the last wait");
+  if (ops.size() >= 64) die("too many wgmma in flight");
+  memcpy(wgA[ops.size()][threadIdx.x], a, 16);
+  ops.push_back({d, N, trans, acc, desc, nsync});
+}
+template <int TB> static void f9_wgmma_n64(float* d, const uint32_t* a, uint64_t desc, int acc) { wg_issue(d, a, desc, acc, 64, TB); }
+template <int TB> static void f9_wgmma_n128(float* d, const uint32_t* a, uint64_t desc, int acc) { wg_issue(d, a, desc, acc, 128, TB); }
+static void f9_wg_fence() { wgFenced = true; }
+static void f9_wg_commit() {}
+static float halfOf(uint32_t r, int h) { return bf2f(h ? r >> 16 : r & 0xffff); }
+// b reads element (k, n) of B through desc (the ISA's no-swizzle layouts).
+static float bElem(uint64_t desc, int trans, int k, int n, int issueSync) {
+  if (desc >> 62) die("descriptor with a swizzle mode: not modelled");
+  const uint32_t start = (uint32_t)(desc & 0x3fff) << 4, lbo = (uint32_t)((desc >> 16) & 0x3fff) << 4,
+                 sbo = (uint32_t)((desc >> 32) & 0x3fff) << 4;
+  const uint32_t a = trans ? start + (n % 8) * 2 + (n / 8) * sbo + (k % 8) * 16 + (k / 8) * lbo
+                           : start + (n % 8) * 16 + (n / 8) * sbo + (k % 8) * 2 + (k / 8) * lbo;
+  if (a + 2 > smemSize) die("wgmma reads past the shared window");
+  if (chunkSync[a / 16] >= issueSync) die("wgmma reads a chunk whose cp.async landed after the issuer's last barrier");
+  uint16_t v; memcpy(&v, smemBase + a, 2);
+  return bf2f(v);
+}
+static void f9_wg_wait() {
+  const int t = threadIdx.x, w = (t >> 5) & 3, l = t & 31, g = l >> 2, c = l & 3, wg0 = t & ~127;
+  wgBar[t >> 7]->arrive_and_wait();  // the warpgroup has issued (the ops are warpgroup-collective)
+  for (size_t oi = 0; oi < ops.size(); oi++) {
+    const Op& op = ops[oi];
+    // Landed copies must have been fenced before the barrier preceding the issue.
+    for (int u = 0; u < (int)lastUnfencedSync.size(); u++)
+      if (lastUnfencedSync[u] >= 0 && lastUnfencedSync[u] < op.sync) die("wgmma after a barrier without fence.proxy.async of landed cp.async writes");
+    for (int i = 0; i < op.N / 2; i++) {
+      const int j = i / 4, e = i % 4, row = 16 * w + g + 8 * (e / 2), col = 8 * j + 2 * c + (e & 1);
+      float acc = op.acc ? op.d[i] : 0.f;
+      for (int k = 0; k < 16; k++) {
+        const int rr = row % 16, owner = wg0 + 32 * (row / 16) + (rr % 8) * 4 + (k % 8) / 2, reg = rr / 8 + 2 * (k / 8);
+        acc += halfOf(wgA[oi][owner][reg], k % 2) * bElem(op.desc, op.trans, k, col, op.sync);
+      }
+      op.d[i] = acc;
+    }
+  }
+  wgBar[t >> 7]->arrive_and_wait();  // nobody reuses wgA before the warpgroup has read it
+  ops.clear();
+  wgFenced = false;
+}
+
+template <int N> static void f9_regs(float*) {}
+
+#include "flashattn_sm90_body.inc"  // extracted from flashattn_sm90.cu by emu.sh
+
+// run_grid runs kernel over gridDim, one block at a time, each block as
+// 128·WG threads with a fresh (NaN-filled) shared window of smem bytes.
+template <class F> void run_grid(int WG, size_t smem, F kernel) {
+  const int NT = 128 * WG;
+  std::vector<uint8_t> window(smem);
+  for (int by = 0; by < gridDim.y; by++)
+    for (int bx = 0; bx < gridDim.x; bx++) {
+      for (size_t i = 0; i + 1 < smem; i += 2) { window[i] = 0xc0; window[i + 1] = 0x7f; }
+      smemBase = window.data(); smemSize = smem;
+      chunkSync.assign(smem / 16, -1);
+      lastUnfencedSync.assign(NT, -1);
+      std::barrier<> bb(NT), wga(128), wgb(128);
+      std::vector<std::unique_ptr<std::barrier<>>> wb;
+      for (int w = 0; w < NT / 32; w++) { wb.emplace_back(new std::barrier<>(32)); warpBar[w] = wb.back().get(); }
+      blockBar = &bb; wgBar[0] = &wga; wgBar[1] = &wgb;
+      std::vector<std::thread> th;
+      for (int t = 0; t < NT; t++)
+        th.emplace_back([&, t] {
+          threadIdx = {t, 0}; blockIdx = {bx, by}; nsync = 0; wgFenced = false;
+          copies.clear(); ops.clear();
+          kernel();
+          if (!copies.empty()) die("cp.async copies never waited for");
+          if (!ops.empty()) die("wgmma never waited for");
+        });
+      for (auto& x : th) x.join();
+    }
+}
+
+// run checks flash_fwd_sm90<HS, MT, WG> with NH query heads and NKV
+// key/value heads (0 means NKV = NH) against a float64 reference.
+template <int HS, int MT = 1, int WG = 1> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
+  if (NKV == 0) NKV = NH;
+  int C = NH * HS, rep = NH / NKV;
+  size_t W = (size_t)(NH + 2 * NKV) * HS;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> U(-2, 2);
+  std::vector<uint16_t> qkv((size_t)B * T * W), out((size_t)B * T * C, 0x7fc0);
+  std::vector<float> lse((size_t)B * NH * T, NAN);
+  for (auto& x : qkv) x = f2bf(U(rng));
+  float sl2 = (float)(1.4426950408889634 / std::sqrt((double)HS));
+  gridDim = {(T + 64 * MT * WG - 1) / (64 * MT * WG), B * NH};
+  const size_t tile = (size_t)F9_BK * HS * 2;  // bytes of one K or V tile
+  run_grid(WG, 2 * tile, [&] {
+    uint16_t* Ks = (uint16_t*)smemBase;
+    uint16_t* Vs = (uint16_t*)(smemBase + tile);
+    flash_fwd_sm90<HS, MT, WG>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks, Vs);
+  });
+  double worst = 0, worstL = 0;
+  for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
+    auto at = [&](int tok, int which, int d) {
+      size_t col = which == 0 ? (size_t)h * HS : (size_t)(NH + (which - 1) * NKV + h / rep) * HS;
+      return (double)bf2f(qkv[((size_t)b * T + tok) * W + col + d]);
+    };
+    std::vector<double> s(t + 1);
+    double m = -INFINITY;
+    for (int j = 0; j <= t; j++) { double acc = 0; for (int d = 0; d < HS; d++) acc += at(t, 0, d) * at(j, 1, d); s[j] = acc / std::sqrt((double)HS); m = std::max(m, s[j]); }
+    double l = 0; for (int j = 0; j <= t; j++) l += std::exp(s[j] - m);
+    double L = m + std::log(l);
+    double gl = lse[((size_t)b * NH + h) * T + t];
+    double el = std::fabs(gl - L); worstL = std::max(worstL, el);
+    if (!(el <= 1e-3 + 1e-4 * std::fabs(L))) { if (bad++ < 5) printf("lse b%d h%d t%d: %g vs %g\n", b, h, t, gl, L); }
+    for (int d = 0; d < HS; d++) {
+      double o = 0; for (int j = 0; j <= t; j++) o += std::exp(s[j] - L) * at(j, 2, d);
+      double g = bf2f(out[((size_t)b * T + t) * C + h * HS + d]);
+      double e = std::fabs(g - o); worst = std::max(worst, e / (2e-2 + 1.6e-2 * std::fabs(o)));
+      if (!(e <= 2e-2 + 1.6e-2 * std::fabs(o))) { if (bad++ < 5) printf("out b%d h%d t%d d%d: %g vs %g\n", b, h, t, d, g, o); }
+    }
+  }
+  printf("sm90 HS%d MT%d WG%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", HS, MT, WG, B, T, NH, NKV, worst, worstL, bad);
+}
+
+int main(int argc, char** argv) {
+  int bad = 0;
+  const bool quick = argc > 1 && !strcmp(argv[1], "quick");  // the mutants: one small case per head size
+  if (quick) {
+    run<64>(1, 130, 2, 1, bad, 1);
+    run<128>(1, 65, 1, 2, bad);
+    run<64, 2>(1, 200, 2, 3, bad, 1);
+    run<128, 1, 2>(1, 200, 2, 4, bad, 1);
+    return bad != 0;
+  }
+  const int Ts[] = {1, 63, 64, 65, 200, 300};
+  unsigned seed = 100;
+  for (int T : Ts) {
+    run<64>(T < 100 ? 2 : 1, T, 2, seed++, bad);        // multi-head
+    run<128>(1, T, 2, seed++, bad);                     // multi-head
+    run<64>(1, T, 4, seed++, bad, 2);                   // groups of 2
+    run<128>(1, T, 3, seed++, bad, 1);                  // multi-query
+    run<64, 2>(T < 100 ? 2 : 1, T, 2, seed++, bad);     // two row tiles, multi-head
+    run<64, 2>(1, T, 4, seed++, bad, 2);                // two row tiles, groups of 2
+    run<128, 1, 2>(1, T, 2, seed++, bad);               // two warpgroups, multi-head
+    run<128, 1, 2>(1, T, 3, seed++, bad, 1);            // two warpgroups, multi-query
+  }
+  return bad != 0;
+}
