@@ -79,8 +79,8 @@
 // SwiGLU (kernels/llama.cu) and grouped-query attention, on the flash
 // kernels for bf16 with head size 64 or 128 (the key/value gradients summed
 // over each group inside one block, without atomics; the query gradients
-// of the default fused backward with float32 atomics, so not bitwise
-// reproducible, unlike SPILL_FLASH_BWD=split's, see flash.go) and on the
+// of the opt-in fused backward, SPILL_FLASH_BWD=fused, with float32
+// atomics, so not bitwise reproducible, see flash.go) and on the
 // row-wise kernels otherwise; with as many key/value heads as query heads
 // it is AttentionForward and AttentionBackward.
 //

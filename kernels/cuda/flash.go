@@ -121,7 +121,7 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	f, _ := b.flashBwdByHead(hs, flashBwdMode)
 	switch {
 	case flashBwdMode == flashBwdSplit:
-		return fwd + "; backward: split tensor-core flash kernels (SPILL_FLASH_BWD=split, deterministic)"
+		return fwd + "; backward: split tensor-core flash kernels (deterministic)"
 	case f.fused == 0 || b.flashBwdFusedErr != nil:
 		return fmt.Sprintf("%s; backward: split tensor-core flash kernels (fused backward off: %v)", fwd, b.flashBwdFusedErr)
 	}
@@ -229,17 +229,20 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // The backward kernels (kernels/flashattn.cu) take the same operands: bf16
 // dqkv, dout, qkv and out, head size 64 or 128. Two implementations:
 //
-//   - fused (the default): flash_bwd_fused_*, one block per 64 keys of one
+//   - fused (opt-in): flash_bwd_fused_*, one block per 64 keys of one
 //     (batch, key/value head), recomputes P and dS once per tile (five
 //     products: S, dP, dV, dK, dQ) and keeps dK and dV in registers; dQ
 //     goes through a float32 accumulator in the queue's scratch area with
 //     atomic adds, which flash_bwd_dq then writes into dqkv. The atomics
 //     make the float32 sums of dQ depend on the blocks' schedule: dQ is
 //     not bitwise reproducible from run to run (as with FlashAttention-2's
-//     and cuDNN's default backward); dK and dV are.
-//   - split: flash_bwd_kv_* (dK, dV) and flash_bwd_q_* (dQ), each
-//     recomputing P and dP (seven products), no atomics: the result does
-//     not depend on scheduling. The deterministic mode, and the fallback.
+//     and cuDNN's default backward); dK and dV are. On the H200 it ran
+//     1.03-1.17x slower than the split kernels (register-bound at 4 warps
+//     per block, 2 blocks per SM; tools/bench/results/attn_variants_h200.json),
+//     so it is not the default.
+//   - split (the default): flash_bwd_kv_* (dK, dV) and flash_bwd_q_* (dQ),
+//     each recomputing P and dP (seven products), no atomics: the result
+//     does not depend on scheduling. Also the fallback of the fused path.
 //
 // Both need D = rowsum(dO∘O) (flash_bwd_prep), one float32 per (batch,
 // head, row), in the scratch area; flash_bwd_prep also zeroes the fused
@@ -248,13 +251,13 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // flash backward off (flashBwdErr), of the fused ones only the fused path
 // (flashBwdFusedErr).
 //
-// SPILL_FLASH_BWD, read at start-up, selects the implementation: "fused"
-// (or unset) the fused kernels, "split" the split kernels (bitwise
-// reproducible), "fused-bq32" the fused kernels with 32 query rows per
+// SPILL_FLASH_BWD, read at start-up, selects the implementation: "split"
+// (or unset) the split kernels (bitwise reproducible), "fused" the fused
+// kernels, "fused-bq32" the fused kernels with 32 query rows per
 // tile at head size 64 as well (a variant for timing sweeps; head size 128
 // always takes 32), "fused-bq32-occ3" that kernel compiled for three blocks
 // per SM (K from shared memory instead of registers). Other values are
-// taken as "fused".
+// taken as "split".
 
 // Flash backward implementations (flashBwdMode).
 const (
@@ -268,10 +271,10 @@ const (
 var flashBwdMode = flashBwdModeOf(os.Getenv("SPILL_FLASH_BWD"))
 
 func flashBwdModeOf(v string) string {
-	if v == flashBwdSplit || v == flashBwdFusedBQ32 || v == flashBwdFusedOcc3 {
+	if v == flashBwdFused || v == flashBwdFusedBQ32 || v == flashBwdFusedOcc3 {
 		return v
 	}
-	return flashBwdFused
+	return flashBwdSplit
 }
 
 // 1/flashFusedMaxScratch is the fraction of the memory budget the fused

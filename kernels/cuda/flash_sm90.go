@@ -28,8 +28,11 @@ import (
 //     compute_90a loads on sm_90 devices only),
 //   - its self-check at Open passed (checkFlashSM90, against the row-wise
 //     kernel like checkFlash), and
-//   - SPILL_FLASH_FWD is neither "mma" (the mma.sync kernels, two-tile for
-//     head size 64) nor "1" (the one-tile mma.sync kernel) at start-up.
+//   - SPILL_FLASH_FWD is "sm90" (or "sm90x1") at start-up: it is opt-in. On
+//     the H200 this first version (no swizzle, no overlap of the softmax
+//     with the products) ran 1.25-1.28x slower than the mma.sync kernels
+//     (tools/bench/results/attn_variants_h200.json); what it proved is its
+//     descriptors and fragment layouts, on the hardware.
 // The backward is not affected.
 
 // flashSM90Module is the embedded PTX of the Hopper forward.
@@ -38,10 +41,10 @@ const flashSM90Module = "ptx/flashattn_sm90.ptx"
 // errNoSM90 is flashSM90Err on a device whose compute capability is not 9.x.
 var errNoSM90 = errors.New("not a compute capability 9.x device")
 
-var flashSM90 = os.Getenv("SPILL_FLASH_FWD") != "mma" && os.Getenv("SPILL_FLASH_FWD") != "1"
+var flashSM90 = os.Getenv("SPILL_FLASH_FWD") == "sm90" || os.Getenv("SPILL_FLASH_FWD") == "sm90x1"
 
 // flashSM90x2 selects the Hopper kernels with flashRows2 (128) query rows
-// per block (the default; SPILL_FLASH_FWD=sm90x1 at start-up clears it).
+// per block (SPILL_FLASH_FWD=sm90; sm90x1 at start-up clears it).
 var flashSM90x2 = os.Getenv("SPILL_FLASH_FWD") != "sm90x1"
 
 // flashSM90x2Name is the Hopper forward of head size hs with 128 query rows

@@ -124,8 +124,8 @@ func TestFlashBwdFused(t *testing.T) {
 
 // TestFlashBwdModeOf checks the parsing of SPILL_FLASH_BWD.
 func TestFlashBwdModeOf(t *testing.T) {
-	for in, want := range map[string]string{"": flashBwdFused, "fused": flashBwdFused, "split": flashBwdSplit,
-		"fused-bq32": flashBwdFusedBQ32, "fused-bq32-occ3": flashBwdFusedOcc3, "nonsense": flashBwdFused} {
+	for in, want := range map[string]string{"": flashBwdSplit, "fused": flashBwdFused, "split": flashBwdSplit,
+		"fused-bq32": flashBwdFusedBQ32, "fused-bq32-occ3": flashBwdFusedOcc3, "nonsense": flashBwdSplit} {
 		if got := flashBwdModeOf(in); got != want {
 			t.Errorf("flashBwdModeOf(%q) = %q, want %q", in, got, want)
 		}

@@ -261,10 +261,10 @@ func TestGQAttention(t *testing.T) {
 // TestLlamaDeterministic: the backward ops that sum over rows or over a
 // group of query heads (RMSNorm's weight gradient, the attention's dK and
 // dV on the flash and the row-wise kernels) give bitwise the same result
-// when run twice. The flash backward runs its split kernels here
-// (SPILL_FLASH_BWD=split, flashBwdMode): the fused default sums dQ with
-// float32 atomics and is not bitwise reproducible (TestFlashBwdFused checks
-// it against the split kernels within bf16 tolerance instead).
+// when run twice. The flash backward runs its split kernels (the default,
+// set here whatever SPILL_FLASH_BWD says): the fused ones sum dQ with
+// float32 atomics and are not bitwise reproducible (TestFlashBwdFused
+// checks them against the split kernels within bf16 tolerance instead).
 func TestLlamaDeterministic(t *testing.T) {
 	defer func(impl int, mode string) { attnImpl, flashBwdMode = impl, mode }(attnImpl, flashBwdMode)
 	flashBwdMode = flashBwdSplit
