@@ -54,6 +54,12 @@ static int spill_module_function(uintptr_t *f, uintptr_t m, const char *name) {
 
 static int spill_module_unload(uintptr_t m) { return (int)cuModuleUnload((CUmodule)m); }
 
+// spill_func_max_dynamic_smem lets f take up to n bytes of dynamic shared
+// memory per block (past the default 48 KB where the device allows it).
+static int spill_func_max_dynamic_smem(uintptr_t f, int n) {
+	return (int)cuFuncSetAttribute((CUfunction)f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, n);
+}
+
 static int spill_host_alloc(void **p, size_t n) {
 	return (int)cuMemHostAlloc(p, n, CU_MEMHOSTALLOC_PORTABLE);
 }
@@ -271,11 +277,21 @@ type kfunc uintptr
 // launchArgs launches fn on stream s (a CUstream) with the first n slots
 // of args. It allocates nothing: the pointer array the driver wants is
 // built on the C stack and the driver copies the values before returning.
-func launchArgs(s uintptr, fn kfunc, grid, block dim3, args *[maxArgs]uint64, n int) error {
+func launchArgs(s uintptr, fn kfunc, grid, block dim3, smem uint32, args *[maxArgs]uint64, n int) error {
 	r := C.spill_launch(C.uintptr_t(fn), C.uint(grid.x), C.uint(max(grid.y, 1)), C.uint(max(grid.z, 1)),
-		C.uint(block.x), C.uint(max(block.y, 1)), C.uint(max(block.z, 1)), 0, C.uintptr_t(s),
+		C.uint(block.x), C.uint(max(block.y, 1)), C.uint(max(block.z, 1)), C.uint(smem), C.uintptr_t(s),
 		(*C.uint64_t)(unsafe.Pointer(&args[0])), C.int(n))
 	if r != 0 {
+		return driverError(r)
+	}
+	return nil
+}
+
+// setMaxDynamicShared lets fn's launches ask for up to n bytes of dynamic
+// shared memory (job.smem; a kernel that needs more than 48 KB per block
+// must be allowed it once, before its first launch).
+func setMaxDynamicShared(fn kfunc, n int) error {
+	if r := C.spill_func_max_dynamic_smem(C.uintptr_t(fn), C.int(n)); r != 0 {
 		return driverError(r)
 	}
 	return nil

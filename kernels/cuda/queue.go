@@ -77,6 +77,7 @@ type job struct {
 	scratch     int64
 	fn          kfunc
 	grid, block dim3
+	smem        uint32 // dynamic shared memory per block, bytes (withShared)
 	args        [maxArgs]uint64
 	host        unsafe.Pointer
 	gemm        gemmCall
@@ -91,6 +92,14 @@ func launchJob(fn kfunc, grid, block dim3, args ...uint64) job {
 	}
 	j := job{kind: jobLaunch, fn: fn, grid: grid, block: block, n: uint8(len(args))}
 	copy(j.args[:], args)
+	return j
+}
+
+// withShared gives the launch n bytes of dynamic shared memory per block
+// (extern __shared__); past 48 KB the kernel must have been allowed it at
+// Open (setMaxDynamicShared).
+func (j job) withShared(n int) job {
+	j.smem = uint32(n)
 	return j
 }
 
@@ -199,7 +208,7 @@ func (q *queue) exec(j *job) error {
 			return nil
 		}
 		hostStats.launches.Add(1)
-		return launchArgs(q.cs, j.fn, j.grid, j.block, a, int(j.n))
+		return launchArgs(q.cs, j.fn, j.grid, j.block, j.smem, a, int(j.n))
 	case jobMemset8:
 		return cu.MemsetD8Async(cu.DevicePtr(a[0]), byte(a[1]), int64(a[2]), q.stream)
 	case jobMemset16:
@@ -418,7 +427,7 @@ func (j *job) launchOn(s cu.Stream) error {
 	if j.grid.x == 0 {
 		return nil
 	}
-	return launchArgs(streamHandle(s), j.fn, j.grid, j.block, &j.args, int(j.n))
+	return launchArgs(streamHandle(s), j.fn, j.grid, j.block, j.smem, &j.args, int(j.n))
 }
 
 // Kernel arguments, each in 8 bytes: the driver reads the parameter's own
@@ -437,5 +446,5 @@ func (q *queue) launchNow(fn kfunc, grid, block dim3, args ...uint64) error {
 		return nil
 	}
 	hostStats.launches.Add(1)
-	return launchArgs(q.cs, j.fn, j.grid, j.block, &j.args, int(j.n))
+	return launchArgs(q.cs, j.fn, j.grid, j.block, j.smem, &j.args, int(j.n))
 }
