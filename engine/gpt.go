@@ -324,11 +324,10 @@ func (k *block) forward(q kernels.Queue, p *Pass, i int, selective bool) {
 	if !selective {
 		o.AttentionForward(q, a.atty, a.lse, a.qkv, B, T, C, NH)
 	}
-	// The projections write straight into the residual stream, which then
-	// adds its input in place: proj + x rounds exactly as x + proj (one
-	// commutative float32 addition), without a copy of x or a temporary.
-	o.MatmulForward(q, a.res2, a.atty, param(w, k.projW), param(w, k.projB), BT, C, C)
-	o.Add(q, a.res2, x)
+	// The projections write straight into the residual stream and add
+	// their input: in the GEMM's epilogue where the backend can (rounded
+	// once), else a GEMM and an add in place (x + proj rounds as proj + x).
+	kernels.MatmulForwardResidual(o, q, a.res2, a.atty, param(w, k.projW), param(w, k.projB), x, BT, C, C)
 
 	o.LayerNormForward(q, a.ln2, a.ln2Mean, a.ln2Rstd, a.res2, param(w, k.ln2w), param(w, k.ln2b), BT, C)
 	if gm, ok := o.(kernels.GeluMatmuler); ok {
@@ -338,8 +337,7 @@ func (k *block) forward(q kernels.Queue, p *Pass, i int, selective bool) {
 		o.GeluForward(q, a.fchGelu, a.fch, BT*4*C)
 	}
 	if !selective {
-		o.MatmulForward(q, a.out, a.fchGelu, param(w, k.fcProjW), param(w, k.fcProjB), BT, 4*C, C)
-		o.Add(q, a.out, a.res2)
+		kernels.MatmulForwardResidual(o, q, a.out, a.fchGelu, param(w, k.fcProjW), param(w, k.fcProjB), a.res2, BT, 4*C, C)
 	}
 }
 

@@ -472,18 +472,16 @@ func (k *llamaBlock) forward(q kernels.Queue, p *Pass, i int, selective bool) {
 	if !selective {
 		lo.GQAttentionForward(q, a.atty, a.lse, a.qkv, B, T, NH, NKV, hs)
 	}
-	// As in the GPT block, the projections write into the residual stream,
-	// which then adds its input in place (proj + x rounds as x + proj).
-	o.MatmulForward(q, a.res2, a.atty, param(w, k.o), kernels.Tensor{}, BT, NH*hs, C)
-	o.Add(q, a.res2, x)
+	// As in the GPT block, the projections write into the residual stream
+	// and add its input (in the GEMM's epilogue where the backend can).
+	kernels.MatmulForwardResidual(o, q, a.res2, a.atty, param(w, k.o), kernels.Tensor{}, x, BT, NH*hs, C)
 
 	lo.RMSNormForward(q, a.ln2, a.rstd2, a.res2, param(w, k.postNorm), BT, C, eps)
 	o.MatmulForward(q, a.gate, a.ln2, param(w, k.gate), kernels.Tensor{}, BT, C, F)
 	o.MatmulForward(q, a.up, a.ln2, param(w, k.up), kernels.Tensor{}, BT, C, F)
 	lo.SwiGLUForward(q, a.h, a.gate, a.up, BT*F)
 	if !selective {
-		o.MatmulForward(q, a.out, a.h, param(w, k.down), kernels.Tensor{}, BT, F, C)
-		o.Add(q, a.out, a.res2)
+		kernels.MatmulForwardResidual(o, q, a.out, a.h, param(w, k.down), kernels.Tensor{}, a.res2, BT, F, C)
 	}
 }
 

@@ -325,6 +325,28 @@ type GeluMatmuler interface {
 	MatmulBackwardGeluSet(q Queue, dinp, dweight, dbias, dout, inp, weight, pre Tensor, BT, C, OC int)
 }
 
+// ResidualMatmuler is implemented by backends that add a residual in the
+// GEMM's epilogue (CUDA: cuBLASLt with the residual as its C operand):
+// MatmulForwardResidual(out, inp, weight, bias, res) is MatmulForward(out,
+// inp, weight, bias) then Add(out, res), with out rounded once instead of
+// twice (results agree within the dtype's rounding, not bit for bit). out
+// and res are distinct tensors; bias may be the zero Tensor.
+type ResidualMatmuler interface {
+	MatmulForwardResidual(q Queue, out, inp, weight, bias, res Tensor, BT, C, OC int)
+}
+
+// MatmulForwardResidual computes out = inp·weightᵀ + bias + res on any
+// backend: fused where it implements ResidualMatmuler, else MatmulForward
+// then Add.
+func MatmulForwardResidual(o Ops, q Queue, out, inp, weight, bias, res Tensor, BT, C, OC int) {
+	if r, ok := o.(ResidualMatmuler); ok {
+		r.MatmulForwardResidual(q, out, inp, weight, bias, res, BT, C, OC)
+		return
+	}
+	o.MatmulForward(q, out, inp, weight, bias, BT, C, OC)
+	o.Add(q, out, res)
+}
+
 // MatmulBackwardSet overwrites dinp (see Overwriter) on any backend.
 func MatmulBackwardSet(o Ops, q Queue, dinp, dweight, dbias, dout, inp, weight Tensor, BT, C, OC int) {
 	if w, ok := o.(Overwriter); ok {

@@ -136,11 +136,18 @@ static void spill_lt_plan_free(spill_lt_plan *p) {
 //   SPILL_EPI_BIAS:      D = ab + bias(m)                (CUBLASLT_EPILOGUE_BIAS)
 //   SPILL_EPI_GELU_BIAS: aux = ab + bias(m), D = gelu(aux) (CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
 //   SPILL_EPI_DGELU:     D = gelu'(aux) * ab             (CUBLASLT_EPILOGUE_DGELU)
+//   SPILL_EPI_RESID:     D = ab + aux                    (beta 1, C = aux)
+//   SPILL_EPI_BIAS_RESID: D = ab + bias(m) + aux        (CUBLASLT_EPILOGUE_BIAS, beta 1, C = aux)
 // gelu is the tanh approximation; aux is an (m,n) matrix of D's type with
-// leading dimension auxld.
+// leading dimension auxld (for the residual ones, D's layout: auxld = ldd).
 #define SPILL_EPI_BIAS 0
 #define SPILL_EPI_GELU_BIAS 1
 #define SPILL_EPI_DGELU 2
+#define SPILL_EPI_RESID 3
+#define SPILL_EPI_BIAS_RESID 4
+#define SPILL_EPI_HAS_AUX(e) ((e) == SPILL_EPI_GELU_BIAS || (e) == SPILL_EPI_DGELU)
+#define SPILL_EPI_HAS_BIAS(e) ((e) == SPILL_EPI_BIAS || (e) == SPILL_EPI_GELU_BIAS || (e) == SPILL_EPI_BIAS_RESID)
+#define SPILL_EPI_HAS_C(e) ((e) == SPILL_EPI_RESID || (e) == SPILL_EPI_BIAS_RESID)
 
 // spill_lt_plan_make plans one of the epilogues above (split-K reductions in
 // the output type only with reduced). The bias has D's type (the default of
@@ -149,7 +156,7 @@ static void spill_lt_plan_free(spill_lt_plan *p) {
 // al* are the alignments of A, B and D in bytes.
 static int spill_lt_plan_make(cublasLtHandle_t h, spill_lt_plan **out, int epi, int ta, int tb, int m, int n, int k,
 		int abt, int lda, int ldb, int dt, int ldd, uint64_t bias, uint64_t aux, int64_t auxld,
-		uint32_t alA, uint32_t alB, uint32_t alD, uint64_t maxWs, int reduced) {
+		uint32_t alA, uint32_t alB, uint32_t alC, uint32_t alD, uint64_t maxWs, int reduced) {
 	*out = NULL;
 	spill_lt_plan *p = (spill_lt_plan *)calloc(1, sizeof *p);
 	if (p == NULL) return (int)CUBLAS_STATUS_ALLOC_FAILED;
@@ -157,6 +164,7 @@ static int spill_lt_plan_make(cublasLtHandle_t h, spill_lt_plan **out, int epi, 
 	int32_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
 	uint32_t e = epi == SPILL_EPI_GELU_BIAS ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
 	           : epi == SPILL_EPI_DGELU     ? CUBLASLT_EPILOGUE_DGELU
+	           : epi == SPILL_EPI_RESID     ? CUBLASLT_EPILOGUE_DEFAULT
 	                                        : CUBLASLT_EPILOGUE_BIAS;
 	const void *bp = (const void *)(uintptr_t)bias, *xp = (const void *)(uintptr_t)aux;
 	uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
@@ -168,9 +176,9 @@ static int spill_lt_plan_make(cublasLtHandle_t h, spill_lt_plan **out, int epi, 
 	SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA));
 	SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB));
 	SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e));
-	if (epi != SPILL_EPI_DGELU)
+	if (SPILL_EPI_HAS_BIAS(epi))
 		SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
-	if (epi != SPILL_EPI_BIAS) {
+	if (SPILL_EPI_HAS_AUX(epi)) {
 		SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &xp, sizeof xp));
 		SPILL_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &auxld, sizeof auxld));
 	}
@@ -182,7 +190,7 @@ static int spill_lt_plan_make(cublasLtHandle_t h, spill_lt_plan **out, int epi, 
 	SPILL_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red));
 	SPILL_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &alA, sizeof alA));
 	SPILL_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alB, sizeof alB));
-	SPILL_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alD, sizeof alD));
+	SPILL_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alC, sizeof alC));
 	SPILL_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alD, sizeof alD));
 	SPILL_TRY(cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->a, p->b, p->d, p->d, pref, 1, &r, &found));
 #undef SPILL_TRY
@@ -205,15 +213,16 @@ static int spill_lt_matmul(cublasLtHandle_t h, spill_lt_plan *p, uint64_t A, uin
 		uint64_t bias, uint64_t aux, uint64_t ws, uintptr_t stream) {
 	const void *bp = (const void *)(uintptr_t)bias, *xp = (const void *)(uintptr_t)aux;
 	cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
-	if (p->epi != SPILL_EPI_DGELU)
+	if (SPILL_EPI_HAS_BIAS(p->epi))
 		s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp);
-	if (s == CUBLAS_STATUS_SUCCESS && p->epi != SPILL_EPI_BIAS)
+	if (s == CUBLAS_STATUS_SUCCESS && SPILL_EPI_HAS_AUX(p->epi))
 		s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &xp, sizeof xp);
 	if (s != CUBLAS_STATUS_SUCCESS) return (int)s;
-	float alpha = 1.f, beta = 0.f;
+	float alpha = 1.f, beta = SPILL_EPI_HAS_C(p->epi) ? 1.f : 0.f;
 	void *d = (void *)(uintptr_t)D;
+	const void *c = SPILL_EPI_HAS_C(p->epi) ? xp : d;
 	return (int)cublasLtMatmul(h, p->desc, &alpha, (const void *)(uintptr_t)A, p->a, (const void *)(uintptr_t)B, p->b,
-		&beta, d, p->d, d, p->d, &p->algo, (void *)(uintptr_t)ws, p->ws, (cudaStream_t)stream);
+		&beta, c, p->d, d, p->d, &p->algo, (void *)(uintptr_t)ws, p->ws, (cudaStream_t)stream);
 }
 
 static size_t spill_lt_plan_ws(spill_lt_plan *p) { return p->ws; }
@@ -433,6 +442,8 @@ const (
 	epiBias     = C.SPILL_EPI_BIAS
 	epiGeluBias = C.SPILL_EPI_GELU_BIAS
 	epiDGelu    = C.SPILL_EPI_DGELU
+	epiResid    = C.SPILL_EPI_RESID
+	epiBiasRes  = C.SPILL_EPI_BIAS_RESID
 )
 
 // plan plans k (spill_lt_plan_make): biases and aux matrices aligned like bias
@@ -441,7 +452,7 @@ func (l *ltHandle) plan(k ltKey, bias, aux cu.DevicePtr, maxWs int64, reduced bo
 	var p *C.spill_lt_plan
 	st := C.spill_lt_plan_make(l.h, &p, C.int(k.epi), cbool(k.ta), cbool(k.tb), C.int(k.m), C.int(k.n), C.int(k.k),
 		blasType(k.ab), C.int(k.lda), C.int(k.ldb), blasType(k.d), C.int(k.ldd), C.uint64_t(bias), C.uint64_t(aux),
-		C.int64_t(k.ldAux), C.uint32_t(k.alA), C.uint32_t(k.alB), C.uint32_t(k.alD), C.uint64_t(maxWs), cbool(reduced))
+		C.int64_t(k.ldAux), C.uint32_t(k.alA), C.uint32_t(k.alB), C.uint32_t(k.alC), C.uint32_t(k.alD), C.uint64_t(maxWs), cbool(reduced))
 	if st != 0 {
 		return nil, blasError(st)
 	}

@@ -71,6 +71,7 @@ func stepOps(tb testing.TB) (*Backend, []opCase) {
 		{name: "MatmulForward", f: func() { be.MatmulForward(q, qkv, y, w, bias, BT, C, 3*C) }},
 		{name: "AttentionForward", flash: true, f: func() { be.AttentionForward(q, y, lse, qkv, B, T, C, NH) }},
 		{name: "GeluForward", f: func() { be.GeluForward(q, y, x, BT*C) }},
+		{name: "MatmulForwardResidual", f: func() { be.MatmulForwardResidual(q, dy, y, w.Slice(0, C*C), bias.Slice(0, C), x, BT, C, C) }},
 		{name: "Add", f: func() { be.Add(q, x, y) }},
 		{name: "CrossEntropyForward", f: func() { be.CrossEntropyForward(q, losses, logits, tokens, BT, V) }},
 		{name: "CrossEntropyBackwardSet", f: func() { be.CrossEntropyBackwardSet(q, dlogits, logits, tokens, BT, V, 1) }},

@@ -5,6 +5,7 @@ package cuda
 import (
 	"github.com/spill-ml/spill/kernels"
 	"gorgonia.org/cu"
+	"sync/atomic"
 )
 
 // MatmulForward computes out(BT,OC) = inp(BT,C)·weight(OC,C)ᵀ + bias(OC)
@@ -29,14 +30,42 @@ func (b *Backend) MatmulForward(kq kernels.Queue, out, inp, weight, bias kernels
 	q.putGemm(gemmCall{ta: true, m: OC, n: BT, k: C, a: w, lda: C, b: x, ldb: C, c: o, ldc: OC, bias: bs})
 }
 
+// MatmulForwardResidual computes out = inp·weightᵀ + bias + res
+// (kernels.ResidualMatmuler): one cublasLtMatmul whose C operand is the
+// residual (beta 1) and whose epilogue adds the bias, out rounded once;
+// where cuBLASLt cannot, MatmulForward then Add (rounded twice).
+func (b *Backend) MatmulForwardResidual(kq kernels.Queue, out, inp, weight, bias, res kernels.Tensor, BT, C, OC int) {
+	q := b.queue(kq)
+	const op = "MatmulForwardResidual"
+	needDims(op, BT, C, OC)
+	if BT == 0 || OC == 0 {
+		return
+	}
+	o := b.float(op, "out", out, BT*OC)
+	x := b.float(op, "inp", inp, BT*C)
+	w := b.float(op, "weight", weight, OC*C)
+	bs := b.optFloat(op, "bias", bias, OC)
+	r := b.float(op, "res", res, BT*OC)
+	if r.p == o.p {
+		panic("kernels/cuda: MatmulForwardResidual: res and out are the same tensor")
+	}
+	q.putGemm(gemmCall{ta: true, m: OC, n: BT, k: C, a: w, lda: C, b: x, ldb: C, c: o, ldc: OC, bias: bs, res: r})
+}
+
+// residEpiRuns counts the GEMMs that added their residual in cuBLASLt's
+// epilogue (tests check that the fused path ran).
+var residEpiRuns atomic.Int64
+
 // gemmCall is a GEMM job: column-major c(m,n) = op(a)·op(b) + beta·c, or
 // with a bias c = op(a)·op(b) + bias(m) (beta ignored), or with epi
-// epiGeluBias or epiDGelu what gemmEpi says, through runGelu.
+// epiGeluBias or epiDGelu what gemmEpi says, through runGelu. With res
+// (an (m,n) matrix of c's layout), c = op(a)·op(b) [+ bias] + res.
 type gemmCall struct {
 	epi                  int
 	ta, tb               bool
 	m, n, k              int
 	a, b, c, bias, aux   operand
+	res                  operand
 	lda, ldb, ldc, ldAux int
 	beta                 float32
 }
@@ -54,6 +83,9 @@ func (q *queue) runGemm(g *gemmCall) error {
 	if g.epi != epiBias {
 		return q.runGelu(g)
 	}
+	if g.res.p != 0 {
+		return q.runResidual(g)
+	}
 	beta := g.beta
 	if g.bias.p != 0 {
 		if done, err := q.gemmBias(g.ta, g.tb, g.m, g.n, g.k, g.a, g.lda, g.b, g.ldb, g.bias, g.c, g.ldc); done || err != nil {
@@ -68,6 +100,33 @@ func (q *queue) runGemm(g *gemmCall) error {
 		beta = 1
 	}
 	return q.gemm(g.ta, g.tb, g.m, g.n, g.k, g.a, g.lda, g.b, g.ldb, beta, g.c, g.ldc)
+}
+
+// runResidual runs a GEMM with a residual: fused in cuBLASLt's epilogue
+// when it can, else the GEMM (with its bias) and then the add.
+func (q *queue) runResidual(g *gemmCall) error {
+	epi := epiResid
+	if g.bias.p != 0 {
+		epi = epiBiasRes
+	}
+	done, err := q.gemmEpi(epi, g.ta, g.tb, g.m, g.n, g.k, g.a, g.lda, g.b, g.ldb, g.bias, g.res, g.ldc, g.c, g.ldc)
+	if err != nil {
+		return err
+	}
+	if done {
+		residEpiRuns.Add(1)
+		return nil
+	}
+	plain := *g
+	plain.res, plain.beta = operand{}, 0
+	if err := q.runGemm(&plain); err != nil {
+		return err
+	}
+	n := g.m * g.n
+	if f, ok := q.b.typedFn("add_forward", g.c.dt); ok && g.res.dt == g.c.dt && alignedLike(g.c.dt.Size(), g.c.p, g.res.p) {
+		return q.launchNow(f, vecGrid(n, g.c.dt), block, aPtr(g.c.p), aPtr(g.res.p), aI64(int64(n)))
+	}
+	return q.launchNow(q.b.fn("add_forward"), elems(n), block, aPtr(g.c.p), aDT(g.c.dt), aPtr(g.res.p), aDT(g.res.dt), aI64(int64(n)))
 }
 
 // MatmulBackward accumulates dinp += dout·weight, dweight += doutᵀ·inp

@@ -31,7 +31,8 @@ type ltKey struct {
 	ta, tb                        bool
 	m, n, k, lda, ldb, ldd, ldAux int
 	ab, d                         kernels.DType
-	alA, alB, alD, alBias, alAux  uint32
+	alA, alB, alC, alD, alBias    uint32
+	alAux                         uint32
 }
 
 // align is the alignment of address p in bytes, at most 256 (256 for 0).
@@ -56,6 +57,8 @@ func (q *queue) gemmBias(ta, tb bool, m, n, k int, a operand, lda int, bm operan
 //	epiBias:     d = ab + bias(m)
 //	epiGeluBias: aux = ab + bias(m), d = gelu(aux)
 //	epiDGelu:    d = gelu'(aux)·ab
+//	epiResid:    d = ab + aux        (aux: the residual, d's layout: ldAux = ldd)
+//	epiBiasRes:  d = ab + bias(m) + aux
 //
 // rounding d (and aux) once. a and b must share a dtype, d be of it or
 // f32, and the bias and aux of d's dtype (cuBLASLt documents no other bias
@@ -70,8 +73,16 @@ func (q *queue) gemmEpi(epi int, ta, tb bool, m, n, k int, a operand, lda int, b
 	if m == 0 || n == 0 || k == 0 || a.dt != bm.dt || (d.dt != a.dt && d.dt != kernels.F32) {
 		return false, nil
 	}
-	if (epi != epiDGelu && bias.dt != d.dt) || (epi != epiBias && aux.dt != d.dt) {
+	hasBias := epi == epiBias || epi == epiGeluBias || epi == epiBiasRes
+	if (hasBias && bias.dt != d.dt) || (epi != epiBias && aux.dt != d.dt) {
 		return false, nil
+	}
+	alC := align(d.p)
+	if epi == epiResid || epi == epiBiasRes {
+		if ldAux != ldd || aux.p == d.p {
+			return false, nil
+		}
+		alC = min(alC, align(aux.p))
 	}
 	h, err := q.blasHandle()
 	if err != nil {
@@ -87,7 +98,7 @@ func (q *queue) gemmEpi(epi int, ta, tb bool, m, n, k int, a operand, lda int, b
 	}
 	lt := h.lt
 	key := ltKey{epi: epi, ta: ta, tb: tb, m: m, n: n, k: k, lda: lda, ldb: ldb, ldd: ldd, ldAux: ldAux, ab: a.dt, d: d.dt,
-		alA: align(a.p), alB: align(bm.p), alD: align(d.p), alBias: align(bias.p), alAux: align(aux.p)}
+		alA: align(a.p), alB: align(bm.p), alC: alC, alD: align(d.p), alBias: align(bias.p), alAux: align(aux.p)}
 	p, ok := lt.plans[key]
 	if !ok {
 		p, err = lt.plan(key, bias.p, aux.p, min(ltMaxWorkspace, q.b.limit/32), q.b.reducedPrecision)

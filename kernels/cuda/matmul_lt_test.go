@@ -168,3 +168,38 @@ func BenchmarkBiasGrad(b *testing.B) {
 		})
 	}
 }
+
+// TestMatmulForwardResidual: out = inp·Wᵀ + bias + res (the bias present
+// or not) against the CPU backend's MatmulForward then Add, every dtype,
+// shapes with and without multiples of 8, outputs poisoned; and the
+// aligned bf16 calls added the residual in cuBLASLt's epilogue.
+func TestMatmulForwardResidual(t *testing.T) {
+	p := openPair(t)
+	for _, sh := range [][3]int{{64, 96, 80}, {300, 64, 264}, {33, 257, 129}} {
+		BT, C, OC := sh[0], sh[1], sh[2]
+		for _, dt := range floatTypes {
+			for _, withBias := range []bool{true, false} {
+				name := fmt.Sprintf("%dx%dx%d/%v/bias=%v", BT, C, OC, dt, withBias)
+				x, w := p.random(dt, BT*C, 1), p.random(dt, OC*C, 1)
+				res := p.random(dt, BT*OC, 2)
+				out := p.poison(dt, BT*OC)
+				var bs tp
+				if withBias {
+					bs = p.random(dt, OC, 1)
+				}
+				before := residEpiRuns.Load()
+				p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+					var bias kernels.Tensor
+					if withBias {
+						bias = s(bs)
+					}
+					kernels.MatmulForwardResidual(b, q, s(out), s(x), s(w), bias, s(res), BT, C, OC)
+				})
+				p.check(name, out, math.Sqrt(float64(C)))
+				if dt == kernels.BF16 && BT%8 == 0 && C%8 == 0 && OC%8 == 0 && residEpiRuns.Load() == before {
+					t.Errorf("%s: the residual was not added in the epilogue", name)
+				}
+			}
+		}
+	}
+}
