@@ -16,7 +16,8 @@
 #     with reduced-precision split-K reductions (SPILL_CUBLAS_REDUCED_PRECISION);
 #   - with SPILL_BENCH_GO=1, the Go benchmarks of the launch path;
 #   - the head-size-64 attention again with the one-tile forward kernel
-#     (SPILL_FLASH_FWD=1) beside the default two-tile one.
+#     (SPILL_FLASH_FWD=1) beside the default two-tile one;
+#   - with SPILL_ATTN_VARIANTS, opt-in attention kernels at the same shapes.
 #
 # Prepare .gpu/ with tools/cuda/pack.sh, then run with the device tool
 # (carry [".gpu"]): bash tools/cuda/kernels_bench.sh. SPILL_COMMIT names the
@@ -55,6 +56,14 @@ step spill_attn 120 /tmp/gpubench -attn-sweep "$attn" -out "$out/spill_attn.json
 attn64=$(echo "$attn" | tr ',' '\n' | grep '^64:' | paste -sd, -)
 [ -z "$attn64" ] || SPILL_FLASH_FWD=1 step spill_attn1 90 /tmp/gpubench -attn-sweep "$attn64" -out "$out/spill_attn1.json"
 PYTHONUNBUFFERED=1 step torch_attn 120 python3 tools/cuda/kernels_ref.py "$out/torch_attn.json" "$attn"
+# Opt-in attention kernels beside the defaults, at the same shapes:
+# SPILL_ATTN_VARIANTS="NAME:VAR=VALUE;NAME2:VAR=VALUE" (e.g.
+# "sm90:SPILL_FLASH_FWD=sm90;fused:SPILL_FLASH_BWD=fused").
+IFS=';' read -r -a variants <<<"${SPILL_ATTN_VARIANTS:-}"
+for v in "${variants[@]}"; do
+  [ -n "$v" ] || continue
+  step "spill_attn_v_${v%%:*}" 60 env "${v#*:}" /tmp/gpubench -attn-sweep "$attn" -out "$out/spill_attn_v_${v%%:*}.json"
+done
 if [ -n "${SPILL_BENCH_GEMM:-}" ]; then
   SPILL_KERNELS_ONLY=1 PYTHONUNBUFFERED=1 step torch_gemm 90 python3 tools/gpubench/torch_ref.py "$out/torch_gemm.json" 124m
   step gemm_default 90 /tmp/gpubench -kernels-only -shapes 124m -torch "$out/torch_gemm.json" -out "$out/gemm_default.json"

@@ -69,6 +69,15 @@ def main():
                        ratio_fwd_torch_over_spill=t["fwd_ms"] / s["fwd_ms"],
                        ratio_bwd_torch_over_spill=t["bwd_ms"] / s["bwd_ms"],
                        ratio_torch_over_spill=t["fwd_bwd_ms"] / (s["fwd_ms"] + s["bwd_ms"]))
+        for vf in sorted(os.listdir(d)):
+            m = re.match(r"spill_attn_v_(.+)\.json$", vf)
+            if not m:
+                continue
+            for va in (load(d, vf) or {}).get("attention", []):
+                if (va["hs"], va["t"]) == (s["hs"], s["t"]):
+                    row.setdefault("variants", {})[m.group(1)] = dict(
+                        fwd_ms=va["fwd_ms"], bwd_ms=va["bwd_ms"], kernels=va.get("kernels"),
+                        ratio_default_over_variant=(s["fwd_ms"] + s["bwd_ms"]) / (va["fwd_ms"] + va["bwd_ms"]))
         s1 = one.get((s["hs"], s["t"]))
         if s1:
             row.update(spill_one_tile_fwd_ms=s1["fwd_ms"], spill_one_tile_bwd_ms=s1["bwd_ms"],
