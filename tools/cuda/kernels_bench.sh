@@ -56,14 +56,6 @@ step spill_attn 120 /tmp/gpubench -attn-sweep "$attn" -out "$out/spill_attn.json
 attn64=$(echo "$attn" | tr ',' '\n' | grep '^64:' | paste -sd, -)
 [ -z "$attn64" ] || SPILL_FLASH_FWD=1 step spill_attn1 90 /tmp/gpubench -attn-sweep "$attn64" -out "$out/spill_attn1.json"
 PYTHONUNBUFFERED=1 step torch_attn 120 python3 tools/cuda/kernels_ref.py "$out/torch_attn.json" "$attn"
-# Opt-in attention kernels beside the defaults, at the same shapes:
-# SPILL_ATTN_VARIANTS="NAME:VAR=VALUE;NAME2:VAR=VALUE" (e.g.
-# "sm90:SPILL_FLASH_FWD=sm90;fused:SPILL_FLASH_BWD=fused").
-IFS=';' read -r -a variants <<<"${SPILL_ATTN_VARIANTS:-}"
-for v in "${variants[@]}"; do
-  [ -n "$v" ] || continue
-  step "spill_attn_v_${v%%:*}" 60 env "${v#*:}" /tmp/gpubench -attn-sweep "$attn" -out "$out/spill_attn_v_${v%%:*}.json"
-done
 if [ -n "${SPILL_BENCH_GEMM:-}" ]; then
   SPILL_KERNELS_ONLY=1 PYTHONUNBUFFERED=1 step torch_gemm 90 python3 tools/gpubench/torch_ref.py "$out/torch_gemm.json" 124m
   step gemm_default 90 /tmp/gpubench -kernels-only -shapes 124m -torch "$out/torch_gemm.json" -out "$out/gemm_default.json"
@@ -76,6 +68,14 @@ gpts=$(echo "$shapes" | tr ',' '\n' | grep -v '^llama' | paste -sd, -)
 if echo ",$shapes," | grep -q ',llama1b,'; then
   SPILL_TORCH_COMPILE=1 step torch_llama 240 bash -c "python3 tools/bench/llama_ref.py bench 4 2048 10 >'$out/torch_llama.json'"
 fi
+# Opt-in attention kernels beside the defaults, at the same shapes:
+# SPILL_ATTN_VARIANTS="NAME:VAR=VALUE;NAME2:VAR=VALUE" (e.g.
+# "sm90:SPILL_FLASH_FWD=sm90;fused:SPILL_FLASH_BWD=fused").
+IFS=';' read -r -a variants <<<"${SPILL_ATTN_VARIANTS:-}"
+for v in "${variants[@]}"; do
+  [ -n "$v" ] || continue
+  step "spill_attn_v_${v%%:*}" 60 env "${v#*:}" /tmp/gpubench -attn-sweep "$attn" -out "$out/spill_attn_v_${v%%:*}.json"
+done
 python3 tools/cuda/kernels_report.py "$out" "$commit" "SPILL_COMMIT=$commit bash tools/cuda/kernels_bench.sh (attention $attn; shapes $shapes)" >"$out/kernels_h200.json" || status=1
 python3 - "$out/kernels_h200.json" <<'EOF' || status=1
 import json, sys
