@@ -152,12 +152,26 @@ __device__ __forceinline__ uint64_t f9_desc(uint32_t a, uint32_t lbo, uint32_t s
 // one 16-byte column of 8 consecutive keys (128 contiguous shared bytes: no
 // bank conflicts); a warp's 4 quarters take 4 consecutive columns of the
 // same keys (64 contiguous global bytes per key).
-template <int HS, int NT>
+template <int HS, int NT, bool UNROLL = false>
 __device__ __forceinline__ void f9_load_tile(uint16_t* s, const uint16_t* g, i64 stride, int r0, int T) {
-    constexpr int ND = HS / 8;
-    for (int i = threadIdx.x; i < F9_BK * ND; i += NT) {
-        const int key = (i / (8 * ND)) * 8 + (i & 7), q = (i >> 3) % ND, t = r0 + key;
-        f9_cp16(s + q * (F9_BK * 8) + key * 8, t < T ? g + (i64)t * stride + q * 8 : g, t < T ? 16 : 0);
+    // Thread i takes chunks i, i + NT, ...: the same column q, keys KS apart
+    // (a loop, or unrolled with UNROLL: fewer registers in some kernels,
+    // more in others, by ptxas -v).
+    constexpr int ND = HS / 8, KS = NT / ND;
+    static_assert(NT % (8 * ND) == 0 && F9_BK % KS == 0, "f9_load_tile: NT must cover whole 8-key rows of chunks");
+    const int key0 = (threadIdx.x / (8 * ND)) * 8 + (threadIdx.x & 7), q = (threadIdx.x >> 3) % ND;
+    if constexpr (UNROLL) {
+#pragma unroll
+        for (int it = 0; it < F9_BK / KS; it++) {
+            const int key = key0 + it * KS, t = r0 + key;
+            f9_cp16(s + q * (F9_BK * 8) + key * 8, t < T ? g + (i64)t * stride + q * 8 : g, t < T ? 16 : 0);
+        }
+    } else {
+#pragma unroll 1
+        for (int it = 0; it < F9_BK / KS; it++) {
+            const int key = key0 + it * KS, t = r0 + key;
+            f9_cp16(s + q * (F9_BK * 8) + key * 8, t < T ? g + (i64)t * stride + q * 8 : g, t < T ? 16 : 0);
+        }
     }
 }
 
@@ -436,8 +450,8 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
         f9_wg_wait1();  // S(j) is done; P(j-1)·V(j-1) may still run
         f9_regs<NS>(s);
         __syncthreads();  // every warpgroup is done with K(j), and with V(j-2) since iteration j-1
-        if (j + 1 < n) f9_load_tile<HS, NT>(Ks, kbase, W, k0 + F9_BK, T);
-        if (j < n) f9_load_tile<HS, NT>((j & 1) ? Vs1 : Vs0, vbase, W, k0, T);
+        if (j + 1 < n) f9_load_tile<HS, NT, HS == 64>(Ks, kbase, W, k0 + F9_BK, T);
+        if (j < n) f9_load_tile<HS, NT, HS == 64>((j & 1) ? Vs1 : Vs0, vbase, W, k0, T);
         f9_cp_commit();
 
         // The softmax of key tile j < n. A warpgroup whose rows all come
@@ -570,8 +584,9 @@ extern "C" __global__ void __launch_bounds__(2 * F9_THREADS)
 // flash_fwd3_sm90_bf16_hs64 and _hs128: the same contract with the
 // products overlapped with the softmax (flash_fwd_sm90p): two warpgroups
 // of one 64-row tile each sharing one K and two V tiles (24 and 48 KB of
-// static shared memory): grid (ceil(T/128), B·NH), 256 threads.
-extern "C" __global__ void __launch_bounds__(2 * F9_THREADS)
+// static shared memory): grid (ceil(T/128), B·NH), 256 threads; head size
+// 64 within 128 registers, two blocks per SM.
+extern "C" __global__ void __launch_bounds__(2 * F9_THREADS, 2)
     flash_fwd3_sm90_bf16_hs64(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
     __shared__ __align__(128) uint16_t Ks[F9_BK * 64];
     __shared__ __align__(128) uint16_t Vs[2][F9_BK * 64];
