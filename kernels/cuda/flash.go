@@ -113,7 +113,7 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	if _, rows, ok := b.useFlashSM90(hs); ok {
 		fwd = "forward: wgmma flash kernel for sm_90a"
 		if flashSM90p {
-			fwd += " (pipelined, 128 query rows per block)"
+			fwd += fmt.Sprintf(" (pipelined, %d query rows per block)", rows)
 		} else if rows == flashRows2 {
 			fwd += " (128 query rows per block)"
 		}

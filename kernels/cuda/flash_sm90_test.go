@@ -71,9 +71,9 @@ func TestAttentionFlashSM90(t *testing.T) {
 		p.check(name+"/mma/lse", lseM, 2)
 		// The Hopper kernels against the CPU, then against the mma.sync
 		// kernel: 128 query rows per block (the default), 64, and the
-		// pipelined kernels (sm90p).
+		// pipelined kernels with 128 (sm90p) and 64 (sm90px1).
 		flashSM90 = true
-		for _, v := range []struct{ x2, p bool }{{true, false}, {false, false}, {false, true}} {
+		for _, v := range []struct{ x2, p bool }{{true, false}, {false, false}, {true, true}, {false, true}} {
 			flashSM90x2, flashSM90p = v.x2, v.p
 			vname := fmt.Sprintf("%s/sm90-x2=%v-p=%v", name, v.x2, v.p)
 			out, lse := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)

@@ -599,3 +599,21 @@ extern "C" __global__ void __launch_bounds__(2 * F9_THREADS)
     __shared__ __align__(128) uint16_t Vs[2][F9_BK * 128];
     flash_fwd_sm90p<128, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs[0], Vs[1]);
 }
+
+// flash_fwd3x1_sm90_bf16_hs64 and _hs128: flash_fwd_sm90p with one
+// warpgroup (one 64-row tile) per block: grid (ceil(T/64), B·NH), 128
+// threads; blocks on one SM run their products and softmaxes
+// independently (no shared barrier between them).
+extern "C" __global__ void __launch_bounds__(F9_THREADS, 4)
+    flash_fwd3x1_sm90_bf16_hs64(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
+    __shared__ __align__(128) uint16_t Ks[F9_BK * 64];
+    __shared__ __align__(128) uint16_t Vs[2][F9_BK * 64];
+    flash_fwd_sm90p<64, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs[0], Vs[1]);
+}
+
+extern "C" __global__ void __launch_bounds__(F9_THREADS, 2)
+    flash_fwd3x1_sm90_bf16_hs128(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
+    __shared__ __align__(128) uint16_t Ks[F9_BK * 128];
+    __shared__ __align__(128) uint16_t Vs[2][F9_BK * 128];
+    flash_fwd_sm90p<128, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs[0], Vs[1]);
+}

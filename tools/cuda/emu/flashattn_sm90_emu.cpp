@@ -236,7 +236,8 @@ template <class F> void run_grid(int WG, size_t smem, F kernel) {
     }
 }
 
-// run checks flash_fwd_sm90<HS, MT, WG> (flash_fwd_sm90p<HS, WG> when P)
+// run checks flash_fwd_sm90<HS, MT, WG> (flash_fwd_sm90p<HS, WG> when P,
+// one K and two V tiles)
 // with NH query heads and NKV key/value heads (0 means NKV = NH) against
 // a float64 reference.
 template <int HS, int MT = 1, int WG = 1, bool P = false> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
@@ -293,6 +294,7 @@ int main(int argc, char** argv) {
     run<128, 1, 2>(1, 200, 2, 4, bad, 1);
     run<64, 1, 2, true>(1, 200, 2, 5, bad, 1);
     run<128, 1, 2, true>(1, 130, 2, 6, bad);
+    run<64, 1, 1, true>(1, 130, 2, 7, bad, 1);
     return bad != 0;
   }
   const int Ts[] = {1, 63, 64, 65, 200, 300};
@@ -310,6 +312,8 @@ int main(int argc, char** argv) {
     run<64, 1, 2, true>(1, T, 4, seed++, bad, 2);             // pipelined, groups of 2
     run<128, 1, 2, true>(1, T, 2, seed++, bad);               // pipelined, multi-head
     run<128, 1, 2, true>(1, T, 3, seed++, bad, 1);            // pipelined, multi-query
+    run<64, 1, 1, true>(1, T, 4, seed++, bad, 2);             // pipelined, one warpgroup, groups of 2
+    run<128, 1, 1, true>(1, T, 2, seed++, bad);               // pipelined, one warpgroup, multi-head
   }
   return bad != 0;
 }
