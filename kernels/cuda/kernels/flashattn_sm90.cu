@@ -23,6 +23,16 @@
 //     contiguous; keys K).
 // Only out(B,T,C) and lse(B,NH,T) (natural log) are written.
 //
+// flash_fwd_sm90p (entry points flash_fwd3_sm90, two warpgroups, and
+// flash_fwd3x1_sm90, one) pipelines the same work: per key tile j it
+// issues S(j) and the previous tile's P(j-1)·V(j-1) as two wgmma groups,
+// waits for S(j) only (wait_group 1), and does the softmax of S(j) while
+// P(j-1)·V(j-1) runs on the tensor cores; O is rescaled after wait_group 0.
+// It keeps one K and two V tiles in shared memory (the next K and this V
+// load during the softmax) and loops over every key tile of the block in
+// both warpgroups, with no wgmma under a branch (ptxas serializes all
+// wgmma of a function otherwise: C7515).
+//
 // PTX ISA facts used (section 9.7.15, "Asynchronous Warpgroup Level Matrix
 // Multiply-Accumulate"):
 //  - Register fragments of .m64nNk16 (9.7.15.5.1.1.1): warp w of the
