@@ -112,7 +112,9 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	fwd := "forward: tensor-core flash kernel"
 	if _, rows, ok := b.useFlashSM90(hs); ok {
 		fwd = "forward: wgmma flash kernel for sm_90a"
-		if rows == flashRows2 {
+		if flashSM90p {
+			fwd += fmt.Sprintf(" (pipelined, %d query rows per block)", rows)
+		} else if rows == flashRows2 {
 			fwd += " (128 query rows per block)"
 		}
 	} else if hs == 64 && flashFwd2 && b.flashFwd2Err == nil {

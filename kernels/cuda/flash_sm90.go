@@ -28,7 +28,15 @@ import (
 //     compute_90a loads on sm_90 devices only),
 //   - its self-check at Open passed (checkFlashSM90, against the row-wise
 //     kernel like checkFlash), and
-//   - SPILL_FLASH_FWD is "sm90" (or "sm90x1") at start-up: it is opt-in. On
+//   - SPILL_FLASH_FWD is "sm90" (or "sm90x1", or "sm90p") at start-up: it
+//     is opt-in. SPILL_FLASH_FWD=sm90p takes the pipelined kernels
+//     flash_fwd3_sm90_bf16_hs64 and _hs128 (flash_fwd_sm90p: two
+//     warpgroups, 256 threads, 128 query rows per block; each key tile's
+//     S = Q·Kᵀ and the previous tile's O += P·V are issued together and
+//     the softmax runs while P·V is still on the tensor cores; two V tiles
+//     in shared memory, so a tile loads while the previous one is read);
+//     SPILL_FLASH_FWD=sm90px1 their one-warpgroup versions
+//     flash_fwd3x1_sm90_bf16_hs64 and _hs128 (128 threads, 64 rows). On
 //     the H200 this first version (no swizzle, no overlap of the softmax
 //     with the products) ran 1.25-1.28x slower than the mma.sync kernels
 //     (tools/bench/results/attn_variants_h200.json); what it proved is its
@@ -41,11 +49,34 @@ const flashSM90Module = "ptx/flashattn_sm90.ptx"
 // errNoSM90 is flashSM90Err on a device whose compute capability is not 9.x.
 var errNoSM90 = errors.New("not a compute capability 9.x device")
 
-var flashSM90 = os.Getenv("SPILL_FLASH_FWD") == "sm90" || os.Getenv("SPILL_FLASH_FWD") == "sm90x1"
+var flashSM90 = os.Getenv("SPILL_FLASH_FWD") == "sm90" || os.Getenv("SPILL_FLASH_FWD") == "sm90x1" || flashSM90p
+
+// flashSM90p selects the pipelined Hopper kernels (SPILL_FLASH_FWD=sm90p,
+// or sm90px1 for their 64-row versions, flashSM90x2 cleared).
+var flashSM90p = os.Getenv("SPILL_FLASH_FWD") == "sm90p" || os.Getenv("SPILL_FLASH_FWD") == "sm90px1"
+
+// flashSM90pName is the pipelined Hopper forward of head size hs (128
+// query rows per block, 256 threads).
+func flashSM90pName(hs int) string {
+	if hs == 64 {
+		return "flash_fwd3_sm90_bf16_hs64"
+	}
+	return "flash_fwd3_sm90_bf16_hs128"
+}
+
+// flashSM90px1Name is the pipelined Hopper forward of head size hs with
+// one warpgroup (64 query rows per block, 128 threads).
+func flashSM90px1Name(hs int) string {
+	if hs == 64 {
+		return "flash_fwd3x1_sm90_bf16_hs64"
+	}
+	return "flash_fwd3x1_sm90_bf16_hs128"
+}
 
 // flashSM90x2 selects the Hopper kernels with flashRows2 (128) query rows
-// per block (SPILL_FLASH_FWD=sm90; sm90x1 at start-up clears it).
-var flashSM90x2 = os.Getenv("SPILL_FLASH_FWD") != "sm90x1"
+// per block (SPILL_FLASH_FWD=sm90 or sm90p; sm90x1 or sm90px1 at start-up
+// clears it).
+var flashSM90x2 = os.Getenv("SPILL_FLASH_FWD") != "sm90x1" && os.Getenv("SPILL_FLASH_FWD") != "sm90px1"
 
 // flashSM90x2Name is the Hopper forward of head size hs with 128 query rows
 // per block.
@@ -100,8 +131,10 @@ func (b *Backend) loadFlashSM90(f, src string) {
 		b.flashSM90Err = err
 		return
 	}
-	if fn, ok := fns[flashSM90x2Name(128)]; ok {
-		flashWide.Store(fn, struct{}{})
+	for _, name := range []string{flashSM90x2Name(128), flashSM90pName(64), flashSM90pName(128)} {
+		if fn, ok := fns[name]; ok {
+			flashWide.Store(fn, struct{}{})
+		}
 	}
 	maps.Copy(b.fns, fns)
 }
@@ -112,6 +145,14 @@ func (b *Backend) loadFlashSM90(f, src string) {
 func (b *Backend) useFlashSM90(hs int) (kfunc, int, bool) {
 	if !flashSM90 || b.flashSM90Err != nil || (hs != 64 && hs != 128) {
 		return 0, 0, false
+	}
+	if flashSM90p && flashSM90x2 {
+		fn, ok := b.fns[flashSM90pName(hs)]
+		return fn, flashRows2, ok
+	}
+	if flashSM90p {
+		fn, ok := b.fns[flashSM90px1Name(hs)]
+		return fn, flashRows, ok
 	}
 	if flashSM90x2 {
 		fn, ok := b.fns[flashSM90x2Name(hs)]
@@ -124,7 +165,8 @@ func (b *Backend) useFlashSM90(hs int) (kfunc, int, bool) {
 // countFlashSM90 counts a forward launch of fn and reports true when fn is
 // a Hopper kernel.
 func (b *Backend) countFlashSM90(fn kfunc) bool {
-	for _, name := range []string{flashSM90Name(64), flashSM90Name(128), flashSM90x2Name(64), flashSM90x2Name(128)} {
+	for _, name := range []string{flashSM90Name(64), flashSM90Name(128), flashSM90x2Name(64), flashSM90x2Name(128),
+		flashSM90pName(64), flashSM90pName(128), flashSM90px1Name(64), flashSM90px1Name(128)} {
 		if f, ok := b.fns[name]; ok && f == fn {
 			flashSM90Launches.Add(1)
 			return true
@@ -146,7 +188,9 @@ func (b *Backend) checkFlashSM90() {
 	for _, k := range []struct {
 		name     string
 		hs, rows int
-	}{{flashSM90Name(64), 64, flashRows}, {flashSM90Name(128), 128, flashRows}, {flashSM90x2Name(64), 64, flashRows2}, {flashSM90x2Name(128), 128, flashRows2}} {
+	}{{flashSM90Name(64), 64, flashRows}, {flashSM90Name(128), 128, flashRows}, {flashSM90x2Name(64), 64, flashRows2},
+		{flashSM90x2Name(128), 128, flashRows2}, {flashSM90pName(64), 64, flashRows2}, {flashSM90pName(128), 128, flashRows2},
+		{flashSM90px1Name(64), 64, flashRows}, {flashSM90px1Name(128), 128, flashRows}} {
 		fn, ok := b.fns[k.name]
 		if !ok {
 			b.flashSM90Err = fmt.Errorf("kernel %s missing from the embedded PTX", k.name)

@@ -20,7 +20,7 @@ import (
 // (partial query blocks and key tiles), asserting that the Hopper kernel
 // ran. Skipped on a device whose compute capability is not 9.x.
 func TestAttentionFlashSM90(t *testing.T) {
-	defer func(impl int, h, x2 bool) { attnImpl, flashSM90, flashSM90x2 = impl, h, x2 }(attnImpl, flashSM90, flashSM90x2)
+	defer func(impl int, h, x2, pp bool) { attnImpl, flashSM90, flashSM90x2, flashSM90p = impl, h, x2, pp }(attnImpl, flashSM90, flashSM90x2, flashSM90p)
 	attnImpl = attnFlash
 	p := openPair(t)
 	gb := p.g.(*Backend)
@@ -70,11 +70,12 @@ func TestAttentionFlashSM90(t *testing.T) {
 		p.check(name+"/mma/out", outM, 1)
 		p.check(name+"/mma/lse", lseM, 2)
 		// The Hopper kernels against the CPU, then against the mma.sync
-		// kernel: 128 query rows per block (the default) and 64.
+		// kernel: 128 query rows per block (the default), 64, and the
+		// pipelined kernels with 128 (sm90p) and 64 (sm90px1).
 		flashSM90 = true
-		for _, x2 := range []bool{true, false} {
-			flashSM90x2 = x2
-			vname := fmt.Sprintf("%s/sm90-x2=%v", name, x2)
+		for _, v := range []struct{ x2, p bool }{{true, false}, {false, false}, {true, true}, {false, true}} {
+			flashSM90x2, flashSM90p = v.x2, v.p
+			vname := fmt.Sprintf("%s/sm90-x2=%v-p=%v", name, v.x2, v.p)
 			out, lse := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)
 			n0 = flashSM90Launches.Load()
 			fwd(out, lse)

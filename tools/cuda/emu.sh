@@ -10,7 +10,9 @@
 #                  tools/cuda/emu/flashattn_sm90_emu.cpp (wgmma through its
 #                  descriptors, cp.async, proxy fences), then the mutants:
 #                  deliberately broken copies of the kernel (a descriptor, the
-#                  transpose flag, the mask, a fence, a wait) that must fail.
+#                  transpose flag, the mask, a fence, a wait; in the pipelined
+#                  kernel a wait_group count, a V buffer, a barrier) that must
+#                  fail.
 # EMU_SANITIZE=thread builds with ThreadSanitizer instead: it reports
 # shared-memory accesses of one block's threads not ordered by a barrier
 # (a missing __syncthreads); slower. The cp.async copies land at once in
@@ -46,6 +48,12 @@ mutants=(
   "a row tile skips its diagonal key tile|s/k0 <= qw + F9_BQ \* t + F9_BQ - 1/k0 < qw + F9_BQ * t/"
   "warp index not taken within the warpgroup (two warpgroups)|s/warp = (tid >> 5) \& 3/warp = tid >> 5/"
   "no barrier after the V tile lands|0,/__syncthreads();  \/\/ V(k0)/{/__syncthreads();  \/\/ V(k0)/s/__syncthreads();//}"
+  "pipelined: S read before its wgmma is done (no wait_group 1)|s/^ *f9_wg_wait1();.*//"
+  "pipelined: O rescaled while P·V runs (wait_group 1 for 0)|s/f9_wg_wait();  \/\/ P(j-1)/f9_wg_wait1();  \/\/ P(j-1)/"
+  "pipelined: V(j) loaded over V(j-1) in flight|s/(j \& 1) ? Vs1 : Vs0/(j \& 1) ? Vs0 : Vs1/"
+  "pipelined: iteration 0's P·V reads K(0), reloaded in flight|s/(j \& 1) ? vs0 : vs1;/j == 0 ? ks : (j \& 1) ? vs0 : vs1;/"
+  "pipelined: no zeros in Vs1 for iteration 0|s/^ *f9_load_tile<HS, NT>(Vs1, vbase, W, T, T);.*//"
+  "pipelined: barrier after the loads land removed|s/^ *__syncthreads();  \/\/ K(j+1) and V(j) are in//"
 )
 failed=0
 for m in "${mutants[@]}"; do

@@ -23,6 +23,16 @@
 //     contiguous; keys K).
 // Only out(B,T,C) and lse(B,NH,T) (natural log) are written.
 //
+// flash_fwd_sm90p (entry points flash_fwd3_sm90, two warpgroups, and
+// flash_fwd3x1_sm90, one) pipelines the same work: per key tile j it
+// issues S(j) and the previous tile's P(j-1)·V(j-1) as two wgmma groups,
+// waits for S(j) only (wait_group 1), and does the softmax of S(j) while
+// P(j-1)·V(j-1) runs on the tensor cores; O is rescaled after wait_group 0.
+// It keeps one K and two V tiles in shared memory (the next K and this V
+// load during the softmax) and loops over every key tile of the block in
+// both warpgroups, with no wgmma under a branch (ptxas serializes all
+// wgmma of a function otherwise: C7515).
+//
 // PTX ISA facts used (section 9.7.15, "Asynchronous Warpgroup Level Matrix
 // Multiply-Accumulate"):
 //  - Register fragments of .m64nNk16 (9.7.15.5.1.1.1): warp w of the
@@ -99,6 +109,9 @@ __device__ __forceinline__ void f9_wg_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void f9_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 // f9_wg_wait waits for all of the warpgroup's committed wgmma groups.
 __device__ __forceinline__ void f9_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// f9_wg_wait1 waits until at most one of the warpgroup's committed wgmma
+// groups is pending (all but the newest done; wgmma.wait_group 1).
+__device__ __forceinline__ void f9_wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 // f9_regs passes the N accumulators d through empty asm statements: after
 // f9_wg_wait, it keeps the compiler from reading them before the wait.
 template <int N>
@@ -149,12 +162,26 @@ __device__ __forceinline__ uint64_t f9_desc(uint32_t a, uint32_t lbo, uint32_t s
 // one 16-byte column of 8 consecutive keys (128 contiguous shared bytes: no
 // bank conflicts); a warp's 4 quarters take 4 consecutive columns of the
 // same keys (64 contiguous global bytes per key).
-template <int HS, int NT>
+template <int HS, int NT, bool UNROLL = false>
 __device__ __forceinline__ void f9_load_tile(uint16_t* s, const uint16_t* g, i64 stride, int r0, int T) {
-    constexpr int ND = HS / 8;
-    for (int i = threadIdx.x; i < F9_BK * ND; i += NT) {
-        const int key = (i / (8 * ND)) * 8 + (i & 7), q = (i >> 3) % ND, t = r0 + key;
-        f9_cp16(s + q * (F9_BK * 8) + key * 8, t < T ? g + (i64)t * stride + q * 8 : g, t < T ? 16 : 0);
+    // Thread i takes chunks i, i + NT, ...: the same column q, keys KS apart
+    // (a loop, or unrolled with UNROLL: fewer registers in some kernels,
+    // more in others, by ptxas -v).
+    constexpr int ND = HS / 8, KS = NT / ND;
+    static_assert(NT % (8 * ND) == 0 && F9_BK % KS == 0, "f9_load_tile: NT must cover whole 8-key rows of chunks");
+    const int key0 = (threadIdx.x / (8 * ND)) * 8 + (threadIdx.x & 7), q = (threadIdx.x >> 3) % ND;
+    if constexpr (UNROLL) {
+#pragma unroll
+        for (int it = 0; it < F9_BK / KS; it++) {
+            const int key = key0 + it * KS, t = r0 + key;
+            f9_cp16(s + q * (F9_BK * 8) + key * 8, t < T ? g + (i64)t * stride + q * 8 : g, t < T ? 16 : 0);
+        }
+    } else {
+#pragma unroll 1
+        for (int it = 0; it < F9_BK / KS; it++) {
+            const int key = key0 + it * KS, t = r0 + key;
+            f9_cp16(s + q * (F9_BK * 8) + key * 8, t < T ? g + (i64)t * stride + q * 8 : g, t < T ? 16 : 0);
+        }
     }
 }
 
@@ -355,6 +382,176 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
     }
 }
 
+// flash_fwd_sm90p is flash_fwd_sm90<HS, 1, WG> with the products
+// overlapped with the softmax (the flash_fwd3_sm90 kernels). Key tile j's
+// iteration issues S(j) = Q·K(j)ᵀ and then O += P(j-1)·V(j-1) as two
+// wgmma groups, waits for the first only (wgmma.wait_group 1), and does
+// the softmax of S(j) while the tensor cores still run P(j-1)·V(j-1); it
+// waits for that (wait_group 0) only before rescaling O and turning P(j)
+// into A fragments. Shared memory: one K tile (Ks) and two V tiles (Vs0,
+// Vs1; V(j) in Vs[j%2]). After the first barrier of iteration j (every
+// warpgroup has S(j), and P(j-2)·V(j-2) finished in iteration j-1) the
+// block loads K(j+1) into Ks and V(j) into Vs[j%2]; they land during the
+// softmax and P·V wait, before the barrier that ends the iteration.
+// Iteration n (n key tiles in the block) only drains the last P·V. Both
+// warpgroups go through all the block's key tiles.
+template <int HS, int WG>
+__device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, float* __restrict__ lse,
+                                                const uint16_t* __restrict__ qkv, int T, int NH, int NKV,
+                                                float scale_log2, uint16_t* Ks, uint16_t* Vs0, uint16_t* Vs1) {
+    constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, BQ = F9_BQ * WG, NT = F9_THREADS * WG;
+    const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query blocks (most keys) first
+    const i64 W = (i64)(NH + 2 * NKV) * HS;
+    const uint16_t* base = qkv + (i64)b * T * W + (i64)h * HS;
+    const uint16_t* kbase = qkv + (i64)b * T * W + (i64)(NH + kv) * HS;
+    const uint16_t* vbase = kbase + (i64)NKV * HS;
+    const int qlast = min(q0 + BQ, T) - 1;
+    const int qw = q0 + F9_BQ * (tid >> 7);  // this warpgroup's first row
+    const int w0 = qw + warp * 16, r0 = w0 + g, r1 = r0 + 8;
+    const int n = qlast / F9_BK + 1;  // key tiles of the block
+
+    uint32_t qf[KD][4];
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+        const int d = kk * 16 + 2 * c;
+        qf[kk][0] = r0 < T ? f9_ld32(base + (i64)r0 * W + d) : 0u;
+        qf[kk][1] = r1 < T ? f9_ld32(base + (i64)r1 * W + d) : 0u;
+        qf[kk][2] = r0 < T ? f9_ld32(base + (i64)r0 * W + d + 8) : 0u;
+        qf[kk][3] = r1 < T ? f9_ld32(base + (i64)r1 * W + d + 8) : 0u;
+    }
+    float o[NO], s[NS], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    uint32_t pa[F9_BK / 16][4];
+#pragma unroll
+    for (int i = 0; i < NO; i++) o[i] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < F9_BK / 16; kk++) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+    const uint32_t ks = f9_smem(Ks), vs0 = f9_smem(Vs0), vs1 = f9_smem(Vs1);
+
+    f9_load_tile<HS, NT>(Ks, kbase, W, 0, T);
+    f9_load_tile<HS, NT>(Vs1, vbase, W, T, T);  // zeros, for the P·V of iteration 0
+    f9_cp_commit();
+    f9_cp_wait();
+    f9_fence_proxy();
+    __syncthreads();  // K(0) and the zeros are in
+    for (int j = 0; j <= n; j++) {
+        const int k0 = j * F9_BK;
+        // S = Q·K(j)ᵀ (K-major B as in flash_fwd_sm90), then O += P(j-1)·V(j-1)
+        // (N-major B), two groups, issued in every iteration (a wgmma under
+        // a branch makes ptxas serialize them all, C7515): S(n) reads
+        // K(n-1) again and is dropped; at j = 0, P is zero and Vs1 holds
+        // zeros (not K(0): K(1) is copied over it while this P·V may run).
+        f9_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+            f9_wgmma_n64<0>(s, qf[kk], f9_desc(ks + kk * 2 * (F9_BK * 16), F9_BK * 16, 128), kk);
+        f9_wg_commit();
+        const uint32_t vs = (j & 1) ? vs0 : vs1;  // V(j-1) is in Vs[(j-1)%2]
+#pragma unroll
+        for (int kk = 0; kk < F9_BK / 16; kk++) {
+            const uint64_t dv = f9_desc(vs + kk * 256, 128, F9_BK * 16);
+            if constexpr (HS == 64)
+                f9_wgmma_n64<1>(o, pa[kk], dv, 1);
+            else
+                f9_wgmma_n128<1>(o, pa[kk], dv, 1);
+        }
+        f9_wg_commit();
+        f9_wg_wait1();  // S(j) is done; P(j-1)·V(j-1) may still run
+        f9_regs<NS>(s);
+        __syncthreads();  // every warpgroup is done with K(j), and with V(j-2) since iteration j-1
+        if (j + 1 < n) f9_load_tile<HS, NT, HS == 64>(Ks, kbase, W, k0 + F9_BK, T);
+        if (j < n) f9_load_tile<HS, NT, HS == 64>((j & 1) ? Vs1 : Vs0, vbase, W, k0, T);
+        f9_cp_commit();
+
+        // The softmax of key tile j < n. A warpgroup whose rows all come
+        // before the tile (the first one, at the block's diagonal tile) has
+        // it all masked: -inf scores, P zero, m, l and O unchanged.
+        float f0 = 1.f, f1 = 1.f;
+        const bool doS = j < n;
+        if (doS) {
+            if (k0 + F9_BK - 1 > w0) {  // causal mask (and keys past T) on the tiles past w0
+#pragma unroll
+                for (int jj = 0; jj < NS / 4; jj++) {
+                    const int key = k0 + jj * 8 + 2 * c;
+                    if (key > r0) s[4 * jj] = -INFINITY;
+                    if (key + 1 > r0) s[4 * jj + 1] = -INFINITY;
+                    if (key > r1) s[4 * jj + 2] = -INFINITY;
+                    if (key + 1 > r1) s[4 * jj + 3] = -INFINITY;
+                }
+            }
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int jj = 0; jj < NS / 4; jj++) {
+                mx0 = fmaxf(mx0, fmaxf(s[4 * jj], s[4 * jj + 1]));
+                mx1 = fmaxf(mx1, fmaxf(s[4 * jj + 2], s[4 * jj + 3]));
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+            const float b0 = n0 == -INFINITY ? 0.f : n0 * scale_log2, b1 = n1 == -INFINITY ? 0.f : n1 * scale_log2;
+            f0 = f9_exp2(m0 * scale_log2 - b0);  // 0 while m is -inf
+            f1 = f9_exp2(m1 * scale_log2 - b1);
+            m0 = n0;
+            m1 = n1;
+            float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+            for (int jj = 0; jj < NS / 4; jj++) {
+                s[4 * jj] = f9_exp2(s[4 * jj] * scale_log2 - b0);
+                s[4 * jj + 1] = f9_exp2(s[4 * jj + 1] * scale_log2 - b0);
+                s[4 * jj + 2] = f9_exp2(s[4 * jj + 2] * scale_log2 - b1);
+                s[4 * jj + 3] = f9_exp2(s[4 * jj + 3] * scale_log2 - b1);
+                ps0 += s[4 * jj] + s[4 * jj + 1];
+                ps1 += s[4 * jj + 2] + s[4 * jj + 3];
+            }
+            l0 = l0 * f0 + ps0;
+            l1 = l1 * f1 + ps1;
+        }
+        f9_wg_wait();  // P(j-1)·V(j-1) is done
+        f9_regs<NO>(o);
+        if (doS) {
+#pragma unroll
+            for (int jj = 0; jj < NO / 4; jj++) {
+                o[4 * jj] *= f0;
+                o[4 * jj + 1] *= f0;
+                o[4 * jj + 2] *= f1;
+                o[4 * jj + 3] *= f1;
+            }
+#pragma unroll
+            for (int kk = 0; kk < F9_BK / 16; kk++) {
+                pa[kk][0] = f9_pack(s[8 * kk], s[8 * kk + 1]);
+                pa[kk][1] = f9_pack(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = f9_pack(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = f9_pack(s[8 * kk + 6], s[8 * kk + 7]);
+            }
+        }
+        f9_cp_wait();
+        f9_fence_proxy();
+        __syncthreads();  // K(j+1) and V(j) are in
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    uint16_t* ob = out + (i64)b * T * C + (i64)h * HS + 2 * c;
+    if (r0 < T) {
+        const float inv = 1.f / l0;
+#pragma unroll
+        for (int jj = 0; jj < NO / 4; jj++)
+            *reinterpret_cast<uint32_t*>(ob + (i64)r0 * C + jj * 8) = f9_pack(o[4 * jj] * inv, o[4 * jj + 1] * inv);
+        if (c == 0) lse[(i64)z * T + r0] = (m0 * scale_log2 + log2f(l0)) * F9_LN2;
+    }
+    if (r1 < T) {
+        const float inv = 1.f / l1;
+#pragma unroll
+        for (int jj = 0; jj < NO / 4; jj++)
+            *reinterpret_cast<uint32_t*>(ob + (i64)r1 * C + jj * 8) = f9_pack(o[4 * jj + 2] * inv, o[4 * jj + 3] * inv);
+        if (c == 0) lse[(i64)z * T + r1] = (m1 * scale_log2 + log2f(l1)) * F9_LN2;
+    }
+}
+
 // ---- Entry points ----
 
 // flash_fwd_sm90_bf16_hs64 and _hs128: flash_fwd_bf16_hs64 and _hs128 of
@@ -392,4 +589,41 @@ extern "C" __global__ void __launch_bounds__(2 * F9_THREADS)
     __shared__ __align__(128) uint16_t Ks[F9_BK * 128];
     __shared__ __align__(128) uint16_t Vs[F9_BK * 128];
     flash_fwd_sm90<128, 1, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
+}
+
+// flash_fwd3_sm90_bf16_hs64 and _hs128: the same contract with the
+// products overlapped with the softmax (flash_fwd_sm90p): two warpgroups
+// of one 64-row tile each sharing one K and two V tiles (24 and 48 KB of
+// static shared memory): grid (ceil(T/128), B·NH), 256 threads; head size
+// 64 within 128 registers, two blocks per SM.
+extern "C" __global__ void __launch_bounds__(2 * F9_THREADS, 2)
+    flash_fwd3_sm90_bf16_hs64(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
+    __shared__ __align__(128) uint16_t Ks[F9_BK * 64];
+    __shared__ __align__(128) uint16_t Vs[2][F9_BK * 64];
+    flash_fwd_sm90p<64, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs[0], Vs[1]);
+}
+
+extern "C" __global__ void __launch_bounds__(2 * F9_THREADS)
+    flash_fwd3_sm90_bf16_hs128(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
+    __shared__ __align__(128) uint16_t Ks[F9_BK * 128];
+    __shared__ __align__(128) uint16_t Vs[2][F9_BK * 128];
+    flash_fwd_sm90p<128, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs[0], Vs[1]);
+}
+
+// flash_fwd3x1_sm90_bf16_hs64 and _hs128: flash_fwd_sm90p with one
+// warpgroup (one 64-row tile) per block: grid (ceil(T/64), B·NH), 128
+// threads; blocks on one SM run their products and softmaxes
+// independently (no shared barrier between them).
+extern "C" __global__ void __launch_bounds__(F9_THREADS, 4)
+    flash_fwd3x1_sm90_bf16_hs64(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
+    __shared__ __align__(128) uint16_t Ks[F9_BK * 64];
+    __shared__ __align__(128) uint16_t Vs[2][F9_BK * 64];
+    flash_fwd_sm90p<64, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs[0], Vs[1]);
+}
+
+extern "C" __global__ void __launch_bounds__(F9_THREADS, 2)
+    flash_fwd3x1_sm90_bf16_hs128(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
+    __shared__ __align__(128) uint16_t Ks[F9_BK * 128];
+    __shared__ __align__(128) uint16_t Vs[2][F9_BK * 128];
+    flash_fwd_sm90p<128, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs[0], Vs[1]);
 }

@@ -27,8 +27,14 @@
 //    8·(i%2), cols 2(l%4) + 8·(i/2) and +1 (lower half the lower index); D
 //    register 4j+e holds row 16w + l/4 + 8·(e/2), col 8j + 2(l%4) + e%2.
 //  - Asynchrony: a wgmma snapshots its A registers at issue and reads
-//    shared memory and writes its accumulators only at wgmma.wait_group, so
-//    accumulators read before the wait are stale. A wgmma issued without a
+//    shared memory and writes its accumulators only at the
+//    wgmma.wait_group N that completes its group (commit_group closes a
+//    group; wait_group N completes all but the newest N committed groups,
+//    in issue order), so accumulators read before that wait are stale.
+//    From issue to completion, the shared chunks a wgmma reads are marked
+//    pending: a cp.async issued into a pending chunk aborts (a copy may
+//    land any time after its issue: the write-after-read hazard of
+//    reloading a tile that a wgmma in flight still reads). A wgmma issued without a
 //    wgmma.fence since the thread's last wait aborts. It checks, per 16-byte
 //    chunk it reads, that the chunk's last cp.async landed before a
 //    __syncthreads that the issuing thread passed before the issue (a
@@ -38,12 +44,11 @@
 //  - cp.async (9.7.9.25): copies are queued and land at the thread's
 //    cp.async.wait_group (the latest moment allowed), zero-filled past the
 //    source size; destination and source must be 16-byte aligned.
-// Not modelled: write-after-read hazards of a cp.async into a tile a
-// pending wgmma still reads (the kernel waits for its wgmma before the
-// barrier that precedes the next copy into that tile), the exact rounding
+// Not modelled: the exact rounding
 // and summation order of the tensor cores (products are summed in float),
 // the 128/64/32-byte swizzle modes, bank conflicts and timing.
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -101,9 +106,11 @@ struct Copy { uint16_t* dst; const uint16_t* src; int n; };
 thread_local std::vector<Copy> copies;
 std::vector<int> chunkSync;          // per 16-byte shared chunk: the writer's nsync when it landed
 std::vector<int> lastUnfencedSync;   // per thread: nsync at which it last left copies unfenced, -1 none
+std::unique_ptr<std::atomic<int>[]> pendingReads;  // per 16-byte shared chunk: issued, uncompleted wgmma reading it
 static void f9_cp16(uint16_t* dst, const uint16_t* src, int n) {
   if ((uintptr_t)dst % 16 || (n && (uintptr_t)src % 16)) die("cp.async: address not 16-byte aligned");
   f9_smem(dst); f9_smem((uint8_t*)dst + 15);
+  if (pendingReads[f9_smem(dst) / 16].load() > 0) die("cp.async into shared memory that a wgmma in flight still reads");
   copies.push_back({dst, src, n});
 }
 static void f9_cp_commit() {}
@@ -117,39 +124,61 @@ static void f9_cp_wait() {
 }
 static void f9_fence_proxy() { lastUnfencedSync[threadIdx.x] = -1; }
 
-// wgmma: issued ops queue per thread; A snapshots in wgA by op index.
-struct Op { float* d; int N, trans, acc; uint64_t desc; int sync; };
-thread_local std::vector<Op> ops;
-thread_local bool wgFenced;
-uint32_t wgA[64][256][4];
-static void wg_issue(float* d, const uint32_t* a, uint64_t desc, int acc, int N, int trans) {
-  if (!wgFenced) die("wgmma.mma_async without a wgmma.fence since the last wait");
-  if (ops.size() >= 64) die("too many wgmma in flight");
-  memcpy(wgA[ops.size()][threadIdx.x], a, 16);
-  ops.push_back({d, N, trans, acc, desc, nsync});
-}
-template <int TB> static void f9_wgmma_n64(float* d, const uint32_t* a, uint64_t desc, int acc) { wg_issue(d, a, desc, acc, 64, TB); }
-template <int TB> static void f9_wgmma_n128(float* d, const uint32_t* a, uint64_t desc, int acc) { wg_issue(d, a, desc, acc, 128, TB); }
-static void f9_wg_fence() { wgFenced = true; }
-static void f9_wg_commit() {}
-static float halfOf(uint32_t r, int h) { return bf2f(h ? r >> 16 : r & 0xffff); }
-// b reads element (k, n) of B through desc (the ISA's no-swizzle layouts).
-static float bElem(uint64_t desc, int trans, int k, int n, int issueSync) {
+// bAddr is the shared byte address of element (k, n) of B through desc
+// (the ISA's no-swizzle layouts).
+static uint32_t bAddr(uint64_t desc, int trans, int k, int n) {
   if (desc >> 62) die("descriptor with a swizzle mode: not modelled");
   const uint32_t start = (uint32_t)(desc & 0x3fff) << 4, lbo = (uint32_t)((desc >> 16) & 0x3fff) << 4,
                  sbo = (uint32_t)((desc >> 32) & 0x3fff) << 4;
   const uint32_t a = trans ? start + (n % 8) * 2 + (n / 8) * sbo + (k % 8) * 16 + (k / 8) * lbo
                            : start + (n % 8) * 16 + (n / 8) * sbo + (k % 8) * 2 + (k / 8) * lbo;
   if (a + 2 > smemSize) die("wgmma reads past the shared window");
+  return a;
+}
+
+// wgmma: issued ops queue per thread, each in its commit group; A
+// snapshots in wgA by slot (issue count mod 64, the same in every thread
+// of a warpgroup: the ops are warpgroup-collective). The first thread of
+// the warpgroup marks the chunks an op reads pending (chunks).
+struct Op { float* d; int N, trans, acc; uint64_t desc; int sync, group, slot; std::vector<uint32_t> chunks; };
+thread_local std::vector<Op> ops;
+thread_local bool wgFenced;
+thread_local int wgCommitted, wgIssued;
+uint32_t wgA[64][256][4];
+static void wg_issue(float* d, const uint32_t* a, uint64_t desc, int acc, int N, int trans) {
+  if (!wgFenced) die("wgmma.mma_async without a wgmma.fence since the last wait");
+  if (ops.size() >= 64) die("too many wgmma in flight");
+  const int slot = wgIssued++ % 64;
+  memcpy(wgA[slot][threadIdx.x], a, 16);
+  Op op{d, N, trans, acc, desc, nsync, wgCommitted, slot, {}};
+  if (threadIdx.x % 128 == 0) {
+    for (int k = 0; k < 16; k++)
+      for (int n = 0; n < N; n++) op.chunks.push_back(bAddr(desc, trans, k, n) / 16);
+    std::sort(op.chunks.begin(), op.chunks.end());
+    op.chunks.erase(std::unique(op.chunks.begin(), op.chunks.end()), op.chunks.end());
+    for (uint32_t c : op.chunks) pendingReads[c]++;
+  }
+  ops.push_back(std::move(op));
+}
+template <int TB> static void f9_wgmma_n64(float* d, const uint32_t* a, uint64_t desc, int acc) { wg_issue(d, a, desc, acc, 64, TB); }
+template <int TB> static void f9_wgmma_n128(float* d, const uint32_t* a, uint64_t desc, int acc) { wg_issue(d, a, desc, acc, 128, TB); }
+static void f9_wg_fence() { wgFenced = true; }
+static void f9_wg_commit() { wgCommitted++; }
+static float halfOf(uint32_t r, int h) { return bf2f(h ? r >> 16 : r & 0xffff); }
+// bElem reads element (k, n) of B through desc.
+static float bElem(uint64_t desc, int trans, int k, int n, int issueSync) {
+  const uint32_t a = bAddr(desc, trans, k, n);
   if (chunkSync[a / 16] >= issueSync) die("wgmma reads a chunk whose cp.async landed after the issuer's last barrier");
   uint16_t v; memcpy(&v, smemBase + a, 2);
   return bf2f(v);
 }
-static void f9_wg_wait() {
+// wg_wait completes the ops of all but the newest `pending` committed groups.
+static void wg_wait(int pending) {
   const int t = threadIdx.x, w = (t >> 5) & 3, l = t & 31, g = l >> 2, c = l & 3, wg0 = t & ~127;
   wgBar[t >> 7]->arrive_and_wait();  // the warpgroup has issued (the ops are warpgroup-collective)
-  for (size_t oi = 0; oi < ops.size(); oi++) {
-    const Op& op = ops[oi];
+  size_t done = 0;
+  for (; done < ops.size() && ops[done].group < wgCommitted - pending; done++) {
+    const Op& op = ops[done];
     // Landed copies must have been fenced before the barrier preceding the issue.
     for (int u = 0; u < (int)lastUnfencedSync.size(); u++)
       if (lastUnfencedSync[u] >= 0 && lastUnfencedSync[u] < op.sync) die("wgmma after a barrier without fence.proxy.async of landed cp.async writes");
@@ -158,15 +187,20 @@ static void f9_wg_wait() {
       float acc = op.acc ? op.d[i] : 0.f;
       for (int k = 0; k < 16; k++) {
         const int rr = row % 16, owner = wg0 + 32 * (row / 16) + (rr % 8) * 4 + (k % 8) / 2, reg = rr / 8 + 2 * (k / 8);
-        acc += halfOf(wgA[oi][owner][reg], k % 2) * bElem(op.desc, op.trans, k, col, op.sync);
+        acc += halfOf(wgA[op.slot][owner][reg], k % 2) * bElem(op.desc, op.trans, k, col, op.sync);
       }
       op.d[i] = acc;
     }
   }
+  // The completed ops' reads are over once the whole warpgroup is here.
+  for (size_t oi = 0; oi < done; oi++)
+    for (uint32_t ch : ops[oi].chunks) pendingReads[ch]--;
   wgBar[t >> 7]->arrive_and_wait();  // nobody reuses wgA before the warpgroup has read it
-  ops.clear();
+  ops.erase(ops.begin(), ops.begin() + done);
   wgFenced = false;
 }
+static void f9_wg_wait() { wg_wait(0); }
+static void f9_wg_wait1() { wg_wait(1); }
 
 template <int N> static void f9_regs(float*) {}
 
@@ -182,6 +216,8 @@ template <class F> void run_grid(int WG, size_t smem, F kernel) {
       for (size_t i = 0; i + 1 < smem; i += 2) { window[i] = 0xc0; window[i + 1] = 0x7f; }
       smemBase = window.data(); smemSize = smem;
       chunkSync.assign(smem / 16, -1);
+      pendingReads.reset(new std::atomic<int>[smem / 16]);
+      for (size_t i = 0; i < smem / 16; i++) pendingReads[i] = 0;
       lastUnfencedSync.assign(NT, -1);
       std::barrier<> bb(NT), wga(128), wgb(128);
       std::vector<std::unique_ptr<std::barrier<>>> wb;
@@ -190,7 +226,7 @@ template <class F> void run_grid(int WG, size_t smem, F kernel) {
       std::vector<std::thread> th;
       for (int t = 0; t < NT; t++)
         th.emplace_back([&, t] {
-          threadIdx = {t, 0}; blockIdx = {bx, by}; nsync = 0; wgFenced = false;
+          threadIdx = {t, 0}; blockIdx = {bx, by}; nsync = 0; wgFenced = false; wgCommitted = wgIssued = 0;
           copies.clear(); ops.clear();
           kernel();
           if (!copies.empty()) die("cp.async copies never waited for");
@@ -200,9 +236,11 @@ template <class F> void run_grid(int WG, size_t smem, F kernel) {
     }
 }
 
-// run checks flash_fwd_sm90<HS, MT, WG> with NH query heads and NKV
-// key/value heads (0 means NKV = NH) against a float64 reference.
-template <int HS, int MT = 1, int WG = 1> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
+// run checks flash_fwd_sm90<HS, MT, WG> (flash_fwd_sm90p<HS, WG> when P,
+// one K and two V tiles)
+// with NH query heads and NKV key/value heads (0 means NKV = NH) against
+// a float64 reference.
+template <int HS, int MT = 1, int WG = 1, bool P = false> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
   if (NKV == 0) NKV = NH;
   int C = NH * HS, rep = NH / NKV;
   size_t W = (size_t)(NH + 2 * NKV) * HS;
@@ -214,10 +252,13 @@ template <int HS, int MT = 1, int WG = 1> void run(int B, int T, int NH, unsigne
   float sl2 = (float)(1.4426950408889634 / std::sqrt((double)HS));
   gridDim = {(T + 64 * MT * WG - 1) / (64 * MT * WG), B * NH};
   const size_t tile = (size_t)F9_BK * HS * 2;  // bytes of one K or V tile
-  run_grid(WG, 2 * tile, [&] {
+  run_grid(WG, (P ? 3 : 2) * tile, [&] {
     uint16_t* Ks = (uint16_t*)smemBase;
     uint16_t* Vs = (uint16_t*)(smemBase + tile);
-    flash_fwd_sm90<HS, MT, WG>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks, Vs);
+    if constexpr (P)
+      flash_fwd_sm90p<HS, WG>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks, Vs, (uint16_t*)(smemBase + 2 * tile));
+    else
+      flash_fwd_sm90<HS, MT, WG>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks, Vs);
   });
   double worst = 0, worstL = 0;
   for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
@@ -240,7 +281,7 @@ template <int HS, int MT = 1, int WG = 1> void run(int B, int T, int NH, unsigne
       if (!(e <= 2e-2 + 1.6e-2 * std::fabs(o))) { if (bad++ < 5) printf("out b%d h%d t%d d%d: %g vs %g\n", b, h, t, d, g, o); }
     }
   }
-  printf("sm90 HS%d MT%d WG%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", HS, MT, WG, B, T, NH, NKV, worst, worstL, bad);
+  printf("sm90%s HS%d MT%d WG%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", P ? "p" : "", HS, MT, WG, B, T, NH, NKV, worst, worstL, bad);
 }
 
 int main(int argc, char** argv) {
@@ -251,6 +292,9 @@ int main(int argc, char** argv) {
     run<128>(1, 65, 1, 2, bad);
     run<64, 2>(1, 200, 2, 3, bad, 1);
     run<128, 1, 2>(1, 200, 2, 4, bad, 1);
+    run<64, 1, 2, true>(1, 200, 2, 5, bad, 1);
+    run<128, 1, 2, true>(1, 130, 2, 6, bad);
+    run<64, 1, 1, true>(1, 130, 2, 7, bad, 1);
     return bad != 0;
   }
   const int Ts[] = {1, 63, 64, 65, 200, 300};
@@ -264,6 +308,12 @@ int main(int argc, char** argv) {
     run<64, 2>(1, T, 4, seed++, bad, 2);                // two row tiles, groups of 2
     run<128, 1, 2>(1, T, 2, seed++, bad);               // two warpgroups, multi-head
     run<128, 1, 2>(1, T, 3, seed++, bad, 1);            // two warpgroups, multi-query
+    run<64, 1, 2, true>(T < 100 ? 2 : 1, T, 2, seed++, bad);  // pipelined, multi-head
+    run<64, 1, 2, true>(1, T, 4, seed++, bad, 2);             // pipelined, groups of 2
+    run<128, 1, 2, true>(1, T, 2, seed++, bad);               // pipelined, multi-head
+    run<128, 1, 2, true>(1, T, 3, seed++, bad, 1);            // pipelined, multi-query
+    run<64, 1, 1, true>(1, T, 4, seed++, bad, 2);             // pipelined, one warpgroup, groups of 2
+    run<128, 1, 1, true>(1, T, 2, seed++, bad);               // pipelined, one warpgroup, multi-head
   }
   return bad != 0;
 }
