@@ -37,10 +37,13 @@ import (
 //     in shared memory, so a tile loads while the previous one is read);
 //     SPILL_FLASH_FWD=sm90px1 their one-warpgroup versions
 //     flash_fwd3x1_sm90_bf16_hs64 and _hs128 (128 threads, 64 rows). On
-//     the H200 this first version (no swizzle, no overlap of the softmax
-//     with the products) ran 1.25-1.28x slower than the mma.sync kernels
-//     (tools/bench/results/attn_variants_h200.json); what it proved is its
-//     descriptors and fragment layouts, on the hardware.
+//     the H200 (tools/bench/results/attn_variants_h200.json) the first
+//     kernels (no overlap of the softmax with the products) ran 1.25-1.28x
+//     slower than the mma.sync ones, and the pipelined ones level with
+//     them at head size 64 (0.95-0.99x) and 0.84-0.93x at 128: both stay
+//     opt-in until a Hopper kernel is the faster. What they proved is
+//     their descriptors, fragment layouts and wgmma pipelining, on the
+//     hardware.
 // The backward is not affected.
 
 // flashSM90Module is the embedded PTX of the Hopper forward.
