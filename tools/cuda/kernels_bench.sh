@@ -15,8 +15,8 @@
 #   - with SPILL_BENCH_GEMM=1, the GEMMs at the 124M shapes with float32 and
 #     with reduced-precision split-K reductions (SPILL_CUBLAS_REDUCED_PRECISION);
 #   - with SPILL_BENCH_GO=1, the Go benchmarks of the launch path;
-#   - the head-size-64 attention again with the one-tile forward kernel
-#     (SPILL_FLASH_FWD=1) beside the default two-tile one;
+#   - with SPILL_BENCH_ONE_TILE=1, the head-size-64 attention again with the
+#     one-tile forward kernel (SPILL_FLASH_FWD=1) beside the default two-tile one;
 #   - with SPILL_ATTN_VARIANTS, opt-in attention kernels at the same shapes.
 #
 # Prepare .gpu/ with tools/cuda/pack.sh, then run with the device tool
@@ -54,7 +54,7 @@ step spill_attn 120 /tmp/gpubench -attn-sweep "$attn" -out "$out/spill_attn.json
 # The one-tile forward (flash_fwd_bf16_hs64, SPILL_FLASH_FWD=1) beside the
 # default two-tile one at the head-size-64 shapes.
 attn64=$(echo "$attn" | tr ',' '\n' | grep '^64:' | paste -sd, -)
-[ -z "$attn64" ] || SPILL_FLASH_FWD=1 step spill_attn1 90 /tmp/gpubench -attn-sweep "$attn64" -out "$out/spill_attn1.json"
+[ -z "$attn64" ] || [ -z "${SPILL_BENCH_ONE_TILE:-}" ] || SPILL_FLASH_FWD=1 step spill_attn1 90 /tmp/gpubench -attn-sweep "$attn64" -out "$out/spill_attn1.json"
 PYTHONUNBUFFERED=1 step torch_attn 120 python3 tools/cuda/kernels_ref.py "$out/torch_attn.json" "$attn"
 if [ -n "${SPILL_BENCH_GEMM:-}" ]; then
   SPILL_KERNELS_ONLY=1 PYTHONUNBUFFERED=1 step torch_gemm 90 python3 tools/gpubench/torch_ref.py "$out/torch_gemm.json" 124m
