@@ -53,7 +53,7 @@ func flashName(hs int) string {
 // default; SPILL_FLASH_FWD=1 at start-up clears it) and its own self-check
 // at Open passed (Backend.flashFwd2Err). On the H200 it ran 1.09-1.17x
 // faster than the one-tile kernel at T 1024-8192
-// (tools/bench/results/kernels_h200.json).
+// (tools/bench/results/kernels_h200_e4475bd.json).
 const (
 	flashFwd2Name = "flash_fwd2_bf16_hs64"
 	flashRows2    = 128
