@@ -124,6 +124,12 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	switch {
 	case flashBwdMode == flashBwdSplit:
 		return fwd + "; backward: split tensor-core flash kernels (deterministic)"
+	case isFlashBwdVariant(flashBwdMode) && (f.v.kv == 0 || b.flashBwdVariantErr[flashBwdMode] != nil):
+		return fmt.Sprintf("%s; backward: split tensor-core flash kernels (%s off: %v)", fwd, flashBwdMode,
+			b.flashBwdVariantErr[flashBwdMode])
+	case isFlashBwdVariant(flashBwdMode):
+		return fmt.Sprintf("%s; backward: split tensor-core flash kernels, variant %s (%s, %s; deterministic)", fwd,
+			flashBwdMode, f.v.kvName, f.v.qName)
 	case f.fused == 0 || b.flashBwdFusedErr != nil:
 		return fmt.Sprintf("%s; backward: split tensor-core flash kernels (fused backward off: %v)", fwd, b.flashBwdFusedErr)
 	}
@@ -258,8 +264,18 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // kernels, "fused-bq32" the fused kernels with 32 query rows per
 // tile at head size 64 as well (a variant for timing sweeps; head size 128
 // always takes 32), "fused-bq32-occ3" that kernel compiled for three blocks
-// per SM (K from shared memory instead of registers). Other values are
-// taken as "split".
+// per SM (K from shared memory instead of registers). Three variants of
+// the split kernels, for timing sweeps (flash_bwd_kv_v and flash_bwd_q_v in
+// flashattn.cu; same products and the same order of every sum as the split
+// kernels, so as deterministic, and on the emulator bit for bit equal to
+// them): "split-w8" 8 warps per block (128 keys, or query rows, sharing each
+// streamed tile: half the shared-memory fills per key), "split-smem" 4
+// warps with each warp's fixed operands (K and V rows, or Q and dO rows) in
+// shared memory instead of registers, which leaves room for 64-row streamed
+// tiles at head size 128 (32 in the split kernels), "split-w8-smem" both.
+// Each is checked at Open like the fused ones (checkFlashBwd); a variant that
+// fails (Backend.flashBwdVariantErr) leaves its mode on the split kernels.
+// Other values are taken as "split".
 
 // Flash backward implementations (flashBwdMode).
 const (
@@ -267,13 +283,19 @@ const (
 	flashBwdSplit     = "split"
 	flashBwdFusedBQ32 = "fused-bq32"
 	flashBwdFusedOcc3 = "fused-bq32-occ3"
+	flashBwdSplitW8   = "split-w8"
+	flashBwdSplitSM   = "split-smem"
+	flashBwdSplitW8SM = "split-w8-smem"
 )
+
+// flashBwdVariantModes are the modes that select a split variant.
+var flashBwdVariantModes = []string{flashBwdSplitW8, flashBwdSplitSM, flashBwdSplitW8SM}
 
 // flashBwdMode is the implementation the flash backward takes; tests set it.
 var flashBwdMode = flashBwdModeOf(os.Getenv("SPILL_FLASH_BWD"))
 
 func flashBwdModeOf(v string) string {
-	if v == flashBwdFused || v == flashBwdFusedBQ32 || v == flashBwdFusedOcc3 {
+	if v == flashBwdFused || v == flashBwdFusedBQ32 || v == flashBwdFusedOcc3 || isFlashBwdVariant(v) {
 		return v
 	}
 	return flashBwdSplit
@@ -288,13 +310,86 @@ func flashBwdModeOf(v string) string {
 const flashFusedMaxScratch = 16
 
 // flashBwdLaunches counts AttentionBackward calls that took the flash path,
-// flashBwdFusedLaunches those of them that took the fused kernels.
-var flashBwdLaunches, flashBwdFusedLaunches atomic.Int64
+// flashBwdFusedLaunches those of them that took the fused kernels,
+// flashBwdVariantLaunches those that took a split variant.
+var flashBwdLaunches, flashBwdFusedLaunches, flashBwdVariantLaunches atomic.Int64
 
 // flashBwd holds the kernels of one head size: the split ones, the prep
-// kernel they share with the fused path, and the fused kernel selected by
-// flashBwdMode (0 when missing) with flash_bwd_dq.
-type flashBwd struct{ kv, q, prep, fused, dq kfunc }
+// kernel they share with the fused path, the fused kernel selected by
+// flashBwdMode (0 when missing) with flash_bwd_dq, and the split variant
+// it selects (v.kv 0 when none or missing).
+type flashBwd struct {
+	kv, q, prep, fused, dq kfunc
+	v                      flashBwdVariant
+}
+
+// flashBwdVariant is a split variant of one head size: its dK, dV and dQ
+// kernels, the mode that selects it, the keys (query rows) per block, the
+// threads per block and the dynamic shared memory of each kernel.
+type flashBwdVariant struct {
+	kv, q                        kfunc
+	mode                         string
+	rows, threads, smemKV, smemQ int
+	kvName, qName                string
+}
+
+func isFlashBwdVariant(mode string) bool {
+	for _, m := range flashBwdVariantModes {
+		if mode == m {
+			return true
+		}
+	}
+	return false
+}
+
+// flashBwdVariantOf describes the variant of head size hs (64 or 128) that
+// mode selects (kernels not looked up), from a table built once, so that a
+// call formats nothing.
+func flashBwdVariantOf(hs int, mode string) flashBwdVariant {
+	i := 0
+	if hs == 128 {
+		i = 1
+	}
+	return flashBwdVariantTable[mode][i]
+}
+
+// flashBwdVariantTable holds, by mode and head size (64, 128), the warps
+// per block, streamed tile rows (BQ of flash_bwd_kv_v, BK of
+// flash_bwd_q_v) and whether the fixed operands sit in shared memory, as
+// the entry points of flashattn.cu instantiate them; the shared memory
+// sizes are fa_bwd_kv_smem and fa_bwd_q_smem.
+var flashBwdVariantTable = func() map[string][2]flashBwdVariant {
+	t := map[string][2]flashBwdVariant{}
+	for _, mode := range flashBwdVariantModes {
+		nw, sm, suffix := 8, false, "w8"
+		switch mode {
+		case flashBwdSplitSM:
+			nw, sm, suffix = 4, true, "sm"
+		case flashBwdSplitW8SM:
+			sm, suffix = true, "w8sm"
+		}
+		var vs [2]flashBwdVariant
+		for i, hs := range []int{64, 128} {
+			tile := 64
+			if hs == 128 && !sm {
+				tile = 32
+			}
+			fixed := 0
+			if sm {
+				fixed = 2 * 16 * nw
+			}
+			vs[i] = flashBwdVariant{
+				mode: mode, rows: 16 * nw, threads: 32 * nw,
+				smemKV: (fixed+3*tile)*(hs+8)*2 + 4*tile*4,
+				smemQ:  (fixed + 3*tile) * (hs + 8) * 2,
+				kvName: fmt.Sprintf("flash_bwd_kv_%s_bf16_hs%d", suffix, hs),
+				qName:  fmt.Sprintf("flash_bwd_q_%s_bf16_hs%d", suffix, hs),
+			}
+		}
+		t[mode] = vs
+	}
+	return t
+}()
 
 // flashBwdFuncs returns the backward kernels for a call, or false when they
 // do not apply (as flashFunc; dqkv and out need 4-byte, qkv and dout
@@ -335,7 +430,15 @@ func (b *Backend) flashBwdByHead(hs int, mode string) (f flashBwd, ok bool) {
 	q, ok2 := b.fns[qName]
 	prep, ok3 := b.fns["flash_bwd_prep"]
 	f = flashBwd{kv: kv, q: q, prep: prep}
-	if mode != flashBwdSplit {
+	if isFlashBwdVariant(mode) {
+		v := flashBwdVariantOf(hs, mode)
+		kv, ok4 := b.fns[v.kvName]
+		q, ok5 := b.fns[v.qName]
+		if ok4 && ok5 {
+			v.kv, v.q = kv, q
+			f.v = v
+		}
+	} else if mode != flashBwdSplit {
 		fused, ok4 := b.fns[flashFusedName(hs, mode)]
 		dq, ok5 := b.fns["flash_bwd_dq"]
 		if ok4 && ok5 {
@@ -361,14 +464,27 @@ func prepJob(prep kfunc, D, dout, out, dq cu.DevicePtr, B, T, NH, hs int) job {
 // (NKV = NH for multi-head attention); the dK, dV kernel takes one block
 // row per key/value head and sums over its group.
 func flashBwdJobs(f flashBwd, dqkv, dout, qkv, out, lse, D cu.DevicePtr, B, T, NH, NKV, hs int, set bool) [3]job {
-	nx := (T + flashRows - 1) / flashRows
+	v := flashBwdVariant{kv: f.kv, q: f.q, rows: flashRows, threads: flashThreads}
+	return flashBwdSplitJobs(f.prep, v, dqkv, dout, qkv, out, lse, D, B, T, NH, NKV, hs, set)
+}
+
+// flashBwdVariantJobs are flashBwdJobs with f's split variant (f.v) in
+// place of the split kernels: v.rows keys (query rows) and v.threads
+// threads per block, v.smemKV and v.smemQ bytes of dynamic shared memory.
+func flashBwdVariantJobs(f flashBwd, dqkv, dout, qkv, out, lse, D cu.DevicePtr, B, T, NH, NKV, hs int, set bool) [3]job {
+	return flashBwdSplitJobs(f.prep, f.v, dqkv, dout, qkv, out, lse, D, B, T, NH, NKV, hs, set)
+}
+
+func flashBwdSplitJobs(prep kfunc, v flashBwdVariant, dqkv, dout, qkv, out, lse, D cu.DevicePtr, B, T, NH, NKV, hs int,
+	set bool) [3]job {
+	nx := (T + v.rows - 1) / v.rows
 	scale, rscale := aF32(flashScale(hs)), aF32(float32(1/math.Sqrt(float64(hs))))
 	return [3]job{
-		prepJob(f.prep, D, dout, out, 0, B, T, NH, hs),
-		launchJob(f.kv, dim3{x: nx, y: B * NKV}, dim3{x: flashThreads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
-			aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))),
-		launchJob(f.q, dim3{x: nx, y: B * NH}, dim3{x: flashThreads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
-			aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))),
+		prepJob(prep, D, dout, out, 0, B, T, NH, hs),
+		launchJob(v.kv, dim3{x: nx, y: B * NKV}, dim3{x: v.threads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
+			aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))).withShared(v.smemKV),
+		launchJob(v.q, dim3{x: nx, y: B * NH}, dim3{x: v.threads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
+			aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))).withShared(v.smemQ),
 	}
 }
 
@@ -394,8 +510,9 @@ func flashBwdFusedJobs(f flashBwd, dqkv, dout, qkv, out, lse, D, dq cu.DevicePtr
 
 // putFlashBwd enqueues the backward pass: the fused kernels when f has
 // them, their self-check passed (or force) and their scratch fits
-// (1/flashFusedMaxScratch of the budget), else the split ones; D at the start of the
-// scratch area, the fused path's dQ accumulator after it.
+// (1/flashFusedMaxScratch of the budget), else f's split variant when it
+// has one and its self-check passed (or force), else the split kernels; D
+// at the start of the scratch area, the fused path's dQ accumulator after it.
 func (q *queue) putFlashBwd(f flashBwd, force bool, dqkv, dout, qkv, out, lse cu.DevicePtr, B, T, NH, NKV, hs int, set bool) {
 	nD := align256(int64(B) * int64(NH) * int64(T) * 4)
 	need := nD + int64(B)*int64(NH)*int64(T)*int64(hs)*4
@@ -409,6 +526,10 @@ func (q *queue) putFlashBwd(f flashBwd, force bool, dqkv, dout, qkv, out, lse cu
 		return
 	}
 	js := flashBwdJobs(f, dqkv, dout, qkv, out, lse, 0, B, T, NH, NKV, hs, set)
+	if f.v.kv != 0 && (force || q.b.flashBwdVariantErr[f.v.mode] == nil) {
+		flashBwdVariantLaunches.Add(1)
+		js = flashBwdVariantJobs(f, dqkv, dout, qkv, out, lse, 0, B, T, NH, NKV, hs, set)
+	}
 	need = int64(B) * int64(NH) * int64(T) * 4
 	js[0] = js[0].withScratch(need, 0)
 	js[1] = js[1].withScratch(need, 4)
@@ -433,6 +554,10 @@ func (b *Backend) checkFlashBwd() error {
 			return fmt.Errorf("flash backward self-check (B%d T%d C%d NH%d): %w", B, T, NH*hs, NH, err)
 		}
 	}
+	b.flashBwdVariantErr = map[string]error{}
+	for _, mode := range flashBwdVariantModes {
+		b.flashBwdVariantErr[mode] = b.checkFlashBwdVariant(mode)
+	}
 	for _, v := range []struct {
 		hs   int
 		mode string
@@ -451,6 +576,35 @@ func (b *Backend) checkFlashBwd() error {
 	return nil
 }
 
+// checkFlashBwdVariant allows the split variant of mode its dynamic shared
+// memory (setMaxDynamicShared, before its first launch) and checks it as
+// the split kernels, at T 80 and at T 200 (two of its 128-row blocks, the
+// second partial), per head size; nil means it may be used.
+func (b *Backend) checkFlashBwdVariant(mode string) error {
+	for _, hs := range []int{64, 128} {
+		f, _ := b.flashBwdByHead(hs, mode)
+		v := flashBwdVariantOf(hs, mode)
+		if f.v.kv == 0 {
+			return fmt.Errorf("kernel %s or %s missing from the embedded PTX", v.kvName, v.qName)
+		}
+		if err := setMaxDynamicShared(f.v.kv, f.v.smemKV); err != nil {
+			return fmt.Errorf("%s: %d bytes of dynamic shared memory: %w", v.kvName, f.v.smemKV, err)
+		}
+		if err := setMaxDynamicShared(f.v.q, f.v.smemQ); err != nil {
+			return fmt.Errorf("%s: %d bytes of dynamic shared memory: %w", v.qName, f.v.smemQ, err)
+		}
+		const B, NH = 2, 2
+		for _, T := range []int{80, 200} {
+			if err := b.checkFlashBwdShape(f, false, B, T, NH*hs, NH); err != nil {
+				return fmt.Errorf("%s, %s self-check (B%d T%d C%d NH%d): %w", v.kvName, v.qName, B, T, NH*hs, NH, err)
+			}
+		}
+	}
+	return nil
+}
+
+// checkFlashBwdShape checks f's fused kernels (fused), else its split
+// variant when it has one, else its split kernels.
 func (b *Backend) checkFlashBwdShape(f flashBwd, fused bool, B, T, C, NH int) error {
 	nx, no, nl := B*T*3*C, B*T*C, B*NH*T
 	seed := uint32(777)
@@ -498,6 +652,9 @@ func (b *Backend) checkFlashBwdShape(f flashBwd, fused bool, B, T, C, NH int) er
 		return err
 	}
 	js := flashBwdJobs(f, p(oD1), p(oG), p(oX), p(oO), p(oL), p(oD), B, T, NH, NH, C/NH, false)
+	if f.v.kv != 0 {
+		js = flashBwdVariantJobs(f, p(oD1), p(oG), p(oX), p(oO), p(oL), p(oD), B, T, NH, NH, C/NH, false)
+	}
 	if fused {
 		// The accumulator starts as garbage: flash_bwd_prep must zero it.
 		if err := cu.MemsetD8Async(p(oQ), 0x7f, int64(4*no), s); err != nil {

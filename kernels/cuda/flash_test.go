@@ -11,15 +11,17 @@ import (
 )
 
 // TestFlashBwdFused checks the chain CPU reference -> split flash backward
-// -> fused flash backward (each fused variant of flashBwdMode): head sizes
+// -> fused flash backward (each fused variant of flashBwdMode) and each
+// split variant (split-w8, split-smem, split-w8-smem): head sizes
 // 64 and 128, T off the kernels' 16-, 32- and 64-row tiles (1, 65, 200,
 // 300), multi-head attention accumulating (AttentionBackward) and
 // overwriting a poisoned dqkv (AttentionBackwardSet), grouped-query
 // attention (GQAttentionBackward, NH 8 and NKV 2; it only accumulates).
 // Each implementation is checked against the CPU, then the fused results
 // against the split one within bf16 tolerance relative to the gradient's
-// rms (the fused dQ sums in another order), and each call must have taken
-// the kernels its mode names.
+// rms (the fused dQ sums in another order; the split variants keep the
+// split kernels' order, and the test logs whether they matched them bit for
+// bit), and each call must have taken the kernels its mode names.
 func TestFlashBwdFused(t *testing.T) {
 	defer func(impl int, mode string) { attnImpl, flashBwdMode = impl, mode }(attnImpl, flashBwdMode)
 	attnImpl = attnAuto
@@ -29,7 +31,12 @@ func TestFlashBwdFused(t *testing.T) {
 		t.Fatalf("flash self-checks at Open: forward %v, split backward %v, fused backward %v", be.flashErr, be.flashBwdErr,
 			be.flashBwdFusedErr)
 	}
-	modes := []string{flashBwdSplit, flashBwdFused, flashBwdFusedBQ32, flashBwdFusedOcc3}
+	for _, m := range flashBwdVariantModes {
+		if err := be.flashBwdVariantErr[m]; err != nil {
+			t.Fatalf("flash self-check at Open of the split variant %s: %v", m, err)
+		}
+	}
+	modes := append([]string{flashBwdSplit, flashBwdFused, flashBwdFusedBQ32, flashBwdFusedOcc3}, flashBwdVariantModes...)
 	for _, sh := range [][5]int{ // B, T, NH, NKV, hs
 		{1, 1, 8, 2, 64}, {1, 1, 2, 2, 128}, {2, 65, 8, 2, 128}, {2, 65, 4, 4, 64}, {1, 200, 8, 8, 64},
 		{1, 200, 8, 2, 128}, {2, 300, 8, 2, 64}, {1, 300, 4, 4, 128},
@@ -66,7 +73,7 @@ func TestFlashBwdFused(t *testing.T) {
 				} else {
 					dqkv = p.upload(kernels.BF16, start)
 				}
-				nb, nf := flashBwdLaunches.Load(), flashBwdFusedLaunches.Load()
+				nb, nf, nv := flashBwdLaunches.Load(), flashBwdFusedLaunches.Load(), flashBwdVariantLaunches.Load()
 				p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
 					switch {
 					case set:
@@ -80,8 +87,12 @@ func TestFlashBwdFused(t *testing.T) {
 				if flashBwdLaunches.Load() == nb {
 					t.Errorf("%s/%s: the flash backward did not run", name, mode)
 				}
-				if fused := flashBwdFusedLaunches.Load() > nf; fused != (mode != flashBwdSplit) {
+				variant := isFlashBwdVariant(mode)
+				if fused := flashBwdFusedLaunches.Load() > nf; fused != (mode != flashBwdSplit && !variant) {
 					t.Errorf("%s/%s: fused kernels ran: %v", name, mode, fused)
+				}
+				if ran := flashBwdVariantLaunches.Load() > nv; ran != variant {
+					t.Errorf("%s/%s: split variant ran: %v", name, mode, ran)
 				}
 				p.check(name+"/"+mode+"/dqkv", dqkv, slack)
 				res[mode] = dqkv
@@ -104,8 +115,11 @@ func TestFlashBwdFused(t *testing.T) {
 			_, eps := tolerance(kernels.BF16)
 			for _, mode := range modes[1:] {
 				fused, _ := p.download(res[mode])
-				bad, first := 0, ""
+				bad, first, same := 0, "", 0
 				for i, w := range split {
+					if fused[i] == w {
+						same++
+					}
 					d := math.Abs(float64(fused[i]) - float64(w))
 					if !(d <= 2*(2e-2*rms+eps*math.Abs(float64(w)))) {
 						if bad == 0 {
@@ -117,6 +131,9 @@ func TestFlashBwdFused(t *testing.T) {
 				if bad > 0 {
 					t.Errorf("%s/%s: %d of %d elements differ from the split kernels', first %s", name, mode, bad, len(split), first)
 				}
+				if isFlashBwdVariant(mode) {
+					t.Logf("%s/%s: %d of %d elements bitwise equal to the split kernels'", name, mode, same, len(split))
+				}
 			}
 		}
 	}
@@ -125,7 +142,8 @@ func TestFlashBwdFused(t *testing.T) {
 // TestFlashBwdModeOf checks the parsing of SPILL_FLASH_BWD.
 func TestFlashBwdModeOf(t *testing.T) {
 	for in, want := range map[string]string{"": flashBwdSplit, "fused": flashBwdFused, "split": flashBwdSplit,
-		"fused-bq32": flashBwdFusedBQ32, "fused-bq32-occ3": flashBwdFusedOcc3, "nonsense": flashBwdSplit} {
+		"fused-bq32": flashBwdFusedBQ32, "fused-bq32-occ3": flashBwdFusedOcc3, "nonsense": flashBwdSplit,
+		"split-w8": flashBwdSplitW8, "split-smem": flashBwdSplitSM, "split-w8-smem": flashBwdSplitW8SM, "split-w4": flashBwdSplit} {
 		if got := flashBwdModeOf(in); got != want {
 			t.Errorf("flashBwdModeOf(%q) = %q, want %q", in, got, want)
 		}

@@ -264,7 +264,8 @@ func TestGQAttention(t *testing.T) {
 // when run twice. The flash backward runs its split kernels (the default,
 // set here whatever SPILL_FLASH_BWD says): the fused ones sum dQ with
 // float32 atomics and are not bitwise reproducible (TestFlashBwdFused
-// checks them against the split kernels within bf16 tolerance instead).
+// checks them against the split kernels within bf16 tolerance instead);
+// then each split variant of SPILL_FLASH_BWD.
 func TestLlamaDeterministic(t *testing.T) {
 	defer func(impl int, mode string) { attnImpl, flashBwdMode = impl, mode }(attnImpl, flashBwdMode)
 	flashBwdMode = flashBwdSplit
@@ -305,6 +306,20 @@ func TestLlamaDeterministic(t *testing.T) {
 		}, p.alloc(kernels.BF16, B*T*W))
 		if flashBwdFusedLaunches.Load() != nf {
 			t.Errorf("impl %d: the fused flash backward ran with SPILL_FLASH_BWD=split", impl)
+		}
+	}
+	// The split backward's variants (split-w8, split-smem, split-w8-smem)
+	// keep the split kernels' order of every sum: as reproducible.
+	attnImpl = attnAuto
+	lo.GQAttentionForward(q, out.g, lse.g, qkv.g, B, T, NH, NKV, hs)
+	for _, mode := range flashBwdVariantModes {
+		flashBwdMode = mode
+		nv := flashBwdVariantLaunches.Load()
+		same("GQAttentionBackward ("+mode+")", func(d kernels.Tensor) {
+			lo.GQAttentionBackward(q, d, dout.g, qkv.g, out.g, lse.g, B, T, NH, NKV, hs)
+		}, p.alloc(kernels.BF16, B*T*W))
+		if flashBwdVariantLaunches.Load() == nv {
+			t.Errorf("%s: the split variant did not run", mode)
 		}
 	}
 }

@@ -13,6 +13,10 @@
 #                  transpose flag, the mask, a fence, a wait; in the pipelined
 #                  kernel a wait_group count, a V buffer, a barrier) that must
 #                  fail.
+#   emu.sh bwdv    only the split backward's variants of flashattn.cu
+#                  (flash_bwd_kv_v, flash_bwd_q_v: against float64 and bit
+#                  for bit against the split kernels), then their mutants,
+#                  each of which must fail.
 # EMU_SANITIZE=thread builds with ThreadSanitizer instead: it reports
 # shared-memory accesses of one block's threads not ordered by a barrier
 # (a missing __syncthreads); slower. The cp.async copies land at once in
@@ -23,6 +27,36 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cxx() { ${CXX:-g++} -std=c++20 -O1 -g -fsanitize=${EMU_SANITIZE:-address,undefined} -fno-strict-aliasing -pthread "$@"; }
 body() { sed -n '/^\/\/ ---- Device code/,/^\/\/ ---- Entry points/p' "$1" | sed '$d'; }
+if [ "${1:-}" = bwdv ]; then
+  src=$root/kernels/cuda/kernels/flashattn.cu
+  cp "$root/tools/cuda/emu/flashattn_emu.cpp" "$tmp/"
+  body "$src" >"$tmp/flashattn_body.inc"
+  cxx -o "$tmp/emu" "$tmp/flashattn_emu.cpp"
+  EMU_BWD_VARIANTS=1 "$tmp/emu"
+  echo "emu.sh bwdv: the variants passed; now the mutants, each of which must fail"
+  mutants=(
+    "K rows in shared memory read one row off|s/fa_ld_afrag<HS>(ka, Ksm, warp \* 16, kk)/fa_ld_afrag<HS>(ka, Ksm, warp * 16 + 1, kk)/"
+    "flash_bwd_q_v's block rows as the split kernel's 64|s/const int q0 = (gridDim.x - 1 - blockIdx.x) \* BR;/const int q0 = (gridDim.x - 1 - blockIdx.x) * 64;/"
+  )
+  failed=0
+  for m in "${mutants[@]}"; do
+    name=${m%%|*} expr=${m#*|}
+    body "$src" | sed "$expr" >"$tmp/flashattn_body.inc"
+    if cmp -s "$tmp/flashattn_body.inc" <(body "$src"); then
+      echo "emu.sh bwdv: mutant '$name' changed nothing (stale sed expression)" >&2
+      failed=1
+      continue
+    fi
+    cxx -o "$tmp/mutant" "$tmp/flashattn_emu.cpp"
+    if EMU_BWD_VARIANTS=1 "$tmp/mutant" >"$tmp/log" 2>&1; then
+      echo "emu.sh bwdv: mutant '$name' PASSED the check (the emulator misses it)" >&2
+      failed=1
+    else
+      echo "emu.sh bwdv: mutant '$name' fails as it must: $(grep -m1 -E 'differs|bad [1-9]' "$tmp/log" || echo crashed)"
+    fi
+  done
+  exit $failed
+fi
 if [ "${1:-}" != sm90 ]; then
   body "$root/kernels/cuda/kernels/flashattn.cu" >"$tmp/flashattn_body.inc"
   cp "$root/tools/cuda/emu/flashattn_emu.cpp" "$tmp/"

@@ -1034,6 +1034,354 @@ __device__ __forceinline__ void flash_bwd_dq_store(uint16_t* __restrict__ dqkv, 
     fa_acc2(dqkv + (b * T + t) * (i64)(NH + 2 * NKV) * HS + (i64)h * HS + d, v.x * scale, v.y * scale, set);
 }
 
+// The split backward's variants (SPILL_FLASH_BWD=split-w8, split-smem,
+// split-w8-smem; flash.go): flash_bwd_kv_v and flash_bwd_q_v compute what
+// flash_bwd_kv and flash_bwd_q do, in the same per-accumulator order (no
+// atomics: bitwise reproducible run to run), with two knobs:
+//   NW warps per block (16·NW keys, or query rows, per block; each warp still
+//     owns 16), so that a streamed tile, loaded once per block, serves NW
+//     warps: NW = 8 halves the shared-memory fill traffic per key (per row);
+//   SM: the warp's fixed operands (its K and V rows in flash_bwd_kv_v, its Q
+//     and dO rows in flash_bwd_q_v) stay in shared memory and reach the mma
+//     through ldmatrix at each use instead of sitting in registers as A
+//     fragments: 2·HS/4 registers fewer, room for 64-row streamed tiles at
+//     head size 128 (BQ, BK) instead of 32.
+// Shared memory is one dynamic area (fa_bwd_kv_smem, fa_bwd_q_smem bytes),
+// carved here: [SM: Ks, Vs (or Qs, Gs), 16·NW rows each] then the streamed
+// tiles as in flash_bwd_kv (Qb two tiles, Gs one, Lb, Db) or flash_bwd_q
+// (Kb two tiles, Vs one). Rows of stride HS+8.
+template <int HS, int BQ, int NW, bool SM>
+constexpr int fa_bwd_kv_smem() {
+    return ((SM ? 2 * 16 * NW : 0) + 3 * BQ) * (HS + 8) * 2 + 4 * BQ * 4;
+}
+template <int HS, int BK, int NW, bool SM>
+constexpr int fa_bwd_q_smem() {
+    return ((SM ? 2 * 16 * NW : 0) + 3 * BK) * (HS + 8) * 2;
+}
+
+// fa_ld_afrag loads the A fragments (16 rows from row r of the shared tile
+// s, row stride HS+8, columns 16kk..16kk+15) by ldmatrix: lanes 0-15 give
+// rows r..r+15 at column 16kk, lanes 16-31 the same rows at 16kk+8.
+template <int HS>
+__device__ __forceinline__ void fa_ld_afrag(uint32_t* a, const uint16_t* s, int r, int kk) {
+    const int lane = threadIdx.x & 31;
+    fa_ldsm4(a, s + (r + (lane & 15)) * (HS + 8) + 16 * kk + 8 * (lane >> 4));
+}
+
+template <int HS, int BQ, int NW, bool SM>
+__device__ __forceinline__ void flash_bwd_kv_v(uint16_t* __restrict__ dqkv, const uint16_t* __restrict__ dout,
+                                               const uint16_t* __restrict__ qkv, const float* __restrict__ lse,
+                                               const float* __restrict__ Dd, int T, int NH, int NKV, float scale_log2,
+                                               float scale, bool set, uint16_t* smem) {
+    constexpr int NT = 32 * NW, BKV = 16 * NW, QS = HS + 8, KD = HS / 16, ND = HS / 8, NQ = BQ / 8;
+    constexpr int KR = SM ? 1 : KD;  // register fragments of K and V kept (1: unused)
+    uint16_t* Ksm = smem;                          // SM: the block's K rows
+    uint16_t* Vsm = Ksm + (SM ? BKV * QS : 0);     // SM: its V rows
+    uint16_t* Qb = Vsm + (SM ? BKV * QS : 0);
+    uint16_t* Gs = Qb + 2 * BQ * QS;
+    float* Lb = reinterpret_cast<float*>(Gs + BQ * QS);
+    float* Db = Lb + 2 * BQ;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int C = NH * HS, rep = NH / NKV;
+    const int z = blockIdx.y, b = z / NKV, kv = z - b * NKV;  // one key/value head
+    const int k0 = blockIdx.x * BKV;
+    const i64 W = (i64)(NH + 2 * NKV) * HS;
+    const uint16_t* kbase = qkv + (i64)b * T * W + (i64)(NH + kv) * HS;
+    const uint16_t* vbase = kbase + (i64)NKV * HS;
+    const int kw0 = k0 + warp * 16, kr0 = kw0 + g, kr1 = kr0 + 8;
+    const bool active = kw0 < T;
+    uint32_t kf[KR][4], vf[KR][4];
+    if constexpr (SM) {
+        fa_cp_rows<HS, NT>(Ksm, kbase, W, k0, BKV, T);  // waited for with the first Q tile
+        fa_cp_rows<HS, NT>(Vsm, vbase, W, k0, BKV, T);
+    } else {
+        fa_ld_frag<HS>(kf, kbase, W, kr0, T);
+        fa_ld_frag<HS>(vf, vbase, W, kr0, T);
+    }
+    float dk[ND][4], dv[ND][4];
+#pragma unroll
+    for (int j = 0; j < ND; j++) dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.f;
+    const int nt = (T - k0 + BQ - 1) / BQ, nit = rep * nt;
+    auto qhead = [&](int it) { return kv * rep + it / nt; };
+    auto qstart = [&](int it) { return k0 + (it % nt) * BQ; };
+    auto ld_q = [&](int it, int buf) {
+        const int h = qhead(it), q0 = qstart(it);
+        fa_cp_rows<HS, NT>(Qb + buf * BQ * QS, qkv + (i64)b * T * W + (i64)h * HS, W, q0, BQ, T);
+        fa_cp_commit();
+        const float* lz = lse + ((i64)b * NH + h) * T;
+        const float* dz = Dd + ((i64)b * NH + h) * T;
+        for (int i = tid; i < BQ; i += NT) {
+            const int q = q0 + i;
+            Lb[buf * BQ + i] = q < T ? lz[q] * FA_LOG2E : INFINITY;
+            Db[buf * BQ + i] = q < T ? dz[q] : 0.f;
+        }
+    };
+    ld_q(0, 0);
+    for (int it = 0; it < nit; it++) {
+        const int q0 = qstart(it);
+        const uint16_t* Qs = Qb + (it & 1) * BQ * QS;
+        const float* Ls = Lb + (it & 1) * BQ;
+        const float* Ds = Db + (it & 1) * BQ;
+        fa_cp_wait();
+        __syncthreads();  // Q(q0) (and at first K, V) is in; every warp is done with the previous tile
+        fa_cp_rows<HS, NT>(Gs, dout + (i64)b * T * C + (i64)qhead(it) * HS, C, q0, BQ, T);
+        fa_cp_commit();
+        const bool work = active && q0 + BQ > kw0;
+
+        // Pᵀ = exp(scale·K·Qᵀ - lse), 16 keys x BQ queries.
+        float s[NQ][4];
+        const bool mask = q0 < kw0 + 16;
+        if (work) {
+#pragma unroll
+            for (int j = 0; j < NQ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < KD; kk++) {
+                uint32_t ka[4];
+                if constexpr (SM) fa_ld_afrag<HS>(ka, Ksm, warp * 16, kk);
+                const uint32_t* a = SM ? ka : kf[SM ? 0 : kk];
+#pragma unroll
+                for (int j = 0; j < NQ; j += 2) {
+                    uint32_t bq[4];  // Q rows 8j..8j+15, columns 16kk..16kk+15
+                    fa_ldsm4(bq, Qs + (8 * j + (lane & 7) + 8 * (lane >> 4)) * QS + 16 * kk + 8 * ((lane >> 3) & 1));
+                    fa_mma(s[j], a, bq[0], bq[1]);
+                    fa_mma(s[j + 1], a, bq[2], bq[3]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NQ; j++) {
+                const int qi = 8 * j + 2 * c, q = q0 + qi;
+                const float l0 = Ls[qi], l1 = Ls[qi + 1];
+                s[j][0] = fa_exp2(s[j][0] * scale_log2 - l0);
+                s[j][1] = fa_exp2(s[j][1] * scale_log2 - l1);
+                s[j][2] = fa_exp2(s[j][2] * scale_log2 - l0);
+                s[j][3] = fa_exp2(s[j][3] * scale_log2 - l1);
+                if (mask) {
+                    if (q < kr0) s[j][0] = 0.f;
+                    if (q + 1 < kr0) s[j][1] = 0.f;
+                    if (q < kr1) s[j][2] = 0.f;
+                    if (q + 1 < kr1) s[j][3] = 0.f;
+                }
+            }
+        }
+        fa_cp_wait();
+        __syncthreads();  // dO(q0) is in
+        if (it + 1 < nit) ld_q(it + 1, (it + 1) & 1);
+        if (!work) continue;
+
+        // dPᵀ = V·dOᵀ, then dSᵀ = Pᵀ∘(dPᵀ - D) in place.
+        float dp[NQ][4];
+#pragma unroll
+        for (int j = 0; j < NQ; j++) dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) {
+            uint32_t va[4];
+            if constexpr (SM) fa_ld_afrag<HS>(va, Vsm, warp * 16, kk);
+            const uint32_t* a = SM ? va : vf[SM ? 0 : kk];
+#pragma unroll
+            for (int j = 0; j < NQ; j += 2) {
+                uint32_t bg[4];
+                fa_ldsm4(bg, Gs + (8 * j + (lane & 7) + 8 * (lane >> 4)) * QS + 16 * kk + 8 * ((lane >> 3) & 1));
+                fa_mma(dp[j], a, bg[0], bg[1]);
+                fa_mma(dp[j + 1], a, bg[2], bg[3]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NQ; j++) {
+            const int qi = 8 * j + 2 * c;
+            const float d0 = Ds[qi], d1 = Ds[qi + 1];
+            dp[j][0] = s[j][0] * (dp[j][0] - d0);
+            dp[j][1] = s[j][1] * (dp[j][1] - d1);
+            dp[j][2] = s[j][2] * (dp[j][2] - d0);
+            dp[j][3] = s[j][3] * (dp[j][3] - d1);
+        }
+        // dV += Pᵀ·dO and dK += dSᵀ·Q.
+#pragma unroll
+        for (int kk = 0; kk < BQ / 16; kk++) {
+            uint32_t pa[4], da[4];
+            pa[0] = fa_pack(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = fa_pack(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = fa_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = fa_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            da[0] = fa_pack(dp[2 * kk][0], dp[2 * kk][1]);
+            da[1] = fa_pack(dp[2 * kk][2], dp[2 * kk][3]);
+            da[2] = fa_pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+            da[3] = fa_pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+            const int off = (16 * kk + (lane & 15)) * QS + 8 * (lane >> 4);
+#pragma unroll
+            for (int j = 0; j < ND; j += 2) {
+                uint32_t bg[4], bq[4];
+                fa_ldsm4t(bg, Gs + off + 8 * j);
+                fa_mma(dv[j], pa, bg[0], bg[1]);
+                fa_mma(dv[j + 1], pa, bg[2], bg[3]);
+                fa_ldsm4t(bq, Qs + off + 8 * j);
+                fa_mma(dk[j], da, bq[0], bq[1]);
+                fa_mma(dk[j + 1], da, bq[2], bq[3]);
+            }
+        }
+    }
+    if (!active) return;
+    uint16_t* dkb = dqkv + (i64)b * T * W + (i64)(NH + kv) * HS + 2 * c;
+    uint16_t* dvb = dkb + (i64)NKV * HS;
+    if (kr0 < T) {
+#pragma unroll
+        for (int j = 0; j < ND; j++) {
+            fa_acc2(dkb + (i64)kr0 * W + j * 8, dk[j][0] * scale, dk[j][1] * scale, set);
+            fa_acc2(dvb + (i64)kr0 * W + j * 8, dv[j][0], dv[j][1], set);
+        }
+    }
+    if (kr1 < T) {
+#pragma unroll
+        for (int j = 0; j < ND; j++) {
+            fa_acc2(dkb + (i64)kr1 * W + j * 8, dk[j][2] * scale, dk[j][3] * scale, set);
+            fa_acc2(dvb + (i64)kr1 * W + j * 8, dv[j][2], dv[j][3], set);
+        }
+    }
+}
+
+template <int HS, int BK, int NW, bool SM>
+__device__ __forceinline__ void flash_bwd_q_v(uint16_t* __restrict__ dqkv, const uint16_t* __restrict__ dout,
+                                              const uint16_t* __restrict__ qkv, const float* __restrict__ lse,
+                                              const float* __restrict__ Dd, int T, int NH, int NKV, float scale_log2,
+                                              float scale, bool set, uint16_t* smem) {
+    constexpr int NT = 32 * NW, BR = 16 * NW, KS = HS + 8, KD = HS / 16, ND = HS / 8, NK = BK / 8;
+    constexpr int QR = SM ? 1 : KD;
+    uint16_t* Qsm = smem;                       // SM: the block's Q rows
+    uint16_t* Gsm = Qsm + (SM ? BR * KS : 0);   // SM: its dO rows
+    uint16_t* Kb = Gsm + (SM ? BR * KS : 0);
+    uint16_t* Vs = Kb + 2 * BK * KS;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * BR;  // the most keys first
+    const i64 W = (i64)(NH + 2 * NKV) * HS;
+    const uint16_t* base = qkv + (i64)b * T * W + (i64)h * HS;
+    const uint16_t* kbase = qkv + (i64)b * T * W + (i64)(NH + kv) * HS;
+    const uint16_t* vbase = kbase + (i64)NKV * HS;
+    const uint16_t* gbase = dout + (i64)b * T * C + (i64)h * HS;
+    const int w0 = q0 + warp * 16, r0 = w0 + g, r1 = r0 + 8;
+    const bool active = w0 < T;
+    uint32_t qf[QR][4], gf[QR][4];
+    if constexpr (SM) {
+        fa_cp_rows<HS, NT>(Qsm, base, W, q0, BR, T);  // waited for with the first K tile
+        fa_cp_rows<HS, NT>(Gsm, gbase, C, q0, BR, T);
+    } else {
+        fa_ld_frag<HS>(qf, base, W, r0, T);
+        fa_ld_frag<HS>(gf, gbase, C, r0, T);
+    }
+    const float l0 = r0 < T ? lse[(i64)z * T + r0] * FA_LOG2E : INFINITY;
+    const float l1 = r1 < T ? lse[(i64)z * T + r1] * FA_LOG2E : INFINITY;
+    const float d0 = r0 < T ? Dd[(i64)z * T + r0] : 0.f;
+    const float d1 = r1 < T ? Dd[(i64)z * T + r1] : 0.f;
+    float dq[ND][4];
+#pragma unroll
+    for (int j = 0; j < ND; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
+    const int qlast = min(q0 + BR, T) - 1;
+
+    fa_cp_rows<HS, NT>(Kb, kbase, W, 0, BK, T);
+    fa_cp_commit();
+    for (int k0 = 0, it = 0; k0 <= qlast; k0 += BK, it++) {
+        const uint16_t* Ks = Kb + (it & 1) * BK * KS;
+        fa_cp_wait();
+        __syncthreads();  // K(k0) (and at first Q, dO) is in; every warp is done with V and K of the previous tile
+        fa_cp_rows<HS, NT>(Vs, vbase, W, k0, BK, T);
+        fa_cp_commit();
+        const bool work = active && k0 <= w0 + 15;
+
+        // P = exp(scale·Q·Kᵀ - lse), 16 rows x BK keys.
+        float s[NK][4];
+        if (work) {
+            const bool mask = k0 + BK - 1 > w0;
+#pragma unroll
+            for (int j = 0; j < NK; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < KD; kk++) {
+                uint32_t qa[4];
+                if constexpr (SM) fa_ld_afrag<HS>(qa, Qsm, warp * 16, kk);
+                const uint32_t* a = SM ? qa : qf[SM ? 0 : kk];
+#pragma unroll
+                for (int j = 0; j < NK; j += 2) {
+                    uint32_t bk[4];
+                    fa_ldsm4(bk, Ks + (8 * j + (lane & 7) + 8 * (lane >> 4)) * KS + 16 * kk + 8 * ((lane >> 3) & 1));
+                    fa_mma(s[j], a, bk[0], bk[1]);
+                    fa_mma(s[j + 1], a, bk[2], bk[3]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NK; j++) {
+                const int key = k0 + 8 * j + 2 * c;
+                s[j][0] = fa_exp2(s[j][0] * scale_log2 - l0);
+                s[j][1] = fa_exp2(s[j][1] * scale_log2 - l0);
+                s[j][2] = fa_exp2(s[j][2] * scale_log2 - l1);
+                s[j][3] = fa_exp2(s[j][3] * scale_log2 - l1);
+                if (mask) {
+                    if (key > r0) s[j][0] = 0.f;
+                    if (key + 1 > r0) s[j][1] = 0.f;
+                    if (key > r1) s[j][2] = 0.f;
+                    if (key + 1 > r1) s[j][3] = 0.f;
+                }
+            }
+        }
+        fa_cp_wait();
+        __syncthreads();  // V(k0) is in
+        if (k0 + BK <= qlast) {
+            fa_cp_rows<HS, NT>(Kb + ((it + 1) & 1) * BK * KS, kbase, W, k0 + BK, BK, T);
+            fa_cp_commit();
+        }
+        if (!work) continue;
+
+        // dP = dO·Vᵀ, then dS = P∘(dP - D) in place.
+        float dp[NK][4];
+#pragma unroll
+        for (int j = 0; j < NK; j++) dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) {
+            uint32_t ga[4];
+            if constexpr (SM) fa_ld_afrag<HS>(ga, Gsm, warp * 16, kk);
+            const uint32_t* a = SM ? ga : gf[SM ? 0 : kk];
+#pragma unroll
+            for (int j = 0; j < NK; j += 2) {
+                uint32_t bv[4];
+                fa_ldsm4(bv, Vs + (8 * j + (lane & 7) + 8 * (lane >> 4)) * KS + 16 * kk + 8 * ((lane >> 3) & 1));
+                fa_mma(dp[j], a, bv[0], bv[1]);
+                fa_mma(dp[j + 1], a, bv[2], bv[3]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NK; j++) {
+            dp[j][0] = s[j][0] * (dp[j][0] - d0);
+            dp[j][1] = s[j][1] * (dp[j][1] - d0);
+            dp[j][2] = s[j][2] * (dp[j][2] - d1);
+            dp[j][3] = s[j][3] * (dp[j][3] - d1);
+        }
+        // dQ += dS·K.
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            uint32_t da[4];
+            da[0] = fa_pack(dp[2 * kk][0], dp[2 * kk][1]);
+            da[1] = fa_pack(dp[2 * kk][2], dp[2 * kk][3]);
+            da[2] = fa_pack(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+            da[3] = fa_pack(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+            const int off = (16 * kk + (lane & 15)) * KS + 8 * (lane >> 4);
+#pragma unroll
+            for (int j = 0; j < ND; j += 2) {
+                uint32_t bk[4];
+                fa_ldsm4t(bk, Ks + off + 8 * j);
+                fa_mma(dq[j], da, bk[0], bk[1]);
+                fa_mma(dq[j + 1], da, bk[2], bk[3]);
+            }
+        }
+    }
+    if (!active) return;
+    uint16_t* dqb = dqkv + (i64)b * T * W + (i64)h * HS + 2 * c;
+    if (r0 < T) {
+#pragma unroll
+        for (int j = 0; j < ND; j++) fa_acc2(dqb + (i64)r0 * W + j * 8, dq[j][0] * scale, dq[j][1] * scale, set);
+    }
+    if (r1 < T) {
+#pragma unroll
+        for (int j = 0; j < ND; j++) fa_acc2(dqb + (i64)r1 * W + j * 8, dq[j][2] * scale, dq[j][3] * scale, set);
+    }
+}
+
 // ---- Entry points ----
 
 // flash_fwd_bf16_hs64 and _hs128: out(B,T,C) and lse(B,NH,T) from
@@ -1107,6 +1455,35 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS)
     __shared__ __align__(16) uint16_t Vs[32 * (128 + 8)];
     flash_bwd_q<128, 32>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, scale, set != 0, Kb, Vs);
 }
+
+// flash_bwd_kv_v and flash_bwd_q_v entry points (the split backward's
+// variants; flash.go): operands as flash_bwd_kv_* and flash_bwd_q_*; grid
+// (ceil(T/(16·NW)), B·NKV) and (ceil(T/(16·NW)), B·NH), 32·NW threads,
+// fa_bwd_kv_smem / fa_bwd_q_smem bytes of dynamic shared memory (flash.go
+// computes the same sizes, flashBwdVariantOf). _w8: 8 warps, 32 query
+// rows (keys) per streamed tile at head size 128 as the split kernels;
+// _sm: 4 warps, the fixed operands in shared memory, 64-row tiles;
+// _w8sm: both.
+#define FA_BWD_V(KIND, NAME, HS, BT, NW, SM, MINB) \
+    extern "C" __global__ void __launch_bounds__(32 * NW, MINB) \
+        NAME(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH, int NKV, \
+             float scale_log2, float scale, int set) { \
+        extern __shared__ __align__(16) uint16_t fa_dyn[]; \
+        KIND<HS, BT, NW, SM>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, \
+                             scale, set != 0, fa_dyn); \
+    }
+FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_w8_bf16_hs64, 64, 64, 8, false, 1)
+FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_w8_bf16_hs128, 128, 32, 8, false, 1)
+FA_BWD_V(flash_bwd_q_v, flash_bwd_q_w8_bf16_hs64, 64, 64, 8, false, 1)
+FA_BWD_V(flash_bwd_q_v, flash_bwd_q_w8_bf16_hs128, 128, 32, 8, false, 1)
+FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_sm_bf16_hs64, 64, 64, 4, true, 3)
+FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_sm_bf16_hs128, 128, 64, 4, true, 2)
+FA_BWD_V(flash_bwd_q_v, flash_bwd_q_sm_bf16_hs64, 64, 64, 4, true, 4)
+FA_BWD_V(flash_bwd_q_v, flash_bwd_q_sm_bf16_hs128, 128, 64, 4, true, 2)
+FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_w8sm_bf16_hs64, 64, 64, 8, true, 1)
+FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_w8sm_bf16_hs128, 128, 64, 8, true, 1)
+FA_BWD_V(flash_bwd_q_v, flash_bwd_q_w8sm_bf16_hs64, 64, 64, 8, true, 2)
+FA_BWD_V(flash_bwd_q_v, flash_bwd_q_w8sm_bf16_hs128, 128, 64, 8, true, 1)
 
 // flash_bwd_fused entry points: dqkv's key and value columns += (or, with
 // set, =) dK and dV, and dq(B, NH, T, hs) float32 += the unscaled dQ, which
