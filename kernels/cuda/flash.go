@@ -248,9 +248,11 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 //     1.03-1.17x slower than the split kernels (register-bound at 4 warps
 //     per block, 2 blocks per SM; tools/bench/results/attn_variants_h200.json),
 //     so it is not the default.
-//   - split (the default): flash_bwd_kv_* (dK, dV) and flash_bwd_q_* (dQ),
-//     each recomputing P and dP (seven products), no atomics: the result
-//     does not depend on scheduling. Also the fallback of the fused path.
+//   - split: flash_bwd_kv_* (dK, dV) and flash_bwd_q_* (dQ), each
+//     recomputing P and dP (seven products), no atomics: the result does
+//     not depend on scheduling. Also the fallback of the other paths. Its
+//     variant "split-smem" (below) computes the same bits faster and is
+//     the default.
 //
 // Both need D = rowsum(dO∘O) (flash_bwd_prep), one float32 per (batch,
 // head, row), in the scratch area; flash_bwd_prep also zeroes the fused
@@ -259,23 +261,28 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // flash backward off (flashBwdErr), of the fused ones only the fused path
 // (flashBwdFusedErr).
 //
-// SPILL_FLASH_BWD, read at start-up, selects the implementation: "split"
-// (or unset) the split kernels (bitwise reproducible), "fused" the fused
+// SPILL_FLASH_BWD, read at start-up, selects the implementation:
+// "split-smem" (or unset, the default) and "split" the split kernels (both
+// bitwise reproducible, and bitwise equal), "fused" the fused
 // kernels, "fused-bq32" the fused kernels with 32 query rows per
 // tile at head size 64 as well (a variant for timing sweeps; head size 128
 // always takes 32), "fused-bq32-occ3" that kernel compiled for three blocks
 // per SM (K from shared memory instead of registers). Three variants of
 // the split kernels, for timing sweeps (flash_bwd_kv_v and flash_bwd_q_v in
 // flashattn.cu; same products and the same order of every sum as the split
-// kernels, so as deterministic, and on the emulator bit for bit equal to
-// them): "split-w8" 8 warps per block (128 keys, or query rows, sharing each
+// kernels, so as deterministic, and bit for bit equal to them on the
+// emulator and on the H200): "split-w8" 8 warps per block (128 keys, or query rows, sharing each
 // streamed tile: half the shared-memory fills per key), "split-smem" 4
 // warps with each warp's fixed operands (K and V rows, or Q and dO rows) in
 // shared memory instead of registers, which leaves room for 64-row streamed
 // tiles at head size 128 (32 in the split kernels), "split-w8-smem" both.
+// On the H200 (tools/bench/results/kernels_h200.json, variants) split-smem's
+// forward and backward ran 1.14-1.22x faster than split's at head sizes 64
+// and 128, T 1k-8k, split-w8-smem 1.06-1.12x, split-w8 1.00-1.08x: so
+// split-smem is the default.
 // Each is checked at Open like the fused ones (checkFlashBwd); a variant that
 // fails (Backend.flashBwdVariantErr) leaves its mode on the split kernels.
-// Other values are taken as "split".
+// Other values are taken as "split-smem".
 
 // Flash backward implementations (flashBwdMode).
 const (
@@ -298,7 +305,7 @@ func flashBwdModeOf(v string) string {
 	if v == flashBwdFused || v == flashBwdFusedBQ32 || v == flashBwdFusedOcc3 || isFlashBwdVariant(v) {
 		return v
 	}
-	return flashBwdSplit
+	return flashBwdSplitSM
 }
 
 // 1/flashFusedMaxScratch is the fraction of the memory budget the fused

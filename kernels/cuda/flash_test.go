@@ -141,9 +141,9 @@ func TestFlashBwdFused(t *testing.T) {
 
 // TestFlashBwdModeOf checks the parsing of SPILL_FLASH_BWD.
 func TestFlashBwdModeOf(t *testing.T) {
-	for in, want := range map[string]string{"": flashBwdSplit, "fused": flashBwdFused, "split": flashBwdSplit,
-		"fused-bq32": flashBwdFusedBQ32, "fused-bq32-occ3": flashBwdFusedOcc3, "nonsense": flashBwdSplit,
-		"split-w8": flashBwdSplitW8, "split-smem": flashBwdSplitSM, "split-w8-smem": flashBwdSplitW8SM, "split-w4": flashBwdSplit} {
+	for in, want := range map[string]string{"": flashBwdSplitSM, "fused": flashBwdFused, "split": flashBwdSplit,
+		"fused-bq32": flashBwdFusedBQ32, "fused-bq32-occ3": flashBwdFusedOcc3, "nonsense": flashBwdSplitSM,
+		"split-w8": flashBwdSplitW8, "split-smem": flashBwdSplitSM, "split-w8-smem": flashBwdSplitW8SM, "split-w4": flashBwdSplitSM} {
 		if got := flashBwdModeOf(in); got != want {
 			t.Errorf("flashBwdModeOf(%q) = %q, want %q", in, got, want)
 		}

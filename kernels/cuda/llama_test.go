@@ -261,8 +261,8 @@ func TestGQAttention(t *testing.T) {
 // TestLlamaDeterministic: the backward ops that sum over rows or over a
 // group of query heads (RMSNorm's weight gradient, the attention's dK and
 // dV on the flash and the row-wise kernels) give bitwise the same result
-// when run twice. The flash backward runs its split kernels (the default,
-// set here whatever SPILL_FLASH_BWD says): the fused ones sum dQ with
+// when run twice. The flash backward runs its split kernels (set here
+// whatever SPILL_FLASH_BWD says): the fused ones sum dQ with
 // float32 atomics and are not bitwise reproducible (TestFlashBwdFused
 // checks them against the split kernels within bf16 tolerance instead);
 // then each split variant of SPILL_FLASH_BWD.
