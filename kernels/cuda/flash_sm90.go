@@ -15,13 +15,14 @@ import (
 
 // The Hopper forward (kernels/flashattn_sm90.cu, compiled for compute_90a)
 // computes what flash_fwd_bf16_hs64/_hs128 do, with the same arguments, on
-// the warpgroup tensor-core instructions (wgmma) of sm_90a, 128 query rows
-// per block by default: flash_fwd2_sm90_bf16_hs64, one warpgroup (128
-// threads) with two 64-row tiles, and flash_fwd2_sm90_bf16_hs128, two
-// warpgroups (256 threads, flashBlockThreads) of one tile each sharing the
-// key and value tiles; with SPILL_FLASH_FWD=sm90x1 flash_fwd_sm90_bf16_hs64
-// and _hs128, one warpgroup and one 64-row tile per block. flashFunc takes
-// it for the forward, in place of the mma.sync kernels, when
+// the warpgroup tensor-core instructions (wgmma) of sm_90a. With
+// SPILL_FLASH_FWD=sm90, 128 query rows per block: flash_fwd2_sm90_bf16_hs64,
+// one warpgroup (128 threads) with two 64-row tiles, and
+// flash_fwd2_sm90_bf16_hs128, two warpgroups (256 threads,
+// flashBlockThreads) of one tile each sharing the key and value tiles;
+// with SPILL_FLASH_FWD=sm90x1 flash_fwd_sm90_bf16_hs64 and _hs128, one
+// warpgroup and one 64-row tile per block. flashFunc takes it for the
+// forward, in place of the mma.sync kernels, when
 //   - the device has compute capability 9.x and its module loaded (the
 //     module is optional: loadModules hands it to loadFlashSM90, and a
 //     failed load leaves Backend.flashSM90Err set, not Open failing; PTX for
