@@ -45,10 +45,10 @@ type Backend struct {
 	// flashBwdFusedErr is the same for the fused backward kernels
 	// (flash.go); without them the flash backward takes the split kernels.
 	flashBwdFusedErr error
-	// flashBwdVariantErr is the same for each split variant of the flash
-	// backward, by SPILL_FLASH_BWD mode (flash.go; set at Open, read only
-	// after); a mode absent or with an error takes the split kernels.
-	flashBwdVariantErr map[string]error
+	// flashBwdSMErr is the same for the split backward's variant with its
+	// fixed operands in shared memory (split-smem, the default; flash.go):
+	// without it the flash backward takes the split kernels.
+	flashBwdSMErr error
 	// flashSM90Err is the same for the Hopper forward (flash_sm90.go).
 	flashSM90Err error
 	// reducedPrecision lets cuBLAS and cuBLASLt reduce split-K partial

@@ -124,9 +124,9 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	switch {
 	case flashBwdMode == flashBwdSplit:
 		return fwd + "; backward: split tensor-core flash kernels (deterministic)"
-	case isFlashBwdVariant(flashBwdMode) && (f.v.kv == 0 || b.flashBwdVariantErr[flashBwdMode] != nil):
+	case isFlashBwdVariant(flashBwdMode) && (f.v.kv == 0 || b.flashBwdSMErr != nil):
 		return fmt.Sprintf("%s; backward: split tensor-core flash kernels (%s off: %v)", fwd, flashBwdMode,
-			b.flashBwdVariantErr[flashBwdMode])
+			b.flashBwdSMErr)
 	case isFlashBwdVariant(flashBwdMode):
 		return fmt.Sprintf("%s; backward: split tensor-core flash kernels, variant %s (%s, %s; deterministic)", fwd,
 			flashBwdMode, f.v.kvName, f.v.qName)
@@ -263,50 +263,41 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 //
 // SPILL_FLASH_BWD, read at start-up, selects the implementation:
 // "split-smem" (or unset, the default) and "split" the split kernels (both
-// bitwise reproducible, and bitwise equal), "fused" the fused
-// kernels, "fused-bq32" the fused kernels with 32 query rows per
-// tile at head size 64 as well (a variant for timing sweeps; head size 128
-// always takes 32), "fused-bq32-occ3" that kernel compiled for three blocks
-// per SM (K from shared memory instead of registers). Three variants of
-// the split kernels, for timing sweeps (flash_bwd_kv_v and flash_bwd_q_v in
-// flashattn.cu; same products and the same order of every sum as the split
-// kernels, so as deterministic, and bit for bit equal to them on the
-// emulator and on the H200): "split-w8" 8 warps per block (128 keys, or query rows, sharing each
-// streamed tile: half the shared-memory fills per key), "split-smem" 4
-// warps with each warp's fixed operands (K and V rows, or Q and dO rows) in
-// shared memory instead of registers, which leaves room for 64-row streamed
-// tiles at head size 128 (32 in the split kernels), "split-w8-smem" both.
-// On the H200 (tools/bench/results/kernels_h200.json, variants) split-smem's
-// forward and backward ran 1.14-1.22x faster than split's at head sizes 64
-// and 128, T 1k-8k, split-w8-smem 1.06-1.12x, split-w8 1.00-1.08x: so
-// split-smem is the default.
+// bitwise reproducible, and bitwise equal), "fused" the fused kernels.
+// split-smem is the split kernels' variant (flash_bwd_kv_v and
+// flash_bwd_q_v in flashattn.cu; the same products and the same order of
+// every sum, so as deterministic, and bit for bit equal to them on the
+// emulator and on the H200) with each warp's fixed operands (K and V rows,
+// or Q and dO rows) in shared memory instead of registers, which leaves
+// room for 64-row streamed tiles at head size 128 (32 in the split
+// kernels). On the H200 (tools/bench/results/kernels_h200.json, variants)
+// its forward and backward ran 1.14-1.22x faster than split's at head
+// sizes 64 and 128, T 1k-8k. Slower variants timed in that run and then
+// removed: 8 warps per block (1.00-1.08x), 8 warps with the operands in
+// shared memory (1.06-1.12x), and the fused kernel with 32 query rows per
+// tile at head size 64, for 2 or 3 blocks per SM (0.85-0.96x of fused).
 // Each is checked at Open like the fused ones (checkFlashBwd); a variant that
-// fails (Backend.flashBwdVariantErr) leaves its mode on the split kernels.
+// fails (Backend.flashBwdSMErr) leaves the backward on the split kernels.
 // Other values are taken as "split-smem".
 
 // Flash backward implementations (flashBwdMode).
 const (
-	flashBwdFused     = "fused"
-	flashBwdSplit     = "split"
-	flashBwdFusedBQ32 = "fused-bq32"
-	flashBwdFusedOcc3 = "fused-bq32-occ3"
-	flashBwdSplitW8   = "split-w8"
-	flashBwdSplitSM   = "split-smem"
-	flashBwdSplitW8SM = "split-w8-smem"
+	flashBwdFused   = "fused"
+	flashBwdSplit   = "split"
+	flashBwdSplitSM = "split-smem"
 )
-
-// flashBwdVariantModes are the modes that select a split variant.
-var flashBwdVariantModes = []string{flashBwdSplitW8, flashBwdSplitSM, flashBwdSplitW8SM}
 
 // flashBwdMode is the implementation the flash backward takes; tests set it.
 var flashBwdMode = flashBwdModeOf(os.Getenv("SPILL_FLASH_BWD"))
 
 func flashBwdModeOf(v string) string {
-	if v == flashBwdFused || v == flashBwdFusedBQ32 || v == flashBwdFusedOcc3 || isFlashBwdVariant(v) {
+	if v == flashBwdFused || v == flashBwdSplit {
 		return v
 	}
 	return flashBwdSplitSM
 }
+
+func isFlashBwdVariant(mode string) bool { return mode == flashBwdSplitSM }
 
 // 1/flashFusedMaxScratch is the fraction of the memory budget the fused
 // backward's scratch (D and the float32 dQ, B·NH·T·(hs+1)·4 bytes) may
@@ -340,63 +331,23 @@ type flashBwdVariant struct {
 	kvName, qName                string
 }
 
-func isFlashBwdVariant(mode string) bool {
-	for _, m := range flashBwdVariantModes {
-		if mode == m {
-			return true
-		}
-	}
-	return false
-}
-
-// flashBwdVariantOf describes the variant of head size hs (64 or 128) that
-// mode selects (kernels not looked up), from a table built once, so that a
-// call formats nothing.
-func flashBwdVariantOf(hs int, mode string) flashBwdVariant {
-	i := 0
+// flashBwdVariantOf describes split-smem's kernels of head size hs (64 or
+// 128; not looked up): 4 warps per block, 64 keys (query rows) per block
+// and per streamed tile (BQ of flash_bwd_kv_v, BK of flash_bwd_q_v), the
+// fixed operands (2·64 rows) in shared memory, as the entry points of
+// flashattn.cu instantiate them; the shared memory sizes are
+// fa_bwd_kv_smem's and fa_bwd_q_smem's. Constant names: a call formats
+// nothing.
+func flashBwdVariantOf(hs int) flashBwdVariant {
+	const rows, tile, fixed = 64, 64, 2 * 64
+	v := flashBwdVariant{mode: flashBwdSplitSM, rows: rows, threads: 2 * rows,
+		smemKV: (fixed+3*tile)*(hs+8)*2 + 4*tile*4, smemQ: (fixed + 3*tile) * (hs + 8) * 2,
+		kvName: "flash_bwd_kv_sm_bf16_hs64", qName: "flash_bwd_q_sm_bf16_hs64"}
 	if hs == 128 {
-		i = 1
+		v.kvName, v.qName = "flash_bwd_kv_sm_bf16_hs128", "flash_bwd_q_sm_bf16_hs128"
 	}
-	return flashBwdVariantTable[mode][i]
+	return v
 }
-
-// flashBwdVariantTable holds, by mode and head size (64, 128), the warps
-// per block, streamed tile rows (BQ of flash_bwd_kv_v, BK of
-// flash_bwd_q_v) and whether the fixed operands sit in shared memory, as
-// the entry points of flashattn.cu instantiate them; the shared memory
-// sizes are fa_bwd_kv_smem and fa_bwd_q_smem.
-var flashBwdVariantTable = func() map[string][2]flashBwdVariant {
-	t := map[string][2]flashBwdVariant{}
-	for _, mode := range flashBwdVariantModes {
-		nw, sm, suffix := 8, false, "w8"
-		switch mode {
-		case flashBwdSplitSM:
-			nw, sm, suffix = 4, true, "sm"
-		case flashBwdSplitW8SM:
-			sm, suffix = true, "w8sm"
-		}
-		var vs [2]flashBwdVariant
-		for i, hs := range []int{64, 128} {
-			tile := 64
-			if hs == 128 && !sm {
-				tile = 32
-			}
-			fixed := 0
-			if sm {
-				fixed = 2 * 16 * nw
-			}
-			vs[i] = flashBwdVariant{
-				mode: mode, rows: 16 * nw, threads: 32 * nw,
-				smemKV: (fixed+3*tile)*(hs+8)*2 + 4*tile*4,
-				smemQ:  (fixed + 3*tile) * (hs + 8) * 2,
-				kvName: fmt.Sprintf("flash_bwd_kv_%s_bf16_hs%d", suffix, hs),
-				qName:  fmt.Sprintf("flash_bwd_q_%s_bf16_hs%d", suffix, hs),
-			}
-		}
-		t[mode] = vs
-	}
-	return t
-}()
 
 // flashBwdFuncs returns the backward kernels for a call, or false when they
 // do not apply (as flashFunc; dqkv and out need 4-byte, qkv and dout
@@ -418,10 +369,6 @@ func flashFusedName(hs int, mode string) string {
 	switch {
 	case hs == 128:
 		return "flash_bwd_fused_bf16_hs128"
-	case mode == flashBwdFusedBQ32:
-		return "flash_bwd_fused_bq32_bf16_hs64"
-	case mode == flashBwdFusedOcc3:
-		return "flash_bwd_fused_bq32_occ3_bf16_hs64"
 	}
 	return "flash_bwd_fused_bf16_hs64"
 }
@@ -438,7 +385,7 @@ func (b *Backend) flashBwdByHead(hs int, mode string) (f flashBwd, ok bool) {
 	prep, ok3 := b.fns["flash_bwd_prep"]
 	f = flashBwd{kv: kv, q: q, prep: prep}
 	if isFlashBwdVariant(mode) {
-		v := flashBwdVariantOf(hs, mode)
+		v := flashBwdVariantOf(hs)
 		kv, ok4 := b.fns[v.kvName]
 		q, ok5 := b.fns[v.qName]
 		if ok4 && ok5 {
@@ -533,7 +480,7 @@ func (q *queue) putFlashBwd(f flashBwd, force bool, dqkv, dout, qkv, out, lse cu
 		return
 	}
 	js := flashBwdJobs(f, dqkv, dout, qkv, out, lse, 0, B, T, NH, NKV, hs, set)
-	if f.v.kv != 0 && (force || q.b.flashBwdVariantErr[f.v.mode] == nil) {
+	if f.v.kv != 0 && (force || q.b.flashBwdSMErr == nil) {
 		flashBwdVariantLaunches.Add(1)
 		js = flashBwdVariantJobs(f, dqkv, dout, qkv, out, lse, 0, B, T, NH, NKV, hs, set)
 	}
@@ -561,14 +508,11 @@ func (b *Backend) checkFlashBwd() error {
 			return fmt.Errorf("flash backward self-check (B%d T%d C%d NH%d): %w", B, T, NH*hs, NH, err)
 		}
 	}
-	b.flashBwdVariantErr = map[string]error{}
-	for _, mode := range flashBwdVariantModes {
-		b.flashBwdVariantErr[mode] = b.checkFlashBwdVariant(mode)
-	}
+	b.flashBwdSMErr = b.checkFlashBwdVariant()
 	for _, v := range []struct {
 		hs   int
 		mode string
-	}{{64, flashBwdFused}, {64, flashBwdFusedBQ32}, {64, flashBwdFusedOcc3}, {128, flashBwdFused}} {
+	}{{64, flashBwdFused}, {128, flashBwdFused}} {
 		f, _ := b.flashBwdByHead(v.hs, v.mode)
 		name := flashFusedName(v.hs, v.mode)
 		if f.fused == 0 {
@@ -583,14 +527,14 @@ func (b *Backend) checkFlashBwd() error {
 	return nil
 }
 
-// checkFlashBwdVariant allows the split variant of mode its dynamic shared
-// memory (setMaxDynamicShared, before its first launch) and checks it as
-// the split kernels, at T 80 and at T 200 (two of its 128-row blocks, the
-// second partial), per head size; nil means it may be used.
-func (b *Backend) checkFlashBwdVariant(mode string) error {
+// checkFlashBwdVariant allows split-smem's kernels their dynamic shared
+// memory (setMaxDynamicShared, before their first launch) and checks them
+// as the split kernels, at T 80 and at T 200 (four of their 64-row blocks,
+// the last partial), per head size; nil means they may be used.
+func (b *Backend) checkFlashBwdVariant() error {
 	for _, hs := range []int{64, 128} {
-		f, _ := b.flashBwdByHead(hs, mode)
-		v := flashBwdVariantOf(hs, mode)
+		f, _ := b.flashBwdByHead(hs, flashBwdSplitSM)
+		v := flashBwdVariantOf(hs)
 		if f.v.kv == 0 {
 			return fmt.Errorf("kernel %s or %s missing from the embedded PTX", v.kvName, v.qName)
 		}

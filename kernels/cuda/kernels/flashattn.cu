@@ -15,7 +15,7 @@
 //   B (16x8, k x n), 2 registers: b0 (k 2c,2c+1, col n=g), b1 (k 2c+8,2c+9, col g);
 //   C/D (16x8 f32): d0,d1 (row g, cols 2c,2c+1), d2,d3 (row g+8, cols 2c,2c+1).
 // The lower half of a register holds the element of the lower index.
-#include "common.cuh"
+#include "flash_common.cuh"
 
 #define FA_BQ 64  // query rows per block: 16 per warp
 #define FA_BK 64  // keys per shared-memory tile
@@ -25,23 +25,6 @@
 #ifndef FA_FWD_MINB
 #define FA_FWD_MINB 2  // blocks per SM the head-size-64 forward is compiled for (4 spills; 2 ran fastest of 2, 3, 4 on the H200)
 #endif
-
-// fa_pack rounds lo and hi to bf16 and packs them, lo in the lower half.
-__device__ __forceinline__ uint32_t fa_pack(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // one cvt.rn.bf16x2.f32
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// fa_exp2 is 2^x by the special-function unit (ex2.approx.ftz: relative
-// error about 2^-22, denormal results flushed to 0; 2^-inf = 0).
-__device__ __forceinline__ float fa_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// fa_ld32 loads the bf16 pair at p (4-byte aligned).
-__device__ __forceinline__ uint32_t fa_ld32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
 // fa_mma: d(16x8) += a(16x16)·b(16x8).
 __device__ __forceinline__ void fa_mma(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
@@ -86,8 +69,6 @@ __device__ __forceinline__ void fa_cp_rows(uint16_t* s, const uint16_t* g, i64 s
     }
 }
 
-__device__ __forceinline__ void fa_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void fa_cp_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // ---- Device code: tools/cuda/emu.sh runs everything from here to the
 // entry points on the host (with its own fa_pack, fa_ld32, fa_mma and
@@ -1034,8 +1015,8 @@ __device__ __forceinline__ void flash_bwd_dq_store(uint16_t* __restrict__ dqkv, 
     fa_acc2(dqkv + (b * T + t) * (i64)(NH + 2 * NKV) * HS + (i64)h * HS + d, v.x * scale, v.y * scale, set);
 }
 
-// The split backward's variants (SPILL_FLASH_BWD=split-w8, split-smem,
-// split-w8-smem; flash.go): flash_bwd_kv_v and flash_bwd_q_v compute what
+// The split backward's variant (SPILL_FLASH_BWD=split-smem, the default;
+// flash.go): flash_bwd_kv_v and flash_bwd_q_v compute what
 // flash_bwd_kv and flash_bwd_q do, in the same per-accumulator order (no
 // atomics: bitwise reproducible run to run), with two knobs:
 //   NW warps per block (16·NW keys, or query rows, per block; each warp still
@@ -1460,10 +1441,10 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS)
 // variants; flash.go): operands as flash_bwd_kv_* and flash_bwd_q_*; grid
 // (ceil(T/(16·NW)), B·NKV) and (ceil(T/(16·NW)), B·NH), 32·NW threads,
 // fa_bwd_kv_smem / fa_bwd_q_smem bytes of dynamic shared memory (flash.go
-// computes the same sizes, flashBwdVariantOf). _w8: 8 warps, 32 query
-// rows (keys) per streamed tile at head size 128 as the split kernels;
-// _sm: 4 warps, the fixed operands in shared memory, 64-row tiles;
-// _w8sm: both.
+// computes the same sizes, flashBwdVariantOf). _sm: 4 warps, the fixed
+// operands in shared memory, 64-row tiles. (8 warps per block, with or
+// without the fixed operands in shared memory, ran slower on the H200:
+// tools/bench/results/kernels_h200.json; the template keeps NW for them.)
 #define FA_BWD_V(KIND, NAME, HS, BT, NW, SM, MINB) \
     extern "C" __global__ void __launch_bounds__(32 * NW, MINB) \
         NAME(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH, int NKV, \
@@ -1472,27 +1453,19 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS)
         KIND<HS, BT, NW, SM>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, \
                              scale, set != 0, fa_dyn); \
     }
-FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_w8_bf16_hs64, 64, 64, 8, false, 1)
-FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_w8_bf16_hs128, 128, 32, 8, false, 1)
-FA_BWD_V(flash_bwd_q_v, flash_bwd_q_w8_bf16_hs64, 64, 64, 8, false, 1)
-FA_BWD_V(flash_bwd_q_v, flash_bwd_q_w8_bf16_hs128, 128, 32, 8, false, 1)
 FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_sm_bf16_hs64, 64, 64, 4, true, 3)
 FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_sm_bf16_hs128, 128, 64, 4, true, 2)
 FA_BWD_V(flash_bwd_q_v, flash_bwd_q_sm_bf16_hs64, 64, 64, 4, true, 4)
 FA_BWD_V(flash_bwd_q_v, flash_bwd_q_sm_bf16_hs128, 128, 64, 4, true, 2)
-FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_w8sm_bf16_hs64, 64, 64, 8, true, 1)
-FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_w8sm_bf16_hs128, 128, 64, 8, true, 1)
-FA_BWD_V(flash_bwd_q_v, flash_bwd_q_w8sm_bf16_hs64, 64, 64, 8, true, 2)
-FA_BWD_V(flash_bwd_q_v, flash_bwd_q_w8sm_bf16_hs128, 128, 64, 8, true, 1)
 
 // flash_bwd_fused entry points: dqkv's key and value columns += (or, with
 // set, =) dK and dV, and dq(B, NH, T, hs) float32 += the unscaled dQ, which
 // must be zero on entry (flash_bwd_prep zeroes it) and is then written into
 // dqkv by flash_bwd_dq. Operands as flash_bwd_kv's; dq 8-byte aligned.
 // Grid (ceil(T/64), B·NKV), 128 threads: 64 keys per block, 16 per warp.
-// The head-size-64 kernel walks 64 query rows at a time, the _bq32 variant
-// and the head-size-128 kernel 32 (registers: dK, dV, K and V fragments
-// stay in them). Not bitwise reproducible: dq's atomic float32 sums follow
+// The head-size-64 kernel walks 64 query rows at a time, the head-size-128
+// kernel 32 with K read from shared memory (registers: dK, dV and V
+// fragments stay in them). Not bitwise reproducible: dq's atomic float32 sums follow
 // the blocks' schedule.
 #define FA_FUSED_SMEM(HS, BQ) \
     __shared__ __align__(16) uint16_t Ks[64 * (HS + 8)]; \
@@ -1509,22 +1482,6 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS)
                               int T, int NH, int NKV, float scale_log2, float scale, int set) {
     FA_FUSED_SMEM(64, 64);
     FA_FUSED_CALL(64, 64, true);
-}
-
-extern "C" __global__ void __launch_bounds__(FA_THREADS)
-    flash_bwd_fused_bq32_bf16_hs64(void* dqkv, float* dq, const void* dout, const void* qkv, const float* lse,
-                                   const float* D, int T, int NH, int NKV, float scale_log2, float scale, int set) {
-    FA_FUSED_SMEM(64, 32);
-    FA_FUSED_CALL(64, 32, true);
-}
-
-// flash_bwd_fused_bq32_occ3_bf16_hs64: the _bq32 kernel compiled for three
-// blocks per SM (at most 168 registers: K read from shared memory).
-extern "C" __global__ void __launch_bounds__(FA_THREADS, 3)
-    flash_bwd_fused_bq32_occ3_bf16_hs64(void* dqkv, float* dq, const void* dout, const void* qkv, const float* lse,
-                                        const float* D, int T, int NH, int NKV, float scale_log2, float scale, int set) {
-    FA_FUSED_SMEM(64, 32);
-    FA_FUSED_CALL(64, 32, false);
 }
 
 extern "C" __global__ void __launch_bounds__(FA_THREADS)
