@@ -63,28 +63,12 @@
 // (next 8 keys); for V (N-major, N = dim, K = key) LBO 128 (next 8 keys) and
 // SBO 1024 (next 8 dims). No swizzle: each core matrix is 128 contiguous
 // bytes.
-#include "common.cuh"
+#include "flash_common.cuh"
 
 #define F9_BQ 64  // query rows per block (one warpgroup)
 #define F9_BK 64  // keys per shared-memory tile
 #define F9_THREADS 128
 #define F9_LN2 0.6931471805599453f
-
-// f9_pack rounds lo and hi to bf16 and packs them, lo in the lower half.
-__device__ __forceinline__ uint32_t f9_pack(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// f9_exp2 is 2^x by ex2.approx.ftz (2^-inf = 0).
-__device__ __forceinline__ float f9_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// f9_ld32 loads the bf16 pair at p (4-byte aligned).
-__device__ __forceinline__ uint32_t f9_ld32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
 // f9_smem is the shared-window address of p.
 __device__ __forceinline__ uint32_t f9_smem(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -94,9 +78,6 @@ __device__ __forceinline__ uint32_t f9_smem(const void* p) { return (uint32_t)__
 __device__ __forceinline__ void f9_cp16(uint16_t* dst, const uint16_t* src, int n) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(f9_smem(dst)), "l"(src), "r"(n));
 }
-__device__ __forceinline__ void f9_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// f9_cp_wait waits for all of this thread's cp.async groups.
-__device__ __forceinline__ void f9_cp_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 // f9_fence_proxy orders this thread's shared-memory writes through the
 // generic proxy (its completed cp.async copies included) before later
 // async-proxy accesses (wgmma operand reads); a barrier after it publishes
@@ -144,8 +125,8 @@ __device__ __forceinline__ void f9_wgmma_n128(float* d, const uint32_t* a, uint6
 
 // ---- Device code: tools/cuda/emu.sh sm90 runs everything from here to the
 // entry points on the host (tools/cuda/emu/flashattn_sm90_emu.cpp, with its
-// own versions of the helpers above: f9_pack, f9_exp2, f9_ld32, f9_smem,
-// f9_cp16, f9_cp_commit, f9_cp_wait, f9_fence_proxy, the wgmma ones,
+// own versions of the helpers above: fa_pack, fa_exp2, fa_ld32, f9_smem,
+// f9_cp16, fa_cp_commit, fa_cp_wait, f9_fence_proxy, the wgmma ones,
 // f9_regs), so it must stay plain C++ apart from those.
 
 // f9_desc is the wgmma matrix descriptor of an operand at shared address a
@@ -219,10 +200,10 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
             const int d = kk * 16 + 2 * c;
-            qf[t][kk][0] = r0 < T ? f9_ld32(base + (i64)r0 * W + d) : 0u;
-            qf[t][kk][1] = r1 < T ? f9_ld32(base + (i64)r1 * W + d) : 0u;
-            qf[t][kk][2] = r0 < T ? f9_ld32(base + (i64)r0 * W + d + 8) : 0u;
-            qf[t][kk][3] = r1 < T ? f9_ld32(base + (i64)r1 * W + d + 8) : 0u;
+            qf[t][kk][0] = r0 < T ? fa_ld32(base + (i64)r0 * W + d) : 0u;
+            qf[t][kk][1] = r1 < T ? fa_ld32(base + (i64)r1 * W + d) : 0u;
+            qf[t][kk][2] = r0 < T ? fa_ld32(base + (i64)r0 * W + d + 8) : 0u;
+            qf[t][kk][3] = r1 < T ? fa_ld32(base + (i64)r1 * W + d + 8) : 0u;
         }
 #pragma unroll
         for (int i = 0; i < NO; i++) o[t][i] = 0.f;
@@ -236,17 +217,17 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
     // when it has a row at or past k0 and a row before T; every row of a
     // tile that takes part in its first key tile sees key 0 there.
     f9_load_tile<HS, NT>(Ks, kbase, W, 0, T);
-    f9_cp_commit();
+    fa_cp_commit();
     for (int k0 = 0; k0 <= qlast; k0 += F9_BK) {
         bool work[MT];
 #pragma unroll
         for (int t = 0; t < MT; t++)  // always with one tile per block: q0 <= k0 <= qlast < q0 + 64
             work[t] = (MT == 1 && WG == 1) || (qw + F9_BQ * t <= qlast && k0 <= qw + F9_BQ * t + F9_BQ - 1);
-        f9_cp_wait();
+        fa_cp_wait();
         f9_fence_proxy();
         __syncthreads();  // K(k0) is in; every warp is done with V of the previous tile
         f9_load_tile<HS, NT>(Vs, vbase, W, k0, T);
-        f9_cp_commit();
+        fa_cp_commit();
 
         // S = Q·Kᵀ (64 rows x 64 keys per row tile): K-major B, LBO 8 dims
         // = 1024 bytes, SBO 8 keys = 128 bytes; each k16 step starts 2048
@@ -296,16 +277,16 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
             // n0 and n1 are finite from the tile's first key tile on; the
             // guards only keep -inf - -inf out.
             const float b0 = n0 == -INFINITY ? 0.f : n0 * scale_log2, b1 = n1 == -INFINITY ? 0.f : n1 * scale_log2;
-            const float f0 = f9_exp2(m[t][0] * scale_log2 - b0), f1 = f9_exp2(m[t][1] * scale_log2 - b1);  // 0 while m is -inf
+            const float f0 = fa_exp2(m[t][0] * scale_log2 - b0), f1 = fa_exp2(m[t][1] * scale_log2 - b1);  // 0 while m is -inf
             m[t][0] = n0;
             m[t][1] = n1;
             float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
             for (int j = 0; j < NS / 4; j++) {
-                s[t][4 * j] = f9_exp2(s[t][4 * j] * scale_log2 - b0);
-                s[t][4 * j + 1] = f9_exp2(s[t][4 * j + 1] * scale_log2 - b0);
-                s[t][4 * j + 2] = f9_exp2(s[t][4 * j + 2] * scale_log2 - b1);
-                s[t][4 * j + 3] = f9_exp2(s[t][4 * j + 3] * scale_log2 - b1);
+                s[t][4 * j] = fa_exp2(s[t][4 * j] * scale_log2 - b0);
+                s[t][4 * j + 1] = fa_exp2(s[t][4 * j + 1] * scale_log2 - b0);
+                s[t][4 * j + 2] = fa_exp2(s[t][4 * j + 2] * scale_log2 - b1);
+                s[t][4 * j + 3] = fa_exp2(s[t][4 * j + 3] * scale_log2 - b1);
                 ps0 += s[t][4 * j] + s[t][4 * j + 1];
                 ps1 += s[t][4 * j + 2] + s[t][4 * j + 3];
             }
@@ -322,18 +303,18 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
             // is the A layout of the k16 step kk.
 #pragma unroll
             for (int kk = 0; kk < F9_BK / 16; kk++) {
-                pa[t][kk][0] = f9_pack(s[t][8 * kk], s[t][8 * kk + 1]);
-                pa[t][kk][1] = f9_pack(s[t][8 * kk + 2], s[t][8 * kk + 3]);
-                pa[t][kk][2] = f9_pack(s[t][8 * kk + 4], s[t][8 * kk + 5]);
-                pa[t][kk][3] = f9_pack(s[t][8 * kk + 6], s[t][8 * kk + 7]);
+                pa[t][kk][0] = fa_pack(s[t][8 * kk], s[t][8 * kk + 1]);
+                pa[t][kk][1] = fa_pack(s[t][8 * kk + 2], s[t][8 * kk + 3]);
+                pa[t][kk][2] = fa_pack(s[t][8 * kk + 4], s[t][8 * kk + 5]);
+                pa[t][kk][3] = fa_pack(s[t][8 * kk + 6], s[t][8 * kk + 7]);
             }
         }
-        f9_cp_wait();
+        fa_cp_wait();
         f9_fence_proxy();
         __syncthreads();  // V(k0) is in; every warp is done with K(k0)
         if (k0 + F9_BK <= qlast) {
             f9_load_tile<HS, NT>(Ks, kbase, W, k0 + F9_BK, T);
-            f9_cp_commit();
+            fa_cp_commit();
         }
         // O += P·V: N-major B, LBO 8 keys = 128 bytes, SBO 8 dims = 1024
         // bytes; each k16 step starts 256 bytes on.
@@ -368,7 +349,7 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
             const float inv = 1.f / l0;
 #pragma unroll
             for (int j = 0; j < NO / 4; j++)
-                *reinterpret_cast<uint32_t*>(ob + (i64)r0 * C + j * 8) = f9_pack(o[t][4 * j] * inv, o[t][4 * j + 1] * inv);
+                *reinterpret_cast<uint32_t*>(ob + (i64)r0 * C + j * 8) = fa_pack(o[t][4 * j] * inv, o[t][4 * j + 1] * inv);
             if (c == 0) lse[(i64)z * T + r0] = (m[t][0] * scale_log2 + log2f(l0)) * F9_LN2;
         }
         if (r1 < T) {
@@ -376,7 +357,7 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
 #pragma unroll
             for (int j = 0; j < NO / 4; j++)
                 *reinterpret_cast<uint32_t*>(ob + (i64)r1 * C + j * 8) =
-                    f9_pack(o[t][4 * j + 2] * inv, o[t][4 * j + 3] * inv);
+                    fa_pack(o[t][4 * j + 2] * inv, o[t][4 * j + 3] * inv);
             if (c == 0) lse[(i64)z * T + r1] = (m[t][1] * scale_log2 + log2f(l1)) * F9_LN2;
         }
     }
@@ -416,10 +397,10 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
 #pragma unroll
     for (int kk = 0; kk < KD; kk++) {
         const int d = kk * 16 + 2 * c;
-        qf[kk][0] = r0 < T ? f9_ld32(base + (i64)r0 * W + d) : 0u;
-        qf[kk][1] = r1 < T ? f9_ld32(base + (i64)r1 * W + d) : 0u;
-        qf[kk][2] = r0 < T ? f9_ld32(base + (i64)r0 * W + d + 8) : 0u;
-        qf[kk][3] = r1 < T ? f9_ld32(base + (i64)r1 * W + d + 8) : 0u;
+        qf[kk][0] = r0 < T ? fa_ld32(base + (i64)r0 * W + d) : 0u;
+        qf[kk][1] = r1 < T ? fa_ld32(base + (i64)r1 * W + d) : 0u;
+        qf[kk][2] = r0 < T ? fa_ld32(base + (i64)r0 * W + d + 8) : 0u;
+        qf[kk][3] = r1 < T ? fa_ld32(base + (i64)r1 * W + d + 8) : 0u;
     }
     float o[NO], s[NS], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     uint32_t pa[F9_BK / 16][4];
@@ -431,8 +412,8 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
 
     f9_load_tile<HS, NT>(Ks, kbase, W, 0, T);
     f9_load_tile<HS, NT>(Vs1, vbase, W, T, T);  // zeros, for the P·V of iteration 0
-    f9_cp_commit();
-    f9_cp_wait();
+    fa_cp_commit();
+    fa_cp_wait();
     f9_fence_proxy();
     __syncthreads();  // K(0) and the zeros are in
     for (int j = 0; j <= n; j++) {
@@ -462,7 +443,7 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
         __syncthreads();  // every warpgroup is done with K(j), and with V(j-2) since iteration j-1
         if (j + 1 < n) f9_load_tile<HS, NT, HS == 64>(Ks, kbase, W, k0 + F9_BK, T);
         if (j < n) f9_load_tile<HS, NT, HS == 64>((j & 1) ? Vs1 : Vs0, vbase, W, k0, T);
-        f9_cp_commit();
+        fa_cp_commit();
 
         // The softmax of key tile j < n. A warpgroup whose rows all come
         // before the tile (the first one, at the block's diagonal tile) has
@@ -492,17 +473,17 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
             const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
             const float b0 = n0 == -INFINITY ? 0.f : n0 * scale_log2, b1 = n1 == -INFINITY ? 0.f : n1 * scale_log2;
-            f0 = f9_exp2(m0 * scale_log2 - b0);  // 0 while m is -inf
-            f1 = f9_exp2(m1 * scale_log2 - b1);
+            f0 = fa_exp2(m0 * scale_log2 - b0);  // 0 while m is -inf
+            f1 = fa_exp2(m1 * scale_log2 - b1);
             m0 = n0;
             m1 = n1;
             float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
             for (int jj = 0; jj < NS / 4; jj++) {
-                s[4 * jj] = f9_exp2(s[4 * jj] * scale_log2 - b0);
-                s[4 * jj + 1] = f9_exp2(s[4 * jj + 1] * scale_log2 - b0);
-                s[4 * jj + 2] = f9_exp2(s[4 * jj + 2] * scale_log2 - b1);
-                s[4 * jj + 3] = f9_exp2(s[4 * jj + 3] * scale_log2 - b1);
+                s[4 * jj] = fa_exp2(s[4 * jj] * scale_log2 - b0);
+                s[4 * jj + 1] = fa_exp2(s[4 * jj + 1] * scale_log2 - b0);
+                s[4 * jj + 2] = fa_exp2(s[4 * jj + 2] * scale_log2 - b1);
+                s[4 * jj + 3] = fa_exp2(s[4 * jj + 3] * scale_log2 - b1);
                 ps0 += s[4 * jj] + s[4 * jj + 1];
                 ps1 += s[4 * jj + 2] + s[4 * jj + 3];
             }
@@ -521,13 +502,13 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
             }
 #pragma unroll
             for (int kk = 0; kk < F9_BK / 16; kk++) {
-                pa[kk][0] = f9_pack(s[8 * kk], s[8 * kk + 1]);
-                pa[kk][1] = f9_pack(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = f9_pack(s[8 * kk + 4], s[8 * kk + 5]);
-                pa[kk][3] = f9_pack(s[8 * kk + 6], s[8 * kk + 7]);
+                pa[kk][0] = fa_pack(s[8 * kk], s[8 * kk + 1]);
+                pa[kk][1] = fa_pack(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = fa_pack(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = fa_pack(s[8 * kk + 6], s[8 * kk + 7]);
             }
         }
-        f9_cp_wait();
+        fa_cp_wait();
         f9_fence_proxy();
         __syncthreads();  // K(j+1) and V(j) are in
     }
@@ -540,14 +521,14 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
         const float inv = 1.f / l0;
 #pragma unroll
         for (int jj = 0; jj < NO / 4; jj++)
-            *reinterpret_cast<uint32_t*>(ob + (i64)r0 * C + jj * 8) = f9_pack(o[4 * jj] * inv, o[4 * jj + 1] * inv);
+            *reinterpret_cast<uint32_t*>(ob + (i64)r0 * C + jj * 8) = fa_pack(o[4 * jj] * inv, o[4 * jj + 1] * inv);
         if (c == 0) lse[(i64)z * T + r0] = (m0 * scale_log2 + log2f(l0)) * F9_LN2;
     }
     if (r1 < T) {
         const float inv = 1.f / l1;
 #pragma unroll
         for (int jj = 0; jj < NO / 4; jj++)
-            *reinterpret_cast<uint32_t*>(ob + (i64)r1 * C + jj * 8) = f9_pack(o[4 * jj + 2] * inv, o[4 * jj + 3] * inv);
+            *reinterpret_cast<uint32_t*>(ob + (i64)r1 * C + jj * 8) = fa_pack(o[4 * jj + 2] * inv, o[4 * jj + 3] * inv);
         if (c == 0) lse[(i64)z * T + r1] = (m1 * scale_log2 + log2f(l1)) * F9_LN2;
     }
 }

@@ -92,16 +92,16 @@ static float __shfl_xor_sync(unsigned, float v, int o) {
   float r = shf[w][l ^ o]; warpBar[w]->arrive_and_wait();
   return r;
 }
-static uint32_t f9_pack(float lo, float hi) { return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16); }
-static float f9_exp2(float x) { return exp2f(x); }
-static uint32_t f9_ld32(const uint16_t* p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint32_t fa_pack(float lo, float hi) { return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16); }
+static float fa_exp2(float x) { return exp2f(x); }
+static uint32_t fa_ld32(const uint16_t* p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static uint32_t f9_smem(const void* p) {
   const uint8_t* q = (const uint8_t*)p;
   if (q < smemBase || q >= smemBase + smemSize) die("shared address outside the shared window");
   return (uint32_t)(q - smemBase);
 }
 
-// cp.async: queued per thread, landing at f9_cp_wait.
+// cp.async: queued per thread, landing at fa_cp_wait.
 struct Copy { uint16_t* dst; const uint16_t* src; int n; };
 thread_local std::vector<Copy> copies;
 std::vector<int> chunkSync;          // per 16-byte shared chunk: the writer's nsync when it landed
@@ -113,8 +113,8 @@ static void f9_cp16(uint16_t* dst, const uint16_t* src, int n) {
   if (pendingReads[f9_smem(dst) / 16].load() > 0) die("cp.async into shared memory that a wgmma in flight still reads");
   copies.push_back({dst, src, n});
 }
-static void f9_cp_commit() {}
-static void f9_cp_wait() {
+static void fa_cp_commit() {}
+static void fa_cp_wait() {
   for (auto& c : copies) {
     if (c.n) memcpy(c.dst, c.src, 16); else memset(c.dst, 0, 16);
     chunkSync[f9_smem(c.dst) / 16] = nsync;
