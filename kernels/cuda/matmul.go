@@ -3,9 +3,11 @@
 package cuda
 
 import (
+	"fmt"
+	"sync/atomic"
+
 	"github.com/spill-ml/spill/kernels"
 	"gorgonia.org/cu"
-	"sync/atomic"
 )
 
 // MatmulForward computes out(BT,OC) = inp(BT,C)·weight(OC,C)ᵀ + bias(OC)
@@ -15,19 +17,7 @@ import (
 // dtypes and alignments; otherwise the bias is broadcast into out and a
 // cuBLAS GEMM adds onto it (beta = 1).
 func (b *Backend) MatmulForward(kq kernels.Queue, out, inp, weight, bias kernels.Tensor, BT, C, OC int) {
-	q := b.queue(kq)
-	const op = "MatmulForward"
-	needDims(op, BT, C, OC)
-	if BT == 0 || OC == 0 {
-		return
-	}
-	o := b.float(op, "out", out, BT*OC)
-	x := b.float(op, "inp", inp, BT*C)
-	w := b.float(op, "weight", weight, OC*C)
-	bs := b.optFloat(op, "bias", bias, OC)
-	// Column-major: outᵀ(OC,BT) = W(OC,C)·inpᵀ(C,BT), W stored as (C,OC);
-	// the bias runs along the OC rows of outᵀ.
-	q.putGemm(gemmCall{ta: true, m: OC, n: BT, k: C, a: w, lda: C, b: x, ldb: C, c: o, ldc: OC, bias: bs})
+	b.matmulForward(kq, "MatmulForward", out, inp, weight, bias, kernels.Tensor{}, BT, C, OC)
 }
 
 // MatmulForwardResidual computes out = inp·weightᵀ + bias + res
@@ -35,8 +25,16 @@ func (b *Backend) MatmulForward(kq kernels.Queue, out, inp, weight, bias kernels
 // residual (beta 1) and whose epilogue adds the bias, out rounded once;
 // where cuBLASLt cannot, MatmulForward then Add (rounded twice).
 func (b *Backend) MatmulForwardResidual(kq kernels.Queue, out, inp, weight, bias, res kernels.Tensor, BT, C, OC int) {
+	if res.IsZero() {
+		panic("kernels/cuda: MatmulForwardResidual: res is required")
+	}
+	b.matmulForward(kq, "MatmulForwardResidual", out, inp, weight, bias, res, BT, C, OC)
+}
+
+// matmulForward enqueues out = inp·weightᵀ [+ bias] [+ res] (res the zero
+// Tensor for none).
+func (b *Backend) matmulForward(kq kernels.Queue, op string, out, inp, weight, bias, res kernels.Tensor, BT, C, OC int) {
 	q := b.queue(kq)
-	const op = "MatmulForwardResidual"
 	needDims(op, BT, C, OC)
 	if BT == 0 || OC == 0 {
 		return
@@ -45,10 +43,12 @@ func (b *Backend) MatmulForwardResidual(kq kernels.Queue, out, inp, weight, bias
 	x := b.float(op, "inp", inp, BT*C)
 	w := b.float(op, "weight", weight, OC*C)
 	bs := b.optFloat(op, "bias", bias, OC)
-	r := b.float(op, "res", res, BT*OC)
-	if r.p == o.p {
-		panic("kernels/cuda: MatmulForwardResidual: res and out are the same tensor")
+	r := b.optFloat(op, "res", res, BT*OC)
+	if r.p != 0 && r.p == o.p {
+		panic(fmt.Sprintf("kernels/cuda: %s: res and out are the same tensor", op))
 	}
+	// Column-major: outᵀ(OC,BT) = W(OC,C)·inpᵀ(C,BT), W stored as (C,OC);
+	// the bias runs along the OC rows of outᵀ.
 	q.putGemm(gemmCall{ta: true, m: OC, n: BT, k: C, a: w, lda: C, b: x, ldb: C, c: o, ldc: OC, bias: bs, res: r})
 }
 

@@ -337,7 +337,7 @@ func (b *Backend) AdamW(kq kernels.Queue, param, grad, m, v, out kernels.Tensor,
 	}
 	if fn, ok := b.fns[adamw4Name(g.dt, o.dt)]; ok && aligned16(pp, mp, vp) && g.p%cu.DevicePtr(4*g.dt.Size()) == 0 &&
 		(o.p == 0 || o.p%cu.DevicePtr(4*o.dt.Size()) == 0) {
-		q.launch(fn, dim3{x: int(min((int64(N)/4+threads-1)/threads, 8192)) + 1}, block, aPtr(pp), aPtr(g.p), aPtr(mp), aPtr(vp),
+		q.launch(fn, dim3{x: max(int(min((int64(N)/4+threads-1)/threads, 8192)), 1)}, block, aPtr(pp), aPtr(g.p), aPtr(mp), aPtr(vp),
 			aPtr(o.p), aI64(int64(N)), aF32(p.LR), aF32(p.Beta1), aF32(p.Beta2), aF32(p.Eps),
 			aF32(p.WeightDecay), aF32(bc1), aF32(bc2), aF32(gs))
 		return
