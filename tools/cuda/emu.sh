@@ -27,6 +27,32 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cxx() { ${CXX:-g++} -std=c++20 -O1 -g -fsanitize=${EMU_SANITIZE:-address,undefined} -fno-strict-aliasing -pthread "$@"; }
 body() { sed -n '/^\/\/ ---- Device code/,/^\/\/ ---- Entry points/p' "$1" | sed '$d'; }
+# run_mutants LABEL SRC INC CPP PATTERN CMD...: each entry of the array
+# mutants ("name|sed expression") is applied to SRC's device code, written
+# to $tmp/INC, and the emulator $tmp/CPP rebuilt as $tmp/mutant; CMD must
+# then fail (PATTERN picks the line that says why). A mutant that changes
+# nothing or passes fails the script.
+run_mutants() {
+  local label=$1 src=$2 inc=$3 cpp=$4 pat=$5 failed=0 m name expr
+  shift 5
+  for m in "${mutants[@]}"; do
+    name=${m%%|*} expr=${m#*|}
+    body "$src" | sed "$expr" >"$tmp/$inc"
+    if cmp -s "$tmp/$inc" <(body "$src"); then
+      echo "emu.sh $label: mutant '$name' changed nothing (stale sed expression)" >&2
+      failed=1
+      continue
+    fi
+    cxx -o "$tmp/mutant" "$tmp/$cpp"
+    if "$@" >"$tmp/log" 2>&1; then
+      echo "emu.sh $label: mutant '$name' PASSED the check (the emulator misses it)" >&2
+      failed=1
+    else
+      echo "emu.sh $label: mutant '$name' fails as it must: $(grep -m1 -E "$pat" "$tmp/log" || echo crashed)"
+    fi
+  done
+  return $failed
+}
 if [ "${1:-}" = bwdv ]; then
   src=$root/kernels/cuda/kernels/flashattn.cu
   cp "$root/tools/cuda/emu/flashattn_emu.cpp" "$tmp/"
@@ -38,24 +64,8 @@ if [ "${1:-}" = bwdv ]; then
     "K rows in shared memory read one row off|s/fa_ld_afrag<HS>(ka, Ksm, warp \* 16, kk)/fa_ld_afrag<HS>(ka, Ksm, warp * 16 + 1, kk)/"
     "flash_bwd_q_v's block rows as the split kernel's 64|s/const int q0 = (gridDim.x - 1 - blockIdx.x) \* BR;/const int q0 = (gridDim.x - 1 - blockIdx.x) * 64;/"
   )
-  failed=0
-  for m in "${mutants[@]}"; do
-    name=${m%%|*} expr=${m#*|}
-    body "$src" | sed "$expr" >"$tmp/flashattn_body.inc"
-    if cmp -s "$tmp/flashattn_body.inc" <(body "$src"); then
-      echo "emu.sh bwdv: mutant '$name' changed nothing (stale sed expression)" >&2
-      failed=1
-      continue
-    fi
-    cxx -o "$tmp/mutant" "$tmp/flashattn_emu.cpp"
-    if EMU_BWD_VARIANTS=1 "$tmp/mutant" >"$tmp/log" 2>&1; then
-      echo "emu.sh bwdv: mutant '$name' PASSED the check (the emulator misses it)" >&2
-      failed=1
-    else
-      echo "emu.sh bwdv: mutant '$name' fails as it must: $(grep -m1 -E 'differs|bad [1-9]' "$tmp/log" || echo crashed)"
-    fi
-  done
-  exit $failed
+  run_mutants bwdv "$src" flashattn_body.inc flashattn_emu.cpp 'differs|bad [1-9]' env EMU_BWD_VARIANTS=1 "$tmp/mutant"
+  exit
 fi
 if [ "${1:-}" != sm90 ]; then
   body "$root/kernels/cuda/kernels/flashattn.cu" >"$tmp/flashattn_body.inc"
@@ -89,21 +99,4 @@ mutants=(
   "pipelined: no zeros in Vs1 for iteration 0|s/^ *f9_load_tile<HS, NT>(Vs1, vbase, W, T, T);.*//"
   "pipelined: barrier after the loads land removed|s/^ *__syncthreads();  \/\/ K(j+1) and V(j) are in//"
 )
-failed=0
-for m in "${mutants[@]}"; do
-  name=${m%%|*} expr=${m#*|}
-  body "$src" | sed "$expr" >"$tmp/flashattn_sm90_body.inc"
-  if cmp -s "$tmp/flashattn_sm90_body.inc" <(body "$src"); then
-    echo "emu.sh sm90: mutant '$name' changed nothing (stale sed expression)" >&2
-    failed=1
-    continue
-  fi
-  cxx -o "$tmp/mutant" "$tmp/flashattn_sm90_emu.cpp"
-  if bash -c '"$0" quick; exit $?' "$tmp/mutant" >"$tmp/log" 2>&1; then
-    echo "emu.sh sm90: mutant '$name' PASSED the check (the emulator misses it)" >&2
-    failed=1
-  else
-    echo "emu.sh sm90: mutant '$name' fails as it must: $(grep -m1 -E 'emulator:|bad [1-9]|out b|lse b' "$tmp/log" || echo crashed)"
-  fi
-done
-exit $failed
+run_mutants sm90 "$src" flashattn_sm90_body.inc flashattn_sm90_emu.cpp 'emulator:|bad [1-9]|out b|lse b' "$tmp/mutant" quick
