@@ -11,7 +11,7 @@ import (
 )
 
 // Attention runs one of three implementations, chosen per call (and, for
-// bf16 with head size 64 or 128, a fourth ahead of them: the tensor-core
+// bf16 with head size 64, 80, 96 or 128, a fourth ahead of them: the tensor-core
 // flash kernels of flash.go, forward and backward):
 //
 //   - gemm (the default): the products QKᵀ, PV and the five of the

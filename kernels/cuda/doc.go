@@ -60,7 +60,7 @@
 // for reductions (partial sums of the bias and layernorm parameter
 // gradients, the flash backward's row sums), the cuBLASLt workspace and
 // GEMMs whose operand dtypes cuBLAS cannot mix; it is charged to the budget
-// under the tag "scratch". For bf16 with head size 64 or 128, attention
+// under the tag "scratch". For bf16 with head size 64, 80, 96 or 128, attention
 // runs tensor-core flash kernels forward and backward, with no workspace
 // (flash.go), once a self-check at Open has compared them with the
 // row-wise kernels. Otherwise it runs through cuBLAS batched GEMMs with a
@@ -77,7 +77,7 @@
 //
 // The backend implements kernels.LlamaOps (llama.go): RMSNorm, RoPE and
 // SwiGLU (kernels/llama.cu) and grouped-query attention, on the flash
-// kernels for bf16 with head size 64 or 128 (the key/value gradients summed
+// kernels for bf16 with head size 64, 80, 96 or 128 (the key/value gradients summed
 // over each group inside one block, without atomics; the query gradients
 // of the opt-in fused backward, SPILL_FLASH_BWD=fused, with float32
 // atomics, so not bitwise reproducible, see flash.go) and on the

@@ -15,7 +15,7 @@ import (
 )
 
 // The tensor-core forward kernel (kernels/flashattn.cu) computes causal
-// attention for bf16 qkv and out with head size 64 or 128, flash style: one
+// attention for bf16 qkv and out with head size 64, 80, 96 or 128, flash style: one
 // pass over the keys with the softmax online, mma.sync bf16 products with
 // float32 accumulation, nothing but out and lse written, no workspace.
 //
@@ -38,11 +38,26 @@ const (
 // not by the self-check (tests check that the variant they select ran).
 var flashLaunches atomic.Int64
 
-// flashName is the forward kernel of head size hs (64 or 128); the names
+// flashHeadSize says the tensor-core flash kernels (forward, split and
+// split-smem backward) are built for head size hs: 64, 80, 96 or 128. The
+// fused backward and the Hopper forwards exist at 64 and 128 only; at 80
+// and 96 those modes fall back to the split-smem backward and the
+// mma.sync forward.
+func flashHeadSize(hs int) bool { return hs == 64 || hs == 80 || hs == 96 || hs == 128 }
+
+// flashHeadSizes are the head sizes of flashHeadSize, for the self-checks.
+var flashHeadSizes = [...]int{64, 80, 96, 128}
+
+// flashName is the forward kernel of head size hs (flashHeadSize); the names
 // are constants, so that a launch formats nothing.
 func flashName(hs int) string {
-	if hs == 64 {
+	switch hs {
+	case 64:
 		return "flash_fwd_bf16_hs64"
+	case 80:
+		return "flash_fwd_bf16_hs80"
+	case 96:
+		return "flash_fwd_bf16_hs96"
 	}
 	return "flash_fwd_bf16_hs128"
 }
@@ -65,11 +80,11 @@ var flashFwd2 = os.Getenv("SPILL_FLASH_FWD") != "1"
 var flashFwd2Launches atomic.Int64
 
 // flashFunc returns the flash kernel for a forward call, or false when it
-// does not apply: dtypes other than bf16, a head size other than 64 or 128,
+// does not apply: dtypes other than bf16, a head size flashHeadSize rejects,
 // operands not aligned for its vector accesses (qkv to 16 bytes, out to 4),
 // or more than 65535 query heads in all (the grid's y dimension).
 func (b *Backend) flashFunc(o, x operand, B, NH, hs int) (fn kfunc, rows int, ok bool) {
-	if o.dt != kernels.BF16 || x.dt != kernels.BF16 || (hs != 64 && hs != 128) || x.p%16 != 0 || o.p%4 != 0 || B*NH > 65535 {
+	if o.dt != kernels.BF16 || x.dt != kernels.BF16 || !flashHeadSize(hs) || x.p%16 != 0 || o.p%4 != 0 || B*NH > 65535 {
 		return 0, 0, false
 	}
 	if fn, rows, ok := b.useFlashSM90(hs); ok {
@@ -102,7 +117,7 @@ func flashJob(fn kfunc, rows int, o, lse, x cu.DevicePtr, B, T, NH, NKV, hs int)
 func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	hs := C / NH
 	switch {
-	case dt != kernels.BF16 || (hs != 64 && hs != 128):
+	case dt != kernels.BF16 || !flashHeadSize(hs):
 		return "forward and backward: cuBLAS batched GEMMs"
 	case b.flashErr != nil:
 		return fmt.Sprintf("forward and backward: cuBLAS batched GEMMs (flash forward off: %v)", b.flashErr)
@@ -130,6 +145,8 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	case isFlashBwdVariant(flashBwdMode):
 		return fmt.Sprintf("%s; backward: split tensor-core flash kernels, variant %s (%s, %s; deterministic)", fwd,
 			flashBwdMode, f.v.kvName, f.v.qName)
+	case flashFusedName(hs, flashBwdMode) == "":
+		return fmt.Sprintf("%s; backward: split tensor-core flash kernels (no fused kernel at head size %d)", fwd, hs)
 	case f.fused == 0 || b.flashBwdFusedErr != nil:
 		return fmt.Sprintf("%s; backward: split tensor-core flash kernels (fused backward off: %v)", fwd, b.flashBwdFusedErr)
 	}
@@ -143,7 +160,7 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 // context goroutine at Open; nil means the kernels may be used.
 func (b *Backend) checkFlash() error {
 	const B, T, NH = 2, 80, 2
-	for _, hs := range []int{64, 128} {
+	for _, hs := range flashHeadSizes {
 		name := flashName(hs)
 		fn, ok := b.fns[name]
 		if !ok {
@@ -235,7 +252,8 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 }
 
 // The backward kernels (kernels/flashattn.cu) take the same operands: bf16
-// dqkv, dout, qkv and out, head size 64 or 128. Two implementations:
+// dqkv, dout, qkv and out, head size 64, 80, 96 or 128 (the fused
+// kernels 64 and 128 only). Two implementations:
 //
 //   - fused (opt-in): flash_bwd_fused_*, one block per 64 keys of one
 //     (batch, key/value head), recomputes P and dS once per tile (five
@@ -331,8 +349,8 @@ type flashBwdVariant struct {
 	kvName, qName                string
 }
 
-// flashBwdVariantOf describes split-smem's kernels of head size hs (64 or
-// 128; not looked up): 4 warps per block, 64 keys (query rows) per block
+// flashBwdVariantOf describes split-smem's kernels of head size hs
+// (flashHeadSize; not looked up): 4 warps per block, 64 keys (query rows) per block
 // and per streamed tile (BQ of flash_bwd_kv_v, BK of flash_bwd_q_v), the
 // fixed operands (2·64 rows) in shared memory, as the entry points of
 // flashattn.cu instantiate them; the shared memory sizes are
@@ -343,7 +361,12 @@ func flashBwdVariantOf(hs int) flashBwdVariant {
 	v := flashBwdVariant{mode: flashBwdSplitSM, rows: rows, threads: 2 * rows,
 		smemKV: (fixed+3*tile)*(hs+8)*2 + 4*tile*4, smemQ: (fixed + 3*tile) * (hs + 8) * 2,
 		kvName: "flash_bwd_kv_sm_bf16_hs64", qName: "flash_bwd_q_sm_bf16_hs64"}
-	if hs == 128 {
+	switch hs {
+	case 80:
+		v.kvName, v.qName = "flash_bwd_kv_sm_bf16_hs80", "flash_bwd_q_sm_bf16_hs80"
+	case 96:
+		v.kvName, v.qName = "flash_bwd_kv_sm_bf16_hs96", "flash_bwd_q_sm_bf16_hs96"
+	case 128:
 		v.kvName, v.qName = "flash_bwd_kv_sm_bf16_hs128", "flash_bwd_q_sm_bf16_hs128"
 	}
 	return v
@@ -358,27 +381,35 @@ func (b *Backend) flashBwdFuncs(d, g, x, o operand, B, T, NH, hs int) (flashBwd,
 			return flashBwd{}, false
 		}
 	}
-	if (hs != 64 && hs != 128) || d.p%4 != 0 || o.p%4 != 0 || x.p%16 != 0 || g.p%16 != 0 || B*NH > 65535 || int64(B)*int64(T)*int64(NH) >= 1<<31 {
+	if !flashHeadSize(hs) || d.p%4 != 0 || o.p%4 != 0 || x.p%16 != 0 || g.p%16 != 0 || B*NH > 65535 || int64(B)*int64(T)*int64(NH) >= 1<<31 {
 		return flashBwd{}, false
 	}
 	return b.flashBwdByHead(hs, flashBwdMode)
 }
 
-// flashFusedName is the fused backward kernel of head size hs under mode.
+// flashFusedName is the fused backward kernel of head size hs under mode,
+// "" at head sizes 80 and 96, which have none.
 func flashFusedName(hs int, mode string) string {
-	switch {
-	case hs == 128:
+	switch hs {
+	case 64:
+		return "flash_bwd_fused_bf16_hs64"
+	case 128:
 		return "flash_bwd_fused_bf16_hs128"
 	}
-	return "flash_bwd_fused_bf16_hs64"
+	return ""
 }
 
 // flashBwdByHead returns the kernels of head size hs; ok says the split
 // kernels are there (the fused one is optional, f.fused 0 without it).
 func (b *Backend) flashBwdByHead(hs int, mode string) (f flashBwd, ok bool) {
 	kvName, qName := "flash_bwd_kv_bf16_hs128", "flash_bwd_q_bf16_hs128"
-	if hs == 64 {
+	switch hs {
+	case 64:
 		kvName, qName = "flash_bwd_kv_bf16_hs64", "flash_bwd_q_bf16_hs64"
+	case 80:
+		kvName, qName = "flash_bwd_kv_bf16_hs80", "flash_bwd_q_bf16_hs80"
+	case 96:
+		kvName, qName = "flash_bwd_kv_bf16_hs96", "flash_bwd_q_bf16_hs96"
 	}
 	kv, ok1 := b.fns[kvName]
 	q, ok2 := b.fns[qName]
@@ -499,7 +530,7 @@ func (q *queue) putFlashBwd(f flashBwd, force bool, dqkv, dout, qkv, out, lse cu
 // sets flashBwdFusedErr. Called on a context goroutine at Open.
 func (b *Backend) checkFlashBwd() error {
 	const B, T, NH = 2, 80, 2
-	for _, hs := range []int{64, 128} {
+	for _, hs := range flashHeadSizes {
 		f, ok := b.flashBwdByHead(hs, flashBwdSplit)
 		if !ok {
 			return fmt.Errorf("flash backward kernels for head size %d missing from the embedded PTX", hs)
@@ -532,7 +563,7 @@ func (b *Backend) checkFlashBwd() error {
 // as the split kernels, at T 80 and at T 200 (four of their 64-row blocks,
 // the last partial), per head size; nil means they may be used.
 func (b *Backend) checkFlashBwdVariant() error {
-	for _, hs := range []int{64, 128} {
+	for _, hs := range flashHeadSizes {
 		f, _ := b.flashBwdByHead(hs, flashBwdSplitSM)
 		v := flashBwdVariantOf(hs)
 		if f.v.kv == 0 {

@@ -10,7 +10,7 @@ import (
 
 // The Llama kernels (kernels.LlamaOps): RMSNorm, RoPE and SwiGLU in
 // kernels/llama.cu; grouped-query attention by the flash kernels
-// (flashattn.cu: bf16, head size 64 or 128, where AttentionForward would
+// (flashattn.cu: bf16, head size 64, 80, 96 or 128, where AttentionForward would
 // take them) or else the row-wise CUDA-core kernels (attention.cu: any
 // float dtype, head size up to maxHeadSize). With as many key/value heads
 // as query heads the layout is AttentionForward's, and the attention ops
@@ -211,7 +211,7 @@ func gqaCheck(op string, B, T, NH, NKV, hs int) int {
 
 // GQAttentionForward implements kernels.LlamaOps. With NKV = NH it is
 // AttentionForward; otherwise the flash kernel where it applies (bf16, head
-// size 64 or 128, as for AttentionForward), else gqa_attention_forward,
+// size 64, 80, 96 or 128, as for AttentionForward), else gqa_attention_forward,
 // one warp per query row.
 func (b *Backend) GQAttentionForward(kq kernels.Queue, out, lse, qkv kernels.Tensor, B, T, NH, NKV, hs int) {
 	const op = "GQAttentionForward"

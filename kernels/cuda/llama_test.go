@@ -199,16 +199,16 @@ func TestSwiGLU(t *testing.T) {
 }
 
 // gqaShapes are (B, T, NH, NKV, hs): groups of 2 to 6 query heads and
-// multi-query (NKV 1), head sizes of the flash kernels (64, 128) at T off
+// multi-query (NKV 1), head sizes of the flash kernels (64, 80, 96, 128) at T off
 // their 16-, 32- and 64-row tiles, other head sizes (the row-wise
 // kernels), and NKV = NH (AttentionForward).
 var gqaShapes = [][5]int{
 	{1, 1, 2, 1, 64}, {2, 63, 4, 2, 64}, {1, 65, 6, 2, 128}, {2, 129, 8, 2, 64}, {1, 200, 3, 1, 128},
-	{2, 17, 4, 2, 40}, {1, 9, 6, 3, 8}, {2, 33, 4, 1, 256}, {2, 7, 4, 4, 16},
+	{2, 17, 4, 2, 40}, {1, 9, 6, 3, 8}, {2, 33, 4, 1, 256}, {2, 7, 4, 4, 16}, {2, 65, 4, 2, 80}, {1, 129, 6, 3, 96},
 }
 
 // TestGQAttention checks grouped-query attention against the CPU, with the
-// default choice of kernels (flash for bf16 with head size 64 or 128) and
+// default choice of kernels (flash for bf16 with head size 64, 80, 96 or 128) and
 // with the row-wise kernels forced.
 func TestGQAttention(t *testing.T) {
 	for _, c := range []struct {
@@ -224,7 +224,7 @@ func TestGQAttention(t *testing.T) {
 				W, C := kernels.GQAWidth(NH, NKV, hs), NH*hs
 				for _, dt := range floatTypes {
 					name := fmt.Sprintf("B%d,T%d,NH%d,NKV%d,hs%d/%v", B, T, NH, NKV, hs, dt)
-					flash := c.impl == attnAuto && dt == kernels.BF16 && (hs == 64 || hs == 128) && p.g.(*Backend).flashErr == nil
+					flash := c.impl == attnAuto && dt == kernels.BF16 && flashHeadSize(hs) && p.g.(*Backend).flashErr == nil
 					qkv := p.random(dt, B*T*W, 2)
 					out := p.poison(dt, B*T*C)
 					lse := p.poison(kernels.F32, B*NH*T)

@@ -237,7 +237,8 @@ func TestAttention(t *testing.T) {
 
 // TestAttentionFlash checks the tensor-core forward and backward kernels
 // against the CPU backend at tile edges (T of 1, 63, 64, 65, 129, 200;
-// 16-row warp, 32- and 64-row tile boundaries) for both head sizes, and that
+// 16-row warp, 32- and 64-row tile boundaries) for head sizes 64, 80, 96 and
+// 128, and that
 // the backend's self-checks at Open passed, which is what makes the kernels
 // the default.
 func TestAttentionFlash(t *testing.T) {
@@ -250,7 +251,8 @@ func TestAttentionFlash(t *testing.T) {
 	if err := p.g.(*Backend).flashBwdErr; err != nil {
 		t.Errorf("flash backward self-check at Open: %v (the cuBLAS path is used instead)", err)
 	}
-	for _, sh := range [][4]int{{1, 1, 64, 1}, {2, 63, 128, 2}, {1, 64, 256, 2}, {2, 65, 256, 4}, {1, 129, 384, 3}, {2, 200, 512, 4}} {
+	for _, sh := range [][4]int{{1, 1, 64, 1}, {2, 63, 128, 2}, {1, 64, 256, 2}, {2, 65, 256, 4}, {1, 129, 384, 3}, {2, 200, 512, 4},
+		{2, 65, 160, 2}, {1, 63, 320, 4}, {1, 200, 384, 4}, {2, 129, 192, 2}} { // the last four: head sizes 80 and 96
 		B, T, C, NH := sh[0], sh[1], sh[2], sh[3]
 		name := fmt.Sprintf("B%d,T%d,C%d,NH%d", B, T, C, NH)
 		qkv := p.random(kernels.BF16, B*T*3*C, 2)

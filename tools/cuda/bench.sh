@@ -15,7 +15,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 out=${OUT:-$(mktemp -d /tmp/spill-bench.XXXXXX)}
 mkdir -p "$out"
-if [ -f .gpu/env.sh ]; then source .gpu/env.sh; fi
+if [ -f .gpu/env.sh ]; then source tools/cuda/gpuenv.sh; fi
 source tools/cuda/env.sh
 shapes=${SPILL_BENCH_SHAPES:-124m,1.3b}
 deadline=${SPILL_DEADLINE:-540}

@@ -16,7 +16,7 @@ cd "$root"
 R=${OUT:-$(mktemp -d /tmp/spill-check.XXXXXX)}
 export OUT=$R/k
 mkdir -p "$OUT"
-if [ -f .gpu/env.sh ]; then source .gpu/env.sh; fi
+if [ -f .gpu/env.sh ]; then source tools/cuda/gpuenv.sh; fi
 source tools/cuda/env.sh
 deadline=${SPILL_DEADLINE:-300}
 {

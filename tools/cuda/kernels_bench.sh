@@ -31,7 +31,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 out=${OUT:-$(mktemp -d /tmp/spill-kbench.XXXXXX)}
 mkdir -p "$out"
-if [ -f .gpu/env.sh ]; then source .gpu/env.sh; fi
+if [ -f .gpu/env.sh ]; then source tools/cuda/gpuenv.sh; fi
 source tools/cuda/env.sh
 deadline=${SPILL_DEADLINE:-480}
 attn=${SPILL_ATTN_SWEEP:-64:1024,64:2048,64:4096,64:8192,128:1024,128:2048,128:4096,128:8192}

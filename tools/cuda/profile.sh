@@ -12,7 +12,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 out=${OUT:-$(mktemp -d /tmp/spill-prof.XXXXXX)}
 mkdir -p "$out"
-if [ -f .gpu/env.sh ]; then source .gpu/env.sh; fi
+if [ -f .gpu/env.sh ]; then source tools/cuda/gpuenv.sh; fi
 source tools/cuda/env.sh
 shape=${SPILL_BENCH_SHAPES:-124m}
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -n1)

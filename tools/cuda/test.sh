@@ -12,7 +12,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 out=${OUT:-$(mktemp -d /tmp/spill-cuda.XXXXXX)}
 mkdir -p "$out"
-if [ -f .gpu/env.sh ]; then source .gpu/env.sh; fi
+if [ -f .gpu/env.sh ]; then source tools/cuda/gpuenv.sh; fi
 source tools/cuda/env.sh
 status=0
 step() {

@@ -1,5 +1,6 @@
 // flashattn: causal attention forward and backward on the tensor cores for
-// bf16 with head size 64 or 128 (see flash.go). Forward: flash-attention style, one block
+// bf16 with head size 64, 80, 96 or 128 (see flash.go; the two-tile forward
+// and the fused backward at 64 and 128 only). Forward: flash-attention style, one block
 // of 4 warps per 64 query rows of one (batch, head), each warp owning 16
 // rows. Keys and values stream through shared memory 64 at a time; scores
 // S = Q·Kᵀ and the output O += P·V are mma.sync m16n8k16 bf16 products with
@@ -54,6 +55,13 @@ __device__ __forceinline__ void fa_ldsm4t(uint32_t* r, const uint16_t* p) {
                  : "r"(a));
 }
 
+// fa_ldsm2 is fa_ldsm4 for two matrices: lanes 0..15 give the row
+// addresses (lanes 8i..8i+7 those of matrix i), r[0] and r[1] get them.
+__device__ __forceinline__ void fa_ldsm2(uint32_t* r, const uint16_t* p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+
 // fa_cp_rows starts cp.async copies that fill a shared tile of `rows` rows
 // (row stride HS+8) from global rows r0.. of stride `stride` elements,
 // zero past T (a source size of 0 writes zeros; the row-0 address stands in
@@ -83,6 +91,24 @@ __device__ __forceinline__ void fa_acc2(uint16_t* p, float lo, float hi, bool se
         hi += __uint_as_float(w & 0xffff0000u);
     }
     *reinterpret_cast<uint32_t*>(p) = fa_pack(lo, hi);
+}
+
+// fa_mma_k2 adds to d (16x8) the products over the columns 16kk..16kk+31
+// of a head: a[kk]·B(kk) + a[kk+1]·B(kk+1), the B fragments by one
+// ldmatrix from p (lanes 8i..8i+7 giving the rows of matrix i, as
+// fa_ldsm4). For the last kk of an odd KD (head size 80) only a[kk]·B(kk),
+// by fa_ldsm2: at an even KD that branch is never taken.
+template <int KD>
+__device__ __forceinline__ void fa_mma_k2(float* d, const uint32_t (*a)[4], const uint16_t* p, int kk) {
+    uint32_t bk[4];
+    if (kk + 1 < KD) {
+        fa_ldsm4(bk, p);
+        fa_mma(d, a[kk], bk[0], bk[1]);
+        fa_mma(d, a[kk + 1], bk[2], bk[3]);
+    } else {
+        fa_ldsm2(bk, p);
+        fa_mma(d, a[kk], bk[0], bk[1]);
+    }
 }
 
 // fa_ld_rows fills a shared tile of `rows` rows (row stride HS+8) from
@@ -170,12 +196,7 @@ __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __r
                 s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
                 const uint16_t* kp = Ks + (8 * j + (lane & 7)) * KS + 8 * (lane >> 3);
 #pragma unroll
-                for (int kk = 0; kk < KD; kk += 2) {
-                    uint32_t bk[4];
-                    fa_ldsm4(bk, kp + 16 * kk);
-                    fa_mma(s[j], qf[kk], bk[0], bk[1]);
-                    fa_mma(s[j], qf[kk + 1], bk[2], bk[3]);
-                }
+                for (int kk = 0; kk < KD; kk += 2) fa_mma_k2<KD>(s[j], qf, kp + 16 * kk, kk);
             }
             // Raw scores (scale > 0 commutes with max); keys after a row, and
             // so keys past T, are masked on the tiles that reach past w0.
@@ -283,6 +304,7 @@ __device__ __forceinline__ void flash_fwd_mt(uint16_t* __restrict__ out, float* 
                                              const uint16_t* __restrict__ qkv, int T, int NH, int NKV, float scale_log2,
                                              uint16_t* Ks, uint16_t* Vs) {
     constexpr int KS = HS + 8, KD = HS / 16, ND = HS / 8, NK = FA_BK / 8, BQ = 64 * MT;
+    static_assert(HS % 32 == 0, "flash_fwd_mt pairs the 16-column slices of a head");
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
     // The last query blocks have the most keys: start them first.
@@ -535,12 +557,7 @@ __device__ __forceinline__ void flash_bwd_kv(uint16_t* __restrict__ dqkv, const 
                 s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
                 const int off = (8 * j + (lane & 7)) * QS + 8 * (lane >> 3);
 #pragma unroll
-                for (int kk = 0; kk < KD; kk += 2) {
-                    uint32_t bq[4];
-                    fa_ldsm4(bq, Qs + off + 16 * kk);
-                    fa_mma(s[j], kf[kk], bq[0], bq[1]);
-                    fa_mma(s[j], kf[kk + 1], bq[2], bq[3]);
-                }
+                for (int kk = 0; kk < KD; kk += 2) fa_mma_k2<KD>(s[j], kf, Qs + off + 16 * kk, kk);
                 const int qi = 8 * j + 2 * c, q = q0 + qi;
                 const float l0 = Ls[qi], l1 = Ls[qi + 1];
                 s[j][0] = fa_exp2(s[j][0] * scale_log2 - l0);
@@ -567,12 +584,7 @@ __device__ __forceinline__ void flash_bwd_kv(uint16_t* __restrict__ dqkv, const 
             dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.f;
             const int off = (8 * j + (lane & 7)) * QS + 8 * (lane >> 3);
 #pragma unroll
-            for (int kk = 0; kk < KD; kk += 2) {
-                uint32_t bg[4];
-                fa_ldsm4(bg, Gs + off + 16 * kk);
-                fa_mma(dp[j], vf[kk], bg[0], bg[1]);
-                fa_mma(dp[j], vf[kk + 1], bg[2], bg[3]);
-            }
+            for (int kk = 0; kk < KD; kk += 2) fa_mma_k2<KD>(dp[j], vf, Gs + off + 16 * kk, kk);
             const int qi = 8 * j + 2 * c;
             const float d0 = Ds[qi], d1 = Ds[qi + 1];
             dp[j][0] = s[j][0] * (dp[j][0] - d0);
@@ -678,12 +690,7 @@ __device__ __forceinline__ void flash_bwd_q(uint16_t* __restrict__ dqkv, const u
                 s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
                 const int off = (8 * j + (lane & 7)) * KS + 8 * (lane >> 3);
 #pragma unroll
-                for (int kk = 0; kk < KD; kk += 2) {
-                    uint32_t bk[4];
-                    fa_ldsm4(bk, Ks + off + 16 * kk);
-                    fa_mma(s[j], qf[kk], bk[0], bk[1]);
-                    fa_mma(s[j], qf[kk + 1], bk[2], bk[3]);
-                }
+                for (int kk = 0; kk < KD; kk += 2) fa_mma_k2<KD>(s[j], qf, Ks + off + 16 * kk, kk);
                 const int key = k0 + 8 * j + 2 * c;
                 s[j][0] = fa_exp2(s[j][0] * scale_log2 - l0);
                 s[j][1] = fa_exp2(s[j][1] * scale_log2 - l0);
@@ -712,12 +719,7 @@ __device__ __forceinline__ void flash_bwd_q(uint16_t* __restrict__ dqkv, const u
             dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.f;
             const int off = (8 * j + (lane & 7)) * KS + 8 * (lane >> 3);
 #pragma unroll
-            for (int kk = 0; kk < KD; kk += 2) {
-                uint32_t bv[4];
-                fa_ldsm4(bv, Vs + off + 16 * kk);
-                fa_mma(dp[j], gf[kk], bv[0], bv[1]);
-                fa_mma(dp[j], gf[kk + 1], bv[2], bv[3]);
-            }
+            for (int kk = 0; kk < KD; kk += 2) fa_mma_k2<KD>(dp[j], gf, Vs + off + 16 * kk, kk);
             dp[j][0] = s[j][0] * (dp[j][0] - d0);
             dp[j][1] = s[j][1] * (dp[j][1] - d0);
             dp[j][2] = s[j][2] * (dp[j][2] - d1);
@@ -778,6 +780,7 @@ __device__ __forceinline__ void flash_bwd_fused(uint16_t* __restrict__ dqkv, flo
                                                 const float* __restrict__ lse, const float* __restrict__ Dd, int T, int NH,
                                                 int NKV, float scale_log2, float scale, bool set, uint16_t* Ks,
                                                 uint16_t* Qb, uint16_t* Gs, uint16_t* St, float* Lb, float* Db) {
+    static_assert(HS % 32 == 0, "flash_bwd_fused pairs the 16-column slices of a head");
     constexpr int NT = 32 * NW, BKV = 16 * NW;
     constexpr int KS = HS + 8, QS = HS + 8, SS = BQ + 8, KD = HS / 16, ND = HS / 8, NQ = BQ / 8;
     // dQ's split: WR groups of 16-row tiles times WC groups of HS/WC columns.
@@ -1385,6 +1388,18 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS)
     flash_fwd<128>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
 }
 
+// flash_fwd_bf16_hs80 and _hs96: the same at head sizes 80 and 96 (five
+// and six 16-column slices of a head: fa_mma_k2 takes the odd one alone).
+#define FA_FWD(HS) \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS) \
+        flash_fwd_bf16_hs##HS(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) { \
+        __shared__ __align__(16) uint16_t Ks[FA_BK * (HS + 8)]; \
+        __shared__ __align__(16) uint16_t Vs[FA_BK * (HS + 8)]; \
+        flash_fwd<HS>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs); \
+    }
+FA_FWD(80)
+FA_FWD(96)
+
 // flash_fwd2_bf16_hs64: flash_fwd_bf16_hs64 with two 16-row tiles per
 // warp (flash_fwd_mt): grid (ceil(T/128), B·NH), 128 threads.
 extern "C" __global__ void __launch_bounds__(FA_THREADS, 2)
@@ -1437,6 +1452,29 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS)
     flash_bwd_q<128, 32>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, scale, set != 0, Kb, Vs);
 }
 
+// flash_bwd_kv_bf16_hs80, _hs96, flash_bwd_q_bf16_hs80, _hs96: the split
+// kernels at head sizes 80 and 96, 32 queries (keys) at a time as at 128.
+#define FA_BWD_SPLIT(HS, BT) \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS) \
+        flash_bwd_kv_bf16_hs##HS(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, \
+                                 int NH, int NKV, float scale_log2, float scale, int set) { \
+        __shared__ __align__(16) uint16_t Qb[2 * BT * (HS + 8)]; \
+        __shared__ __align__(16) uint16_t Gs[BT * (HS + 8)]; \
+        __shared__ float Lb[2 * BT], Db[2 * BT]; \
+        flash_bwd_kv<HS, BT>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, \
+                             scale, set != 0, Qb, Gs, Lb, Db); \
+    } \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS) \
+        flash_bwd_q_bf16_hs##HS(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, \
+                                int NH, int NKV, float scale_log2, float scale, int set) { \
+        __shared__ __align__(16) uint16_t Kb[2 * BT * (HS + 8)]; \
+        __shared__ __align__(16) uint16_t Vs[BT * (HS + 8)]; \
+        flash_bwd_q<HS, BT>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, \
+                            scale, set != 0, Kb, Vs); \
+    }
+FA_BWD_SPLIT(80, 32)
+FA_BWD_SPLIT(96, 32)
+
 // flash_bwd_kv_v and flash_bwd_q_v entry points (the split backward's
 // variants; flash.go): operands as flash_bwd_kv_* and flash_bwd_q_*; grid
 // (ceil(T/(16·NW)), B·NKV) and (ceil(T/(16·NW)), B·NH), 32·NW threads,
@@ -1457,6 +1495,10 @@ FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_sm_bf16_hs64, 64, 64, 4, true, 3)
 FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_sm_bf16_hs128, 128, 64, 4, true, 2)
 FA_BWD_V(flash_bwd_q_v, flash_bwd_q_sm_bf16_hs64, 64, 64, 4, true, 4)
 FA_BWD_V(flash_bwd_q_v, flash_bwd_q_sm_bf16_hs128, 128, 64, 4, true, 2)
+FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_sm_bf16_hs80, 80, 64, 4, true, 2)
+FA_BWD_V(flash_bwd_kv_v, flash_bwd_kv_sm_bf16_hs96, 96, 64, 4, true, 2)
+FA_BWD_V(flash_bwd_q_v, flash_bwd_q_sm_bf16_hs80, 80, 64, 4, true, 2)
+FA_BWD_V(flash_bwd_q_v, flash_bwd_q_sm_bf16_hs96, 96, 64, 4, true, 2)
 
 // flash_bwd_fused entry points: dqkv's key and value columns += (or, with
 // set, =) dK and dV, and dq(B, NH, T, hs) float32 += the unscaled dQ, which

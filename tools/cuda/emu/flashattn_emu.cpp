@@ -76,12 +76,13 @@ using std::min;
 
 // ldmatrix, warp-collectively: lanes 8i..8i+7 give the rows of matrix i.
 const uint16_t* la[8][32];
-static void ldsm4(uint32_t* r, const uint16_t* p, bool trans) {
+// n matrices (4 or 2: with 2, lanes 16..31 give no address and are not read).
+static void ldsm4(uint32_t* r, const uint16_t* p, bool trans, int n = 4) {
   int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  if (((uintptr_t)p) % 16 != 0) { printf("ldmatrix: row address %p not 16-byte aligned\n", (const void*)p); abort(); }
-  la[w][l] = p; warpBar[w]->arrive_and_wait();
+  if (l < 8 * n && ((uintptr_t)p) % 16 != 0) { printf("ldmatrix: row address %p not 16-byte aligned\n", (const void*)p); abort(); }
+  la[w][l] = l < 8 * n ? p : nullptr; warpBar[w]->arrive_and_wait();
   int g = l >> 2, c = l & 3;
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < n; i++) {
     uint16_t e0, e1;
     if (!trans) { e0 = la[w][8 * i + g][2 * c]; e1 = la[w][8 * i + g][2 * c + 1]; }
     else { e0 = la[w][8 * i + 2 * c][g]; e1 = la[w][8 * i + 2 * c + 1][g]; }
@@ -91,6 +92,7 @@ static void ldsm4(uint32_t* r, const uint16_t* p, bool trans) {
 }
 static void fa_ldsm4(uint32_t* r, const uint16_t* p) { ldsm4(r, p, false); }
 static void fa_ldsm4t(uint32_t* r, const uint16_t* p) { ldsm4(r, p, true); }
+static void fa_ldsm2(uint32_t* r, const uint16_t* p) { ldsm4(r, p, false, 2); }
 static float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 // cp.async, synchronously: the copies land at once (the pipeline's races
 // are not modelled, only its indexing).
@@ -321,6 +323,12 @@ static void run_variants(int& bad) {
   run_bwd<64, 64, 0, 8, true>(1, 200, 2, 71, bad, true);
   run_bwd<128, 64, 0, 8, true>(2, 65, 2, 74, bad, true);
   run_bwd<128, 64, 0, 8, true>(1, 130, 2, 75, bad, false, 1);
+  // Head sizes 80 (an odd number of 16-column slices) and 96, as the
+  // entry points instantiate them (4 warps, SM, 64-row tiles).
+  run_bwd<80, 64, 0, 4, true>(2, 65, 2, 76, bad, true);
+  run_bwd<80, 64, 0, 4, true>(1, 130, 4, 77, bad, false, 2);
+  run_bwd<96, 64, 0, 4, true>(1, 1, 1, 78, bad);
+  run_bwd<96, 64, 0, 4, true>(1, 200, 2, 79, bad, false, 1);
 }
 
 // EMU_BWD_VARIANTS=1 runs only run_variants (quicker, for mutants).
@@ -338,12 +346,22 @@ int main() {
   run<64, 2>(1, 200, 2, 24, bad);
   run<128, 2>(1, 130, 1, 25, bad);
   run<64, 1>(1, 100, 1, 26, bad);
+  run<80>(1, 1, 1, 27, bad);
+  run<80>(2, 65, 2, 28, bad);
+  run<80>(1, 130, 4, 29, bad, 2);
+  run<96>(1, 63, 1, 30, bad);
+  run<96>(1, 200, 3, 39, bad, 1);
   run_bwd<64, 64>(1, 1, 1, 6, bad);
   run_bwd<64, 64>(2, 65, 2, 7, bad);
   run_bwd<64, 64>(2, 65, 2, 11, bad, true);
   run_bwd<128, 32>(1, 63, 1, 8, bad);
   run_bwd<128, 32>(1, 130, 2, 9, bad, true);
   run_bwd<64, 64>(1, 200, 1, 10, bad);
+  run_bwd<80, 32>(1, 1, 1, 12, bad);
+  run_bwd<80, 32>(2, 65, 2, 13, bad, true);
+  run_bwd<80, 32>(1, 130, 4, 14, bad, false, 2);
+  run_bwd<96, 32>(1, 63, 1, 15, bad);
+  run_bwd<96, 32>(1, 130, 3, 16, bad, true, 1);
   // Grouped-query attention: groups of 2, 3 and 4 query heads per
   // key/value head, and one key/value head for all (multi-query).
   run<64>(2, 70, 4, 31, bad, 2);
