@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/spill-ml/spill/kernels"
@@ -410,7 +411,9 @@ func (b *Backend) WaitEvent(kq kernels.Queue, ke kernels.Event) error {
 		return fmt.Errorf("kernels/cuda: event %T is not from this backend", ke)
 	}
 	q.enqueue(func(q *queue) error {
+		t := time.Now()
 		<-e.recorded
+		q.waited += time.Since(t)
 		if e.h.err != nil {
 			return e.h.err
 		}

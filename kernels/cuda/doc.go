@@ -43,7 +43,9 @@
 //     copy, a GEMM; a closure only for the rarer paths), so that an op
 //     allocates nothing in steady state, and the goroutine launches
 //     through this package's own cuLaunchKernel call (launchArgs);
-//     HostStats reports how long the goroutines spend issuing work;
+//     HostStats reports how long the goroutines spend issuing work and
+//     HostWait how long they wait instead (for the device, which they run
+//     at most about 256 jobs ahead of, or for another queue's event);
 //   - everything else (Alloc, Free, event waits, pinned memory) runs on a
 //     small pool of such goroutines, grown when all are busy up to 128
 //     (each is an OS thread); past that a caller waits for one. Events

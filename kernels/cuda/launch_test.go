@@ -4,6 +4,8 @@ package cuda
 
 import (
 	"context"
+	"encoding/binary"
+	"math"
 	"testing"
 	"time"
 
@@ -142,5 +144,47 @@ func BenchmarkStepOps(b *testing.B) {
 		b.ReportMetric(float64(l1-l0)/float64(b.N), "launches/op")
 		b.ReportMetric(float64(j1-j0)/float64(b.N), "jobs/op")
 		b.ReportMetric(float64((t1-t0)/time.Nanosecond)/float64(l1-l0), "host-ns/launch")
+	}
+}
+
+// TestInflightBound fills a 256 MiB tensor 1500 times, each fill tens of
+// microseconds of device time against a few of host time, so the queue's
+// goroutine must wait for the device under the in-flight bound
+// (queue.marks): HostWait has to grow. The last fill's value must be the
+// one read back, first and last element: the waits keep the order.
+func TestInflightBound(t *testing.T) {
+	be, err := Open(kernels.Config{MemoryLimit: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := be.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}()
+	const n = 64 << 20 // float32 elements
+	buf, err := be.Alloc(4*n, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := kernels.View(buf, 0, kernels.F32, n)
+	q := be.DefaultQueue()
+	w0 := HostWait()
+	const fills = 1500
+	for i := range fills {
+		be.Fill(q, x, float32(i))
+	}
+	got := make([]byte, 4*n)
+	be.CopyToHost(q, got, x)
+	if err := q.Synchronize(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if w := HostWait() - w0; w <= 0 {
+		t.Errorf("HostWait grew by %v over %d fills of %d MiB: the queue never waited for the device", w, fills, 4*n>>20)
+	}
+	for _, i := range []int{0, n - 1} {
+		if v := math.Float32frombits(binary.LittleEndian.Uint32(got[4*i:])); v != fills-1 {
+			t.Errorf("element %d = %g after the fills, want %d", i, v, fills-1)
+		}
 	}
 }

@@ -48,8 +48,10 @@ def main():
                    "tokens/s over the steps after warm-up (compilation excluded); llama1b: spill's llama3.2-1b preset "
                    "(B 4, T 2048) against transformers' LlamaForCausalLM with each decoder layer compiled "
                    "(tools/bench/llama_ref.py bench, median step), its model TFLOP/s from the engine's FLOP count",
-                   "host_issue_*: the spill queue goroutines' time issuing CUDA work per step (cuda.HostStats); "
-                   "share_of_step well below 1 means the host is not the bottleneck",
+                   "host_issue_*: the spill queue goroutines' time issuing CUDA work per step (cuda.HostStats), "
+                   "not counting host_wait_ms_per_step, the time they waited instead (cuda.HostWait: for the device, "
+                   "which they run at most ~256 jobs ahead of, or for another queue's event); share_of_step well "
+                   "below 1 means the host is not the bottleneck",
                ])
     sa, ta = load(d, "spill_attn.json"), load(d, "torch_attn.json")
     if sa:
@@ -106,6 +108,7 @@ def main():
                    host_issue_ms_per_step=sp.get("host_issue_ms_per_step"),
                    host_issue_ns_per_job=sp.get("host_issue_ns_per_job"),
                    host_issue_share_of_step=sp.get("host_issue_share_of_step"),
+                   host_wait_ms_per_step=sp.get("host_wait_ms_per_step"),
                    torch_compile_tokens_per_sec=tc.get("tokens_per_sec"),
                    torch_compile_model_tflops=tc.get("model_tflops"), torch_compiled=tc.get("compiled"), torch_impl=tc.get("impl"),
                    torch_peak_gib=tc.get("peak_device_gib"),

@@ -6,4 +6,4 @@ package main
 // statistics per training step.
 import "github.com/spill-ml/spill/kernels/cuda"
 
-func init() { hostStats = cuda.HostStats }
+func init() { hostStats, hostWait = cuda.HostStats, cuda.HostWait }

@@ -87,15 +87,24 @@ type trainResult struct {
 	HostMsPerStep       float64 `json:"host_issue_ms_per_step,omitempty"`
 	HostNsPerJob        float64 `json:"host_issue_ns_per_job,omitempty"`
 	HostShareOfStep     float64 `json:"host_issue_share_of_step,omitempty"`
+	// Milliseconds per step the goroutines waited instead (cuda.HostWait):
+	// for the device, which they run a bounded number of jobs ahead of,
+	// or for another queue's event. Issue plus wait is about the step's
+	// time on the busiest queue; a GPU-bound step spends most of it
+	// waiting.
+	HostWaitMsPerStep float64 `json:"host_wait_ms_per_step,omitempty"`
 }
 
 // hostStats is cuda.HostStats in a cuda build (backend_cuda.go), else nil.
 var hostStats func() (jobs, launches int64, busy time.Duration)
 
+// hostWait is cuda.HostWait in a cuda build, else nil.
+var hostWait func() time.Duration
+
 // hostSample is hostStats at one step's report.
 type hostSample struct {
 	jobs, launches int64
-	busy           time.Duration
+	busy, wait     time.Duration
 }
 
 type gemmResult struct {
@@ -244,8 +253,8 @@ func run(ctx context.Context, device, torchPath, outPath string, only []string, 
 		}
 		fmt.Printf("   spill: %.0f tok/s, %.1f TFLOP/s, step %.1f ms, peak %.2f GiB", res.TokensPerSec, res.ModelTFLOPs, res.StepMsMedian, res.PeakGiB)
 		if res.HostJobsPerStep > 0 {
-			fmt.Printf(", host %.2f ms/step issuing %.0f jobs (%.0f launches, %.0f ns/job)", res.HostMsPerStep, res.HostJobsPerStep,
-				res.HostLaunchesPerStep, res.HostNsPerJob)
+			fmt.Printf(", host %.2f ms/step issuing %.0f jobs (%.0f launches, %.0f ns/job), %.2f ms waiting", res.HostMsPerStep,
+				res.HostJobsPerStep, res.HostLaunchesPerStep, res.HostNsPerJob, res.HostWaitMsPerStep)
 		}
 		if r.Ratio != nil {
 			fmt.Printf(", %.3fx PyTorch", *r.Ratio)
@@ -330,6 +339,9 @@ func train(ctx context.Context, device string, s shape) (trainResult, error) {
 			if hostStats != nil {
 				var h hostSample
 				h.jobs, h.launches, h.busy = hostStats()
+				if hostWait != nil {
+					h.wait = hostWait()
+				}
 				hs = append(hs, h)
 			}
 		}),
@@ -365,6 +377,7 @@ func train(ctx context.Context, device string, s shape) (trainResult, error) {
 			res.HostNsPerJob = float64((z.busy - a.busy).Nanoseconds()) / float64(z.jobs-a.jobs)
 		}
 		res.HostShareOfStep = res.HostMsPerStep / (wall * 1e3 / n)
+		res.HostWaitMsPerStep = (z.wait - a.wait).Seconds() * 1e3 / n
 	}
 	res.PeakBytes = sum.PeakDeviceBytes
 	res.PeakGiB = float64(sum.PeakDeviceBytes) / (1 << 30)
