@@ -6,6 +6,9 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
+	"reflect"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -203,7 +206,11 @@ func (q *queue) run(started chan<- error) {
 		if err != nil {
 			q.fail(err)
 		}
-		hostStats.nanos.Add(int64(time.Since(t0) - q.waited))
+		d := time.Since(t0) - q.waited
+		if hostSlow > 0 && d >= hostSlow {
+			q.logSlow(j, d)
+		}
+		hostStats.nanos.Add(int64(d))
 		hostStats.waitNanos.Add(int64(q.waited))
 		hostStats.jobs.Add(1)
 		j.f, j.host = nil, nil // let the closure and host memory go
@@ -228,6 +235,41 @@ func (q *queue) run(started chan<- error) {
 		q.b.unreserve(q.attnN, "attention")
 	}
 	_ = q.stream.Destroy()
+}
+
+// hostSlow, from SPILL_HOST_SLOW at start-up (a duration such as "1ms";
+// unset or invalid: off), makes every job whose issue time reaches it
+// print a line to standard error: the queue, the job's kind and kernel or
+// function, and the time. It finds what holds a queue's goroutine when
+// HostStats says the host is busy.
+var hostSlow = func() time.Duration {
+	d, err := time.ParseDuration(os.Getenv("SPILL_HOST_SLOW"))
+	if err != nil {
+		return 0
+	}
+	return d
+}()
+
+// logSlow prints the SPILL_HOST_SLOW line of job j, which took d.
+func (q *queue) logSlow(j *job, d time.Duration) {
+	what := fmt.Sprintf("kind %d", j.kind)
+	switch j.kind {
+	case jobFunc:
+		what = "func " + runtime.FuncForPC(reflect.ValueOf(j.f).Pointer()).Name()
+	case jobLaunch:
+		what = "launch ?"
+		for name, fn := range q.b.fns {
+			if fn == j.fn {
+				what = "launch " + name
+				break
+			}
+		}
+	case jobGemm:
+		what = "gemm"
+	case jobCopyDtoH, jobCopyHtoD:
+		what = fmt.Sprintf("copy (kind %d) of %d bytes", j.kind, j.args[1])
+	}
+	fmt.Fprintf(os.Stderr, "spill: SPILL_HOST_SLOW: queue %q: %s: %v\n", q.name, what, d)
 }
 
 // mark records the next event of the in-flight ring (queue.marks) on the
