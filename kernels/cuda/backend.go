@@ -43,6 +43,9 @@ type Backend struct {
 	flashBwdErr error
 	// flashFwd2Err is the same for the two-tile forward (flash.go).
 	flashFwd2Err error
+	// flashFwd2x128Err is the same for the head-size-128 two-tile
+	// forwards (flash.go, flashFwd2x128).
+	flashFwd2x128Err error
 	// flashBwdFusedErr is the same for the fused backward kernels
 	// (flash.go); without them the flash backward takes the split kernels.
 	flashBwdFusedErr error
@@ -138,7 +141,7 @@ func Open(cfg kernels.Config) (*Backend, error) {
 			b.flashErr = b.checkFlash()
 		}
 		if b.flashErr != nil {
-			b.flashFwd2Err = b.flashErr
+			b.flashFwd2Err, b.flashFwd2x128Err = b.flashErr, b.flashErr
 			if b.flashSM90Err == nil {
 				b.flashSM90Err = b.flashErr
 			}

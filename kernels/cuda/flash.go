@@ -76,7 +76,32 @@ const (
 
 var flashFwd2 = os.Getenv("SPILL_FLASH_FWD") != "1"
 
-// flashFwd2Launches counts the forward calls that took flashFwd2Name.
+// flashFwd2x128 is the two-tile forward at head size 128 that
+// AttentionForward takes, opt-in: SPILL_FLASH_FWD2_128=64 at start-up
+// selects flash_fwd2_bf16_hs128 (64 keys per tile), =32
+// flash_fwd2k32_bf16_hs128 (32 keys per tile, fewer registers), anything
+// else neither (""). Both are checked at Open (Backend.flashFwd2x128Err);
+// tests set it.
+var flashFwd2x128 = flashFwd2x128Of(os.Getenv("SPILL_FLASH_FWD2_128"))
+
+// The head-size-128 two-tile forwards (flashFwd2x128).
+const (
+	flashFwd2HS128    = "flash_fwd2_bf16_hs128"
+	flashFwd2K32HS128 = "flash_fwd2k32_bf16_hs128"
+)
+
+func flashFwd2x128Of(v string) string {
+	switch v {
+	case "64":
+		return flashFwd2HS128
+	case "32":
+		return flashFwd2K32HS128
+	}
+	return ""
+}
+
+// flashFwd2Launches counts the forward calls that took a two-tile kernel
+// (flashFwd2Name, or flashFwd2x128 at head size 128).
 var flashFwd2Launches atomic.Int64
 
 // flashFunc returns the flash kernel for a forward call, or false when it
@@ -89,6 +114,11 @@ func (b *Backend) flashFunc(o, x operand, B, NH, hs int) (fn kfunc, rows int, ok
 	}
 	if fn, rows, ok := b.useFlashSM90(hs); ok {
 		return fn, rows, true // flash_sm90.go
+	}
+	if hs == 128 && flashFwd2x128 != "" && b.flashFwd2x128Err == nil {
+		if fn, ok := b.fns[flashFwd2x128]; ok {
+			return fn, flashRows2, true
+		}
 	}
 	if hs == 64 && flashFwd2 && b.flashFwd2Err == nil {
 		if fn, ok := b.fns[flashFwd2Name]; ok {
@@ -134,6 +164,8 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 		}
 	} else if hs == 64 && flashFwd2 && b.flashFwd2Err == nil {
 		fwd += " (two 16-row tiles per warp)"
+	} else if hs == 128 && flashFwd2x128 != "" && b.flashFwd2x128Err == nil {
+		fwd += " (two 16-row tiles per warp: " + flashFwd2x128 + ")"
 	}
 	f, _ := b.flashBwdByHead(hs, flashBwdMode)
 	switch {
@@ -175,6 +207,13 @@ func (b *Backend) checkFlash() error {
 		b.flashFwd2Err = fmt.Errorf("kernel %s missing from the embedded PTX", flashFwd2Name)
 	} else if err := b.checkFlashShape(fn, flashRows2, B, 200, NH*64, NH); err != nil {
 		b.flashFwd2Err = fmt.Errorf("%s self-check (B%d T200 C%d NH%d): %w", flashFwd2Name, B, NH*64, NH, err)
+	}
+	for _, name := range []string{flashFwd2HS128, flashFwd2K32HS128} {
+		if fn, ok := b.fns[name]; !ok {
+			b.flashFwd2x128Err = fmt.Errorf("kernel %s missing from the embedded PTX", name)
+		} else if err := b.checkFlashShape(fn, flashRows2, B, 200, NH*128, NH); err != nil {
+			b.flashFwd2x128Err = fmt.Errorf("%s self-check (B%d T200 C%d NH%d): %w", name, B, NH*128, NH, err)
+		}
 	}
 	return nil
 }

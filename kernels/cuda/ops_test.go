@@ -456,6 +456,40 @@ func TestSumSquaresFinite(t *testing.T) {
 	}
 }
 
+// TestAttentionFlash2HS128 checks the opt-in two-tile forwards at head
+// size 128 (flashFwd2x128: 64 and 32 keys per tile) against the CPU
+// backend with poisoned outputs, multi-head (T of 1, 65, 129, 200, 300:
+// 16-row tiles, 32- and 64-key tiles, 128-row blocks) and grouped-query,
+// and that their self-check at Open passed.
+func TestAttentionFlash2HS128(t *testing.T) {
+	defer func(impl int, v string, h bool) { attnImpl, flashFwd2x128, flashSM90 = impl, v, h }(attnImpl, flashFwd2x128, flashSM90)
+	attnImpl, flashSM90 = attnFlash, false
+	p := openPair(t)
+	if err := p.g.(*Backend).flashFwd2x128Err; err != nil {
+		t.Fatalf("head-size-128 two-tile forward self-check at Open: %v", err)
+	}
+	for _, v := range []string{"64", "32"} {
+		flashFwd2x128 = flashFwd2x128Of(v)
+		for _, sh := range [][5]int{{1, 1, 1, 1}, {2, 65, 2, 2}, {1, 129, 4, 4}, {1, 200, 2, 2}, {2, 300, 4, 4}, {1, 130, 6, 2}, {2, 97, 4, 1}} {
+			B, T, NH, NKV := sh[0], sh[1], sh[2], sh[3]
+			const hs = 128
+			name := fmt.Sprintf("%s/B%d,T%d,NH%d,NKV%d", flashFwd2x128, B, T, NH, NKV)
+			W, C := kernels.GQAWidth(NH, NKV, hs), NH*hs
+			qkv := p.random(kernels.BF16, B*T*W, 2)
+			out, lse := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)
+			n0 := flashFwd2Launches.Load()
+			p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
+				llama(b).GQAttentionForward(q, s(out), s(lse), s(qkv), B, T, NH, NKV, hs)
+			})
+			if flashFwd2Launches.Load() == n0 {
+				t.Errorf("%s: the two-tile kernel did not run", name)
+			}
+			p.check(name+"/out", out, 1)
+			p.check(name+"/lse", lse, 2)
+		}
+	}
+}
+
 // TestAttentionFlash2 checks the two-tile forward (flash_fwd2_bf16_hs64,
 // the default for head size 64) and the one-tile one it replaced against
 // the CPU backend, then against each other on the same inputs (T of 1, 65,

@@ -13,6 +13,8 @@
 #                  transpose flag, the mask, a fence, a wait; in the pipelined
 #                  kernel a wait_group count, a V buffer, a barrier) that must
 #                  fail.
+#   emu.sh fwdmt   only the two-tile forwards at head size 128 (64 and 32
+#                  keys per tile);
 #   emu.sh bwdv    only the split backward's variants of flashattn.cu
 #                  (flash_bwd_kv_v, flash_bwd_q_v: against float64 and bit
 #                  for bit against the split kernels), then their mutants,
@@ -71,7 +73,7 @@ if [ "${1:-}" != sm90 ]; then
   body "$root/kernels/cuda/kernels/flashattn.cu" >"$tmp/flashattn_body.inc"
   cp "$root/tools/cuda/emu/flashattn_emu.cpp" "$tmp/"
   cxx -o "$tmp/emu" "$tmp/flashattn_emu.cpp"
-  "$tmp/emu"
+  if [ "${1:-}" = fwdmt ]; then EMU_FWD_MT=1 "$tmp/emu"; else "$tmp/emu"; fi
   exit
 fi
 src=$root/kernels/cuda/kernels/flashattn_sm90.cu

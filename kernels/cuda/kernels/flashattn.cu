@@ -299,11 +299,12 @@ __device__ __forceinline__ void flash_fwd(uint16_t* __restrict__ out, float* __r
 // rows per block): each K and V fragment loaded by ldmatrix feeds MT
 // products instead of one, and the address arithmetic of a key tile is
 // shared by MT row tiles. MT 1 computes what flash_fwd does.
-template <int HS, int MT>
+template <int HS, int MT, int BK = FA_BK>
 __device__ __forceinline__ void flash_fwd_mt(uint16_t* __restrict__ out, float* __restrict__ lse,
                                              const uint16_t* __restrict__ qkv, int T, int NH, int NKV, float scale_log2,
                                              uint16_t* Ks, uint16_t* Vs) {
-    constexpr int KS = HS + 8, KD = HS / 16, ND = HS / 8, NK = FA_BK / 8, BQ = 64 * MT;
+    constexpr int KS = HS + 8, KD = HS / 16, ND = HS / 8, NK = BK / 8, BQ = 64 * MT;
+    static_assert(BK % 16 == 0 && BK <= FA_BK, "key tiles of 16 to 64 rows");
     static_assert(HS % 32 == 0, "flash_fwd_mt pairs the 16-column slices of a head");
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
@@ -330,12 +331,12 @@ __device__ __forceinline__ void flash_fwd_mt(uint16_t* __restrict__ out, float* 
     const int qlast = min(q0 + BQ, T) - 1;  // the block's last valid row
     const bool active = w0 < T;             // the warp has a valid row
 
-    fa_cp_rows<HS>(Ks, kbase, W, 0, FA_BK, T);
+    fa_cp_rows<HS>(Ks, kbase, W, 0, BK, T);
     fa_cp_commit();
-    for (int k0 = 0; k0 <= qlast; k0 += FA_BK) {
+    for (int k0 = 0; k0 <= qlast; k0 += BK) {
         fa_cp_wait();
         __syncthreads();  // K(k0) is in; every warp is done with V of the previous tile
-        fa_cp_rows<HS>(Vs, vbase, W, k0, FA_BK, T);
+        fa_cp_rows<HS>(Vs, vbase, W, k0, BK, T);
         fa_cp_commit();
         const bool work = active && k0 <= w0 + 16 * MT - 1;  // some row of this warp sees these keys
 
@@ -362,7 +363,7 @@ __device__ __forceinline__ void flash_fwd_mt(uint16_t* __restrict__ out, float* 
                 const int r0 = w0 + 16 * t + g, r1 = r0 + 8;
                 // Keys after a row (and so keys past T) are masked on the
                 // tiles that reach past the row tile's first row.
-                if (k0 + FA_BK - 1 > w0 + 16 * t) {
+                if (k0 + BK - 1 > w0 + 16 * t) {
 #pragma unroll
                     for (int j = 0; j < NK; j++) {
                         const int key = k0 + j * 8 + 2 * c;
@@ -413,14 +414,14 @@ __device__ __forceinline__ void flash_fwd_mt(uint16_t* __restrict__ out, float* 
         }
         fa_cp_wait();
         __syncthreads();  // V(k0) is in; every warp is done with K(k0)
-        if (k0 + FA_BK <= qlast) {
-            fa_cp_rows<HS>(Ks, kbase, W, k0 + FA_BK, FA_BK, T);
+        if (k0 + BK <= qlast) {
+            fa_cp_rows<HS>(Ks, kbase, W, k0 + BK, BK, T);
             fa_cp_commit();
         }
         if (!work) continue;
         // O += P·V: P's accumulator layout is the A layout of the next product.
 #pragma unroll
-        for (int kk = 0; kk < FA_BK / 16; kk++) {
+        for (int kk = 0; kk < BK / 16; kk++) {
             uint32_t pa[MT][4];
 #pragma unroll
             for (int t = 0; t < MT; t++) {
@@ -1407,6 +1408,23 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS, 2)
     __shared__ __align__(16) uint16_t Ks[FA_BK * (64 + 8)];
     __shared__ __align__(16) uint16_t Vs[FA_BK * (64 + 8)];
     flash_fwd_mt<64, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
+}
+
+// flash_fwd2_bf16_hs128 and flash_fwd2k32_bf16_hs128 (opt-in, flash.go's
+// SPILL_FLASH_FWD2_128): the same at head size 128, 64 and 32 keys per
+// tile; grid (ceil(T/128), B·NH), 128 threads.
+extern "C" __global__ void __launch_bounds__(FA_THREADS, 1)
+    flash_fwd2_bf16_hs128(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
+    __shared__ __align__(16) uint16_t Ks[FA_BK * (128 + 8)];
+    __shared__ __align__(16) uint16_t Vs[FA_BK * (128 + 8)];
+    flash_fwd_mt<128, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
+}
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS, 2)
+    flash_fwd2k32_bf16_hs128(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
+    __shared__ __align__(16) uint16_t Ks[32 * (128 + 8)];
+    __shared__ __align__(16) uint16_t Vs[32 * (128 + 8)];
+    flash_fwd_mt<128, 2, 32>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
 }
 
 // flash_bwd entry points: dqkv(B,T,(NH+2·NKV)·hs) += the gradients from

@@ -131,9 +131,9 @@ template <class F> void run_grid(F kernel, int nt = 128) {
     }
 }
 
-// run checks flash_fwd (MT 0) or flash_fwd_mt<HS, MT> with NH query heads
-// and NKV key/value heads (grouped-query attention; 0 means NKV = NH).
-template <int HS, int MT = 0> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
+// run checks flash_fwd (MT 0) or flash_fwd_mt<HS, MT, BK> with NH query
+// heads and NKV key/value heads (grouped-query attention; 0 means NKV = NH).
+template <int HS, int MT = 0, int BK = 64> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
   if (NKV == 0) NKV = NH;
   int C = NH * HS, rep = NH / NKV;
   size_t W = (size_t)(NH + 2 * NKV) * HS;
@@ -149,7 +149,7 @@ template <int HS, int MT = 0> void run(int B, int T, int NH, unsigned seed, int&
   if constexpr (MT == 0)
     run_grid([&] { flash_fwd<HS>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks.data(), Vs.data()); });
   else
-    run_grid([&] { flash_fwd_mt<HS, MT>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks.data(), Vs.data()); });
+    run_grid([&] { flash_fwd_mt<HS, MT, BK>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks.data(), Vs.data()); });
   // reference in double
   double worst = 0, worstL = 0;
   for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
@@ -173,7 +173,7 @@ template <int HS, int MT = 0> void run(int B, int T, int NH, unsigned seed, int&
       if (!(e <= 2e-2 + 1.6e-2 * std::fabs(o))) { if (bad++ < 5) printf("out b%d h%d t%d d%d: %g vs %g\n", b, h, t, d, g, o); }
     }
   }
-  printf("HS%d MT%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", HS, MT, B, T, NH, NKV, worst, worstL, bad);
+  printf("HS%d MT%d BK%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", HS, MT, BK, B, T, NH, NKV, worst, worstL, bad);
 }
 // run_bwd checks flash_bwd_kv and flash_bwd_q (FUSED 0) or flash_bwd_fused
 // with K in registers (1) or read from shared memory (2) followed by
@@ -331,10 +331,24 @@ static void run_variants(int& bad) {
   run_bwd<96, 64, 0, 4, true>(1, 200, 2, 79, bad, false, 1);
 }
 
-// EMU_BWD_VARIANTS=1 runs only run_variants (quicker, for mutants).
+// run_fwd_mt checks the two-tile forwards at head size 128 (64 and 32
+// keys per tile): T off the 16-row, 32- and 64-key and 128-row edges, and
+// grouped-query attention.
+void run_fwd_mt(int& bad) {
+  run<128, 2>(1, 130, 1, 25, bad);
+  run<128, 2, 32>(1, 1, 1, 50, bad);
+  run<128, 2, 32>(2, 65, 2, 51, bad);
+  run<128, 2, 32>(1, 200, 1, 52, bad);
+  run<128, 2, 32>(1, 130, 4, 53, bad, 2);
+  run<128, 2>(1, 97, 3, 54, bad, 1);
+}
+
+// EMU_BWD_VARIANTS=1 runs only run_variants (quicker, for mutants);
+// EMU_FWD_MT=1 only run_fwd_mt.
 int main() {
   int bad = 0;
   if (getenv("EMU_BWD_VARIANTS")) { run_variants(bad); return bad != 0; }
+  if (getenv("EMU_FWD_MT")) { run_fwd_mt(bad); return bad != 0; }
   run<64>(1, 1, 1, 1, bad);
   run<64>(2, 65, 2, 2, bad);
   run<128>(1, 63, 1, 3, bad);
@@ -344,7 +358,7 @@ int main() {
   run<64, 2>(2, 65, 2, 22, bad);
   run<64, 2>(1, 129, 1, 23, bad);
   run<64, 2>(1, 200, 2, 24, bad);
-  run<128, 2>(1, 130, 1, 25, bad);
+  run_fwd_mt(bad);
   run<64, 1>(1, 100, 1, 26, bad);
   run<80>(1, 1, 1, 27, bad);
   run<80>(2, 65, 2, 28, bad);
