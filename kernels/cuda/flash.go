@@ -77,11 +77,15 @@ const (
 var flashFwd2 = os.Getenv("SPILL_FLASH_FWD") != "1"
 
 // flashFwd2x128 is the two-tile forward at head size 128 that
-// AttentionForward takes, opt-in: SPILL_FLASH_FWD2_128=64 at start-up
-// selects flash_fwd2_bf16_hs128 (64 keys per tile), =32
-// flash_fwd2k32_bf16_hs128 (32 keys per tile, fewer registers), anything
-// else neither (""). Both are checked at Open (Backend.flashFwd2x128Err);
-// tests set it.
+// AttentionForward takes: flash_fwd2k32_bf16_hs128 (32 keys per tile, the
+// default, or SPILL_FLASH_FWD2_128=32 at start-up), flash_fwd2_bf16_hs128
+// (64 keys per tile, =64; it spills 450 bytes at 255 registers) or, with
+// any other value, neither (""): the one-tile flash_fwd_bf16_hs128. On the
+// H200 (2026-12-04, tools/bench/results/attn_fwd2_hs128_h200.json) the
+// default ran the forward 1.00x, 1.06x, 1.07x and 1.07x as fast as the
+// one-tile kernel at T 1024, 2048, 4096 and 8192, the 64-key one
+// 0.98-1.03x. Both are checked at Open (Backend.flashFwd2x128Err); tests
+// set it.
 var flashFwd2x128 = flashFwd2x128Of(os.Getenv("SPILL_FLASH_FWD2_128"))
 
 // The head-size-128 two-tile forwards (flashFwd2x128).
@@ -94,7 +98,7 @@ func flashFwd2x128Of(v string) string {
 	switch v {
 	case "64":
 		return flashFwd2HS128
-	case "32":
+	case "32", "":
 		return flashFwd2K32HS128
 	}
 	return ""

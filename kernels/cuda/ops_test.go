@@ -456,8 +456,8 @@ func TestSumSquaresFinite(t *testing.T) {
 	}
 }
 
-// TestAttentionFlash2HS128 checks the opt-in two-tile forwards at head
-// size 128 (flashFwd2x128: 64 and 32 keys per tile) against the CPU
+// TestAttentionFlash2HS128 checks the two-tile forwards at head size 128
+// (flashFwd2x128: 64 and 32 keys per tile, the default) against the CPU
 // backend with poisoned outputs, multi-head (T of 1, 65, 129, 200, 300:
 // 16-row tiles, 32- and 64-key tiles, 128-row blocks) and grouped-query,
 // and that their self-check at Open passed.
