@@ -51,7 +51,7 @@ fi
 [ "${SPILL_BIG_CMP_STEPS:-3}" -gt 0 ] && [ "${SPILL_BIG_RUNS:-big,cmp}" != big ] &&
   run big-cmp "$(left)" --steps "${SPILL_BIG_CMP_STEPS:-3}" ${SPILL_BIG_CMP_ARGS:---device-memory 80GiB}
 
-python3 - "$out/runs" "$out/13b_h200.json" "${SPILL_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" "$(cat "$out/nvidia-smi.txt")" <<'PY'
+python3 - "$out/runs" "$out/13b_h200.json" "$(bash tools/bench/commit.sh)" "$(cat "$out/nvidia-smi.txt")" <<'PY'
 import datetime, json, sys
 sys.path.insert(0, "tools/bench")
 from ooc_report import load_run

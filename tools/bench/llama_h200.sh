@@ -120,6 +120,6 @@ if want ooc; then
     --metrics "$runs/ooc-8b.jsonl" --plan-json "$runs/ooc-8b.plan.json" --memory-report ${SPILL_LLAMA_8B_ARGS:-}
 fi
 
-python3 "$ref" report "$runs" "$out/llama_h200.json" "${SPILL_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" \
+python3 "$ref" report "$runs" "$out/llama_h200.json" "$(bash tools/bench/commit.sh)" \
   "$(cat "$out/nvidia-smi.txt")"
 rm -rf "$work"

@@ -91,6 +91,6 @@ if [ -n "${SPILL_OOC_TRACE:-}" ]; then
   run trace-ooc-1.3b-64-8g 100 "${m13[@]}" --batch 8 --accum 8 --steps 3 --device-memory 8GiB --trace "$out/runs/trace.json"
 fi
 
-python3 tools/bench/ooc_report.py "$out/runs" "$out/ooc_h200.json" "${SPILL_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" \
+python3 tools/bench/ooc_report.py "$out/runs" "$out/ooc_h200.json" "$(bash tools/bench/commit.sh)" \
   "$(cat "$out/nvidia-smi.txt")"
 tar -C "$out" -czf "$out/runs.tgz" runs && rm -rf "$out/runs"

@@ -21,7 +21,8 @@
 #
 # Prepare .gpu/ with tools/cuda/pack.sh, then run with the device tool
 # (carry [".gpu"]): bash tools/cuda/kernels_bench.sh. SPILL_COMMIT names the
-# commit in the report (default: git rev-parse HEAD where there is git).
+# commit in the report (default: tools/bench/commit.sh, git's HEAD with
+# "+modified" when the files differ from it).
 # SPILL_ATTN_SWEEP (HS:T,...), SPILL_BENCH_SHAPES (default 124m,1.3b,2.7b,llama1b)
 # and SPILL_DEADLINE (default 480 s for the whole script: a step is cut to
 # what is left and skipped under 15 s) adjust it; SPILL_PTX=1 regenerates
@@ -36,7 +37,7 @@ source tools/cuda/env.sh
 deadline=${SPILL_DEADLINE:-480}
 attn=${SPILL_ATTN_SWEEP:-64:1024,64:2048,64:4096,64:8192,128:1024,128:2048,128:4096,128:8192}
 shapes=${SPILL_BENCH_SHAPES:-124m,1.3b,2.7b,llama1b}
-commit=${SPILL_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+commit=$(bash tools/bench/commit.sh)
 status=0
 source tools/cuda/step.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$out/nvidia-smi.txt" 2>&1
