@@ -1410,9 +1410,9 @@ extern "C" __global__ void __launch_bounds__(FA_THREADS, 2)
     flash_fwd_mt<64, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs);
 }
 
-// flash_fwd2_bf16_hs128 and flash_fwd2k32_bf16_hs128 (opt-in, flash.go's
-// SPILL_FLASH_FWD2_128): the same at head size 128, 64 and 32 keys per
-// tile; grid (ceil(T/128), B·NH), 128 threads.
+// flash_fwd2_bf16_hs128 and flash_fwd2k32_bf16_hs128 (the default, see
+// flash.go's flashFwd2x128): head size 128, 64 and 32 keys per tile;
+// grid (ceil(T/128), B·NH), 128 threads.
 extern "C" __global__ void __launch_bounds__(FA_THREADS, 1)
     flash_fwd2_bf16_hs128(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
     __shared__ __align__(16) uint16_t Ks[FA_BK * (128 + 8)];
