@@ -55,6 +55,9 @@ type Backend struct {
 	flashBwdSMErr error
 	// flashSM90Err is the same for the Hopper forward (flash_sm90.go).
 	flashSM90Err error
+	// flashBwdSM90Err is the same for the Hopper backward (flash_sm90.go);
+	// without it the modes sm90 and sm90p take split-smem.
+	flashBwdSM90Err error
 	// reducedPrecision lets cuBLAS and cuBLASLt reduce split-K partial
 	// sums in the output type (bf16, f16) instead of float32, as PyTorch
 	// does by default; set at Open from SPILL_CUBLAS_REDUCED_PRECISION=1.
@@ -153,6 +156,7 @@ func Open(cfg kernels.Config) (*Backend, error) {
 		if b.flashBwdErr != nil {
 			b.flashBwdFusedErr = b.flashBwdErr
 		}
+		b.checkFlashBwdSM90()
 		return nil
 	})
 	if err != nil {

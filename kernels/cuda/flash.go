@@ -175,12 +175,12 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	switch {
 	case flashBwdMode == flashBwdSplit:
 		return fwd + "; backward: split tensor-core flash kernels (deterministic)"
-	case isFlashBwdVariant(flashBwdMode) && (f.v.kv == 0 || b.flashBwdSMErr != nil):
+	case isFlashBwdVariant(flashBwdMode) && (f.v.kv == 0 || b.variantErr(f.v) != nil):
 		return fmt.Sprintf("%s; backward: split tensor-core flash kernels (%s off: %v)", fwd, flashBwdMode,
-			b.flashBwdSMErr)
+			b.variantErr(f.v))
 	case isFlashBwdVariant(flashBwdMode):
 		return fmt.Sprintf("%s; backward: split tensor-core flash kernels, variant %s (%s, %s; deterministic)", fwd,
-			flashBwdMode, f.v.kvName, f.v.qName)
+			f.v.mode, f.v.kvName, f.v.qName)
 	case flashFusedName(hs, flashBwdMode) == "":
 		return fmt.Sprintf("%s; backward: split tensor-core flash kernels (no fused kernel at head size %d)", fwd, hs)
 	case f.fused == 0 || b.flashBwdFusedErr != nil:
@@ -339,26 +339,41 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // tile at head size 64, for 2 or 3 blocks per SM (0.85-0.96x of fused).
 // Each is checked at Open like the fused ones (checkFlashBwd); a variant that
 // fails (Backend.flashBwdSMErr) leaves the backward on the split kernels.
-// Other values are taken as "split-smem".
+// "sm90" and "sm90p" take the Hopper backward (flash_sm90.go) where it
+// applies, split-smem elsewhere. Other values are taken as "split-smem".
 
-// Flash backward implementations (flashBwdMode).
+// Flash backward implementations (flashBwdMode). flashBwdSM90 and
+// flashBwdSM90P are the Hopper variants (flash_sm90.go).
 const (
 	flashBwdFused   = "fused"
 	flashBwdSplit   = "split"
 	flashBwdSplitSM = "split-smem"
+	flashBwdSM90    = "sm90"
+	flashBwdSM90P   = "sm90p"
 )
 
 // flashBwdMode is the implementation the flash backward takes; tests set it.
 var flashBwdMode = flashBwdModeOf(os.Getenv("SPILL_FLASH_BWD"))
 
 func flashBwdModeOf(v string) string {
-	if v == flashBwdFused || v == flashBwdSplit {
+	switch v {
+	case flashBwdFused, flashBwdSplit, flashBwdSM90, flashBwdSM90P:
 		return v
 	}
 	return flashBwdSplitSM
 }
 
-func isFlashBwdVariant(mode string) bool { return mode == flashBwdSplitSM }
+// isFlashBwdVariant says mode takes a split variant: split-smem, or a
+// Hopper one (which falls back to split-smem where it has no kernels).
+func isFlashBwdVariant(mode string) bool { return mode == flashBwdSplitSM || isFlashBwdSM90(mode) }
+
+// variantErr is the self-check result that gates the split variant v.
+func (b *Backend) variantErr(v flashBwdVariant) error {
+	if isFlashBwdSM90(v.mode) {
+		return b.flashBwdSM90Err
+	}
+	return b.flashBwdSMErr
+}
 
 // 1/flashFusedMaxScratch is the fraction of the memory budget the fused
 // backward's scratch (D and the float32 dQ, B·NH·T·(hs+1)·4 bytes) may
@@ -458,7 +473,9 @@ func (b *Backend) flashBwdByHead(hs int, mode string) (f flashBwd, ok bool) {
 	q, ok2 := b.fns[qName]
 	prep, ok3 := b.fns["flash_bwd_prep"]
 	f = flashBwd{kv: kv, q: q, prep: prep}
-	if isFlashBwdVariant(mode) {
+	if v, ok := b.sm90BwdVariant(hs, mode); ok && b.flashBwdSM90Err == nil {
+		f.v = v // flash_sm90.go
+	} else if isFlashBwdVariant(mode) {
 		v := flashBwdVariantOf(hs)
 		kv, ok4 := b.fns[v.kvName]
 		q, ok5 := b.fns[v.qName]
@@ -554,8 +571,11 @@ func (q *queue) putFlashBwd(f flashBwd, force bool, dqkv, dout, qkv, out, lse cu
 		return
 	}
 	js := flashBwdJobs(f, dqkv, dout, qkv, out, lse, 0, B, T, NH, NKV, hs, set)
-	if f.v.kv != 0 && (force || q.b.flashBwdSMErr == nil) {
+	if f.v.kv != 0 && (force || q.b.variantErr(f.v) == nil) {
 		flashBwdVariantLaunches.Add(1)
+		if isFlashBwdSM90(f.v.mode) {
+			flashBwdSM90Launches.Add(1)
+		}
 		js = flashBwdVariantJobs(f, dqkv, dout, qkv, out, lse, 0, B, T, NH, NKV, hs, set)
 	}
 	need = int64(B) * int64(NH) * int64(T) * 4

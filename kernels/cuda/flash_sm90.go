@@ -45,7 +45,7 @@ import (
 //     opt-in until a Hopper kernel is the faster. What they proved is
 //     their descriptors, fragment layouts and wgmma pipelining, on the
 //     hardware.
-// The backward is not affected.
+// The backward has Hopper kernels of its own (below), selected apart.
 
 // flashSM90Module is the embedded PTX of the Hopper forward.
 const flashSM90Module = "ptx/flashattn_sm90.ptx"
@@ -204,6 +204,109 @@ func (b *Backend) checkFlashSM90() {
 			if err := b.checkFlashShape(fn, k.rows, B, T, NH*k.hs, NH); err != nil {
 				b.flashSM90Err = fmt.Errorf("%s self-check (B%d T%d C%d NH%d): %w", k.name, B, T, NH*k.hs, NH, err)
 				return
+			}
+		}
+	}
+}
+
+// The Hopper backward (flashattn_sm90.cu: flash_bwd_kv_sm90 and
+// flash_bwd_q_sm90) computes what the split kernels do, with the same
+// arguments and no atomics, on wgmma: one warpgroup per 64 keys (query
+// rows), the block's own rows in shared memory as the A operand of Sᵀ and
+// dPᵀ (S and dP), P and dS from the accumulators as register A fragments
+// of dV and dK (dQ). It is a split variant (flashBwdVariant) selected by
+// SPILL_FLASH_BWD=sm90, or sm90p for the pipelined kernels (each tile's
+// dV and dK, or dQ, run while the next tile's S and dP are issued), at
+// head sizes 64 and 128 on a device whose Hopper module loaded and whose
+// self-check at Open passed (checkFlashBwdSM90, Backend.flashBwdSM90Err);
+// elsewhere those modes take split-smem. The sums run in another order than
+// the mma.sync kernels': the results agree within bf16 tolerance, not bit
+// for bit; run to run they are deterministic.
+
+// flashBwdSM90Launches counts the backward calls that took the Hopper
+// kernels.
+var flashBwdSM90Launches atomic.Int64
+
+// isFlashBwdSM90 says mode is a Hopper backward.
+func isFlashBwdSM90(mode string) bool { return mode == flashBwdSM90 || mode == flashBwdSM90P }
+
+// sm90BwdSmem is f9_bwd_smem<hs>() of flashattn_sm90.cu: the dynamic
+// shared memory of both Hopper backward kernels, six tiles of 64 rows of
+// hs bf16 and four rows of 64 floats.
+func sm90BwdSmem(hs int) int { return 6*64*hs*2 + 4*64*4 }
+
+// sm90BwdNames are the Hopper backward kernels of head size hs (64 or 128)
+// under mode; constants, so that a call formats nothing.
+func sm90BwdNames(hs int, mode string) (kv, q string) {
+	switch {
+	case hs == 64 && mode == flashBwdSM90:
+		return "flash_bwd_kv_sm90_bf16_hs64", "flash_bwd_q_sm90_bf16_hs64"
+	case hs == 64:
+		return "flash_bwd_kv_sm90p_bf16_hs64", "flash_bwd_q_sm90p_bf16_hs64"
+	case mode == flashBwdSM90:
+		return "flash_bwd_kv_sm90_bf16_hs128", "flash_bwd_q_sm90_bf16_hs128"
+	}
+	return "flash_bwd_kv_sm90p_bf16_hs128", "flash_bwd_q_sm90p_bf16_hs128"
+}
+
+// sm90BwdVariant is the Hopper backward of head size hs under mode, its
+// kernels looked up; false when mode is not a Hopper one, hs is neither 64
+// nor 128, or the kernels are not loaded. Self-check results aside.
+func (b *Backend) sm90BwdVariant(hs int, mode string) (flashBwdVariant, bool) {
+	if !isFlashBwdSM90(mode) || (hs != 64 && hs != 128) {
+		return flashBwdVariant{}, false
+	}
+	kvName, qName := sm90BwdNames(hs, mode)
+	kv, ok1 := b.fns[kvName]
+	q, ok2 := b.fns[qName]
+	if !ok1 || !ok2 {
+		return flashBwdVariant{}, false
+	}
+	smem := sm90BwdSmem(hs)
+	return flashBwdVariant{kv: kv, q: q, mode: mode, rows: flashRows, threads: flashThreads, smemKV: smem, smemQ: smem,
+		kvName: kvName, qName: qName}, true
+}
+
+// checkFlashBwdSM90 allows each Hopper backward kernel its dynamic shared
+// memory and checks it beside the row-wise kernels (checkFlashBwdShape) at
+// T 80 and 200 (partial tiles, several blocks), and sets
+// b.flashBwdSM90Err when one is missing or fails: the flash backward's or
+// the Hopper module's error when those are off. Called on a context
+// goroutine at Open after checkFlashBwd.
+func (b *Backend) checkFlashBwdSM90() {
+	if b.flashBwdErr != nil {
+		b.flashBwdSM90Err = b.flashBwdErr
+		return
+	}
+	prep := b.fns["flash_bwd_prep"]
+	for _, mode := range []string{flashBwdSM90, flashBwdSM90P} {
+		for _, hs := range []int{64, 128} {
+			v, ok := b.sm90BwdVariant(hs, mode)
+			if !ok {
+				kv, q := sm90BwdNames(hs, mode)
+				b.flashBwdSM90Err = fmt.Errorf("kernel %s or %s missing from the embedded PTX", kv, q)
+				if b.flashSM90Err != nil {
+					b.flashBwdSM90Err = b.flashSM90Err // the module did not load
+				}
+				return
+			}
+			for _, k := range []struct {
+				fn   kfunc
+				name string
+				smem int
+			}{{v.kv, v.kvName, v.smemKV}, {v.q, v.qName, v.smemQ}} {
+				if err := setMaxDynamicShared(k.fn, k.smem); err != nil {
+					b.flashBwdSM90Err = fmt.Errorf("%s: %d bytes of dynamic shared memory: %w", k.name, k.smem, err)
+					return
+				}
+			}
+			const B, NH = 2, 2
+			for _, T := range []int{80, 200} {
+				if err := b.checkFlashBwdShape(flashBwd{prep: prep, v: v}, false, B, T, NH*hs, NH); err != nil {
+					b.flashBwdSM90Err = fmt.Errorf("%s, %s self-check (B%d T%d C%d NH%d): %w", v.kvName, v.qName, B, T,
+						NH*hs, NH, err)
+					return
+				}
 			}
 		}
 	}

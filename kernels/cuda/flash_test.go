@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"testing"
@@ -11,7 +12,9 @@ import (
 )
 
 // TestFlashBwdFused checks the chain CPU reference -> split flash backward
-// -> fused flash backward and the split variant split-smem: head sizes
+// -> fused flash backward and the split variants split-smem, sm90 and
+// sm90p (the Hopper kernels, on a compute capability 9.x device; split-smem
+// at head sizes 80 and 96): head sizes
 // 64, 80, 96 and 128 (80 and 96 without a fused kernel), T off the kernels' 16-, 32- and 64-row tiles (1, 65, 200,
 // 300), multi-head attention accumulating (AttentionBackward) and
 // overwriting a poisoned dqkv (AttentionBackwardSet), grouped-query
@@ -34,6 +37,14 @@ func TestFlashBwdFused(t *testing.T) {
 		t.Fatalf("flash self-check at Open of the split variant %s: %v", flashBwdSplitSM, be.flashBwdSMErr)
 	}
 	modes := []string{flashBwdSplit, flashBwdFused, flashBwdSplitSM}
+	switch {
+	case errors.Is(be.flashBwdSM90Err, errNoSM90):
+		t.Logf("Hopper backward not checked: %v", be.flashBwdSM90Err)
+	case be.flashBwdSM90Err != nil:
+		t.Errorf("flash self-check at Open of the Hopper backward: %v", be.flashBwdSM90Err)
+	default:
+		modes = append(modes, flashBwdSM90, flashBwdSM90P)
+	}
 	for _, sh := range [][5]int{ // B, T, NH, NKV, hs
 		{1, 1, 8, 2, 64}, {1, 1, 2, 2, 128}, {2, 65, 8, 2, 128}, {2, 65, 4, 4, 64}, {1, 200, 8, 8, 64},
 		{1, 200, 8, 2, 128}, {2, 300, 8, 2, 64}, {1, 300, 4, 4, 128},
@@ -71,7 +82,8 @@ func TestFlashBwdFused(t *testing.T) {
 				} else {
 					dqkv = p.upload(kernels.BF16, start)
 				}
-				nb, nf, nv := flashBwdLaunches.Load(), flashBwdFusedLaunches.Load(), flashBwdVariantLaunches.Load()
+				nb, nf, nv, n9 := flashBwdLaunches.Load(), flashBwdFusedLaunches.Load(), flashBwdVariantLaunches.Load(),
+					flashBwdSM90Launches.Load()
 				p.both(func(b kernels.Backend, q kernels.Queue, s func(tp) kernels.Tensor) {
 					switch {
 					case set:
@@ -93,6 +105,10 @@ func TestFlashBwdFused(t *testing.T) {
 				}
 				if ran := flashBwdVariantLaunches.Load() > nv; ran != variant {
 					t.Errorf("%s/%s: split variant ran: %v", name, mode, ran)
+				}
+				// The Hopper modes at head sizes 64 and 128; split-smem at the others.
+				if ran, want := flashBwdSM90Launches.Load() > n9, isFlashBwdSM90(mode) && (hs == 64 || hs == 128); ran != want {
+					t.Errorf("%s/%s: Hopper backward ran: %v", name, mode, ran)
 				}
 				p.check(name+"/"+mode+"/dqkv", dqkv, slack)
 				res[mode] = dqkv
@@ -142,6 +158,7 @@ func TestFlashBwdFused(t *testing.T) {
 // TestFlashBwdModeOf checks the parsing of SPILL_FLASH_BWD.
 func TestFlashBwdModeOf(t *testing.T) {
 	for in, want := range map[string]string{"": flashBwdSplitSM, "fused": flashBwdFused, "split": flashBwdSplit,
+		"sm90": flashBwdSM90, "sm90p": flashBwdSM90P, "sm90x": flashBwdSplitSM,
 		"fused-bq32": flashBwdSplitSM, "nonsense": flashBwdSplitSM, "split-smem": flashBwdSplitSM, "split-w8": flashBwdSplitSM} {
 		if got := flashBwdModeOf(in); got != want {
 			t.Errorf("flashBwdModeOf(%q) = %q, want %q", in, got, want)

@@ -308,11 +308,12 @@ func TestLlamaDeterministic(t *testing.T) {
 			t.Errorf("impl %d: the fused flash backward ran with SPILL_FLASH_BWD=split", impl)
 		}
 	}
-	// The split backward's variant (split-smem) keeps the split kernels'
-	// order of every sum: as reproducible.
+	// The split backward's variants: split-smem keeps the split kernels'
+	// order of every sum, the Hopper ones (split-smem on other devices)
+	// a fixed order of their own: as reproducible.
 	attnImpl = attnAuto
 	lo.GQAttentionForward(q, out.g, lse.g, qkv.g, B, T, NH, NKV, hs)
-	for _, mode := range []string{flashBwdSplitSM} {
+	for _, mode := range []string{flashBwdSplitSM, flashBwdSM90, flashBwdSM90P} {
 		flashBwdMode = mode
 		nv := flashBwdVariantLaunches.Load()
 		same("GQAttentionBackward ("+mode+")", func(d kernels.Tensor) {

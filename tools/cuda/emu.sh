@@ -8,11 +8,14 @@
 #                  tools/cuda/emu/flashattn_emu.cpp (mma, ldmatrix, shuffles);
 #   emu.sh sm90    kernels/cuda/kernels/flashattn_sm90.cu with
 #                  tools/cuda/emu/flashattn_sm90_emu.cpp (wgmma through its
-#                  descriptors, cp.async, proxy fences), then the mutants:
-#                  deliberately broken copies of the kernel (a descriptor, the
-#                  transpose flag, the mask, a fence, a wait; in the pipelined
-#                  kernel a wait_group count, a V buffer, a barrier) that must
-#                  fail.
+#                  descriptors, A from registers or shared memory, cp.async,
+#                  proxy fences): the forwards and the backward
+#                  (flash_bwd_kv_sm90, flash_bwd_q_sm90, against float64),
+#                  then the mutants: deliberately broken copies of the kernels
+#                  (a descriptor, the transpose flag, a mask, a fence, a wait;
+#                  in the pipelined kernels a wait_group count, a buffer, a
+#                  barrier) that must fail;
+#   emu.sh sm90bwd only the Hopper backward, no mutants.
 #   emu.sh fwdmt   only the two-tile forwards at head size 128 (64 and 32
 #                  keys per tile);
 #   emu.sh bwdv    only the split backward's variants of flashattn.cu
@@ -69,6 +72,13 @@ if [ "${1:-}" = bwdv ]; then
   run_mutants bwdv "$src" flashattn_body.inc flashattn_emu.cpp 'differs|bad [1-9]' env EMU_BWD_VARIANTS=1 "$tmp/mutant"
   exit
 fi
+if [ "${1:-}" = sm90bwd ]; then
+  cp "$root/tools/cuda/emu/flashattn_sm90_emu.cpp" "$tmp/"
+  body "$root/kernels/cuda/kernels/flashattn_sm90.cu" >"$tmp/flashattn_sm90_body.inc"
+  cxx -o "$tmp/emu" "$tmp/flashattn_sm90_emu.cpp"
+  "$tmp/emu" bwd
+  exit
+fi
 if [ "${1:-}" != sm90 ]; then
   body "$root/kernels/cuda/kernels/flashattn.cu" >"$tmp/flashattn_body.inc"
   cp "$root/tools/cuda/emu/flashattn_emu.cpp" "$tmp/"
@@ -100,5 +110,11 @@ mutants=(
   "pipelined: iteration 0's P·V reads K(0), reloaded in flight|s/(j \& 1) ? vs0 : vs1;/j == 0 ? ks : (j \& 1) ? vs0 : vs1;/"
   "pipelined: no zeros in Vs1 for iteration 0|s/^ *f9_load_tile<HS, NT>(Vs1, vbase, W, T, T);.*//"
   "pipelined: barrier after the loads land removed|s/^ *__syncthreads();  \/\/ K(j+1) and V(j) are in//"
+  "backward: the diagonal query tile unmasked|s/const bool diag = q0 == k0;/const bool diag = false;/"
+  "backward: dQ's causal mask off by one|s/if (key > r0) s\[4 \* jj\] = 0.f;/if (key > r0 + 1) s[4 * jj] = 0.f;/"
+  "backward: K as the A operand with LBO and SBO swapped|0,/f9_wgmma_ss_n64<0>(s, f9_desc(ks/s/f9_wgmma_ss_n64<0>(s, f9_desc(ks + kk \* 2 \* (F9_BK \* 16), F9_BK \* 16, 128)/f9_wgmma_ss_n64<0>(s, f9_desc(ks + kk * 2 * (F9_BK * 16), 128, F9_BK * 16)/"
+  "backward: lse taken in base e|s/lse\[r\] \* F9_LOG2E/lse[r]/"
+  "backward: the next query tile loaded into the buffer in use|s/ld_q(it + 1, buf ^ 1);/ld_q(it + 1, buf);/"
+  "backward: dP read before its wgmma is done|/^ *f9_wg_wait();$/{N;s/^ *f9_wg_wait();\n\( *f9_regs<NS>(dp);\)/\1/}"
 )
 run_mutants sm90 "$src" flashattn_sm90_body.inc flashattn_sm90_emu.cpp 'emulator:|bad [1-9]|out b|lse b' "$tmp/mutant" quick

@@ -23,7 +23,8 @@
 # (carry [".gpu"]): bash tools/cuda/kernels_bench.sh. SPILL_COMMIT names the
 # commit in the report (default: tools/bench/commit.sh, git's HEAD with
 # "+modified" when the files differ from it).
-# SPILL_ATTN_SWEEP (HS:T,...), SPILL_BENCH_SHAPES (default 124m,1.3b,2.7b,llama1b)
+# SPILL_ATTN_SWEEP (HS:T,...), SPILL_BENCH_SHAPES (default 124m,1.3b,2.7b,llama1b;
+# "none": no whole steps)
 # and SPILL_DEADLINE (default 480 s for the whole script: a step is cut to
 # what is left and skipped under 15 s) adjust it; SPILL_PTX=1 regenerates
 # the PTX first (needed after a .cu change; packed as $OUT/ptx.tgz).
@@ -50,7 +51,8 @@ step build 200 go build -tags cuda -o /tmp/gpubench ./tools/gpubench || exit 1
 if [ -n "${SPILL_BENCH_GO:-}" ]; then
   step gobench 90 go test -tags cuda -count=1 -run '^$' -bench 'Launch|StepOps|MatmulGelu' -benchtime 2000x ./kernels/cuda/
 fi
-step spill_gpt 240 /tmp/gpubench -train-only -shapes "$shapes" -out "$out/gpt.json"
+[ "$shapes" = none ] && shapes=
+[ -z "$shapes" ] || step spill_gpt 240 /tmp/gpubench -train-only -shapes "$shapes" -out "$out/gpt.json"
 step spill_attn 120 /tmp/gpubench -attn-sweep "$attn" -out "$out/spill_attn.json"
 # The one-tile forward (flash_fwd_bf16_hs64, SPILL_FLASH_FWD=1) beside the
 # default two-tile one at the head-size-64 shapes.

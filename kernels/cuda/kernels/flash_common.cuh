@@ -22,6 +22,17 @@ __device__ __forceinline__ float fa_exp2(float x) {
 // fa_ld32 loads the bf16 pair at p (4-byte aligned).
 __device__ __forceinline__ uint32_t fa_ld32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
+// fa_acc2 adds (lo, hi) to the bf16 pair at p (4-byte aligned), rounding
+// once; with set it overwrites the pair instead.
+__device__ __forceinline__ void fa_acc2(uint16_t* p, float lo, float hi, bool set) {
+    if (!set) {
+        const uint32_t w = *reinterpret_cast<uint32_t*>(p);
+        lo += __uint_as_float(w << 16);
+        hi += __uint_as_float(w & 0xffff0000u);
+    }
+    *reinterpret_cast<uint32_t*>(p) = fa_pack(lo, hi);
+}
+
 // fa_cp_commit closes this thread's group of cp.async copies; fa_cp_wait
 // waits for all of its groups (a barrier after it publishes the data).
 __device__ __forceinline__ void fa_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }

@@ -82,17 +82,6 @@ __device__ __forceinline__ void fa_cp_rows(uint16_t* s, const uint16_t* g, i64 s
 // entry points on the host (with its own fa_pack, fa_ld32, fa_mma and
 // ldmatrix), so it must stay plain C++ apart from those.
 
-// fa_acc2 adds (lo, hi) to the bf16 pair at p (4-byte aligned), rounding
-// once; with set it overwrites the pair instead.
-__device__ __forceinline__ void fa_acc2(uint16_t* p, float lo, float hi, bool set) {
-    if (!set) {
-        const uint32_t w = *reinterpret_cast<uint32_t*>(p);
-        lo += __uint_as_float(w << 16);
-        hi += __uint_as_float(w & 0xffff0000u);
-    }
-    *reinterpret_cast<uint32_t*>(p) = fa_pack(lo, hi);
-}
-
 // fa_mma_k2 adds to d (16x8) the products over the columns 16kk..16kk+31
 // of a head: a[kk]·B(kk) + a[kk+1]·B(kk+1), the B fragments by one
 // ldmatrix from p (lanes 8i..8i+7 giving the rows of matrix i, as

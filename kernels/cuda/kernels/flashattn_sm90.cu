@@ -123,6 +123,18 @@ __device__ __forceinline__ void f9_wgmma_n128(float* d, const uint32_t* a, uint6
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc), "n"(TRANS_B));
 }
 
+// f9_wgmma_ss_n64: d(64x64, f32) = A(64x16)·B(16x64) (+ d when acc != 0),
+// both from shared memory: A K-major through adesc (imm-trans-a 0), B
+// through bdesc, TRANS_B 0 for K-major, 1 for N-major.
+template <int TRANS_B>
+__device__ __forceinline__ void f9_wgmma_ss_n64(float* d, uint64_t adesc, uint64_t bdesc, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(adesc), "l"(bdesc), "r"(acc), "n"(TRANS_B));
+}
+
 // ---- Device code: tools/cuda/emu.sh sm90 runs everything from here to the
 // entry points on the host (tools/cuda/emu/flashattn_sm90_emu.cpp, with its
 // own versions of the helpers above: fa_pack, fa_exp2, fa_ld32, f9_smem,
@@ -533,6 +545,320 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
     }
 }
 
+// ---- Backward: flash_bwd_kv_sm90 (dK, dV) and flash_bwd_q_sm90 (dQ), the
+// split backward of flashattn.cu (flash_bwd_kv, flash_bwd_q: same
+// operands, same contract, no atomics) on wgmma. One warpgroup per block;
+// its 64 fixed rows (keys, or query rows) sit in shared memory as the A
+// operand of the first two products (A through a descriptor, K-major: the
+// tile layout of f9_load_tile, LBO 8 dims = 1024 bytes, SBO 8 rows = 128),
+// the streamed 64-row tiles (queries, or keys) as their B operand, K-major
+// likewise; P and dS go from the accumulators to A fragments in registers
+// (as P in flash_fwd_sm90) for the last products, whose B operand is the
+// streamed tile again, N-major (LBO 8 rows = 128 bytes, SBO 8 dims = 1024).
+// Per streamed tile of 64:
+//   flash_bwd_kv_sm90 (64 keys, queries streaming from the block's
+//     diagonal to T, for each query head of the group in turn):
+//     Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ (HS/16 wgmma m64n64k16 each), Pᵀ = exp2(Sᵀ·
+//     scale_log2 - lse·log2 e) with queries before a key masked, dSᵀ =
+//     Pᵀ∘(dPᵀ - D), dV += Pᵀ·dO and dK += dSᵀ·Q (4 wgmma m64nHSk16 each);
+//   flash_bwd_q_sm90 (64 query rows, keys streaming up to the diagonal):
+//     S = Q·Kᵀ, dP = dO·Vᵀ, P, dS = P∘(dP - D), dQ += dS·K.
+// Within a tile, P is computed while dP is still on the tensor cores
+// (wait_group 1). With PIPE the tile's last products are not waited for:
+// they run while the next tile's S and dP are issued, and the wait that
+// gives S also completes them (commit groups complete in order); the next
+// tile's copies are then issued after a barrier, into the buffers those
+// products read. Without PIPE they are waited for at the end of the tile
+// and the next tile's copies start at its beginning. Shared memory
+// (dynamic, f9_bwd_smem bytes): the two fixed tiles, two buffers of each
+// streamed tile and, in flash_bwd_kv_sm90, two rows of 64 lse (base 2,
+// +inf past T, so that P is 0 there) and D values.
+#define F9_LOG2E 1.4426950408889634f
+
+template <int HS>
+constexpr int f9_bwd_smem() {
+    return 6 * F9_BK * HS * 2 + 4 * F9_BK * 4;
+}
+
+template <int HS, bool PIPE>
+__device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, const uint16_t* __restrict__ dout,
+                                                  const uint16_t* __restrict__ qkv, const float* __restrict__ lse,
+                                                  const float* __restrict__ Dd, int T, int NH, int NKV, float scale_log2,
+                                                  float scale, bool set, uint16_t* smem) {
+    constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, TILE = F9_BK * HS;
+    uint16_t* Ks = smem;
+    uint16_t* Vs = Ks + TILE;
+    uint16_t* Qb = Vs + TILE;      // two Q tiles
+    uint16_t* Gb = Qb + 2 * TILE;  // two dO tiles
+    float* Lb = reinterpret_cast<float*>(Gb + 2 * TILE);
+    float* Db = Lb + 2 * F9_BK;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int C = NH * HS, rep = NH / NKV;
+    const int z = blockIdx.y, b = z / NKV, kv = z - b * NKV;  // one key/value head
+    const int k0 = blockIdx.x * F9_BK;
+    const i64 W = (i64)(NH + 2 * NKV) * HS;
+    const uint16_t* kbase = qkv + (i64)b * T * W + (i64)(NH + kv) * HS;
+    const uint16_t* vbase = kbase + (i64)NKV * HS;
+    const int kr0 = k0 + warp * 16 + g, kr1 = kr0 + 8;  // this thread's accumulator rows (keys)
+    // The block's query tiles: from k0 to T for each query head of the
+    // group in turn, nt per head; dK and dV sum over them in this order.
+    const int nt = (T - k0 + F9_BK - 1) / F9_BK, nit = rep * nt;
+    auto ld_q = [&](int it, int buf) {  // Q, dO, lse and D of tile it
+        const int h = kv * rep + it / nt, q0 = k0 + (it % nt) * F9_BK;
+        f9_load_tile<HS, F9_THREADS>(Qb + buf * TILE, qkv + (i64)b * T * W + (i64)h * HS, W, q0, T);
+        f9_load_tile<HS, F9_THREADS>(Gb + buf * TILE, dout + (i64)b * T * C + (i64)h * HS, C, q0, T);
+        fa_cp_commit();
+        if (tid < F9_BK) {
+            const int q = q0 + tid;
+            const i64 r = ((i64)b * NH + h) * T + q;
+            Lb[buf * F9_BK + tid] = q < T ? lse[r] * F9_LOG2E : INFINITY;
+            Db[buf * F9_BK + tid] = q < T ? Dd[r] : 0.f;
+        }
+    };
+    f9_load_tile<HS, F9_THREADS>(Ks, kbase, W, k0, T);
+    f9_load_tile<HS, F9_THREADS>(Vs, vbase, W, k0, T);
+    ld_q(0, 0);  // commits K and V with the first tile
+    float dk[NO], dv[NO], s[NS], dp[NS];
+#pragma unroll
+    for (int i = 0; i < NO; i++) dk[i] = dv[i] = 0.f;
+    uint32_t pa[F9_BK / 16][4], da[F9_BK / 16][4];
+    const uint32_t ks = f9_smem(Ks), vs = f9_smem(Vs);
+    for (int it = 0; it < nit; it++) {
+        const int buf = it & 1, q0 = k0 + (it % nt) * F9_BK;
+        const uint32_t qs = f9_smem(Qb + buf * TILE), gs = f9_smem(Gb + buf * TILE);
+        const float* Ls = Lb + buf * F9_BK;
+        const float* Ds = Db + buf * F9_BK;
+        fa_cp_wait();
+        f9_fence_proxy();
+        __syncthreads();  // tile it is in; without PIPE, every product of tile it-1 is done
+        if (!PIPE && it + 1 < nit) ld_q(it + 1, buf ^ 1);
+        f9_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+            f9_wgmma_ss_n64<0>(s, f9_desc(ks + kk * 2 * (F9_BK * 16), F9_BK * 16, 128),
+                               f9_desc(qs + kk * 2 * (F9_BK * 16), F9_BK * 16, 128), kk);
+        f9_wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+            f9_wgmma_ss_n64<0>(dp, f9_desc(vs + kk * 2 * (F9_BK * 16), F9_BK * 16, 128),
+                               f9_desc(gs + kk * 2 * (F9_BK * 16), F9_BK * 16, 128), kk);
+        f9_wg_commit();
+        f9_wg_wait1();  // Sᵀ (and with PIPE the previous tile's dV, dK) done; dPᵀ may run
+        f9_regs<NS>(s);
+        if (PIPE) {
+            __syncthreads();  // every warp is past that wait: the other buffers are free
+            if (it + 1 < nit) ld_q(it + 1, buf ^ 1);
+        }
+        const bool diag = q0 == k0;  // the only tile with queries before some key
+#pragma unroll
+        for (int j = 0; j < NS / 4; j++) {
+            const int qi = 8 * j + 2 * c, q = q0 + qi;
+            const float l0 = Ls[qi], l1 = Ls[qi + 1];
+            s[4 * j] = fa_exp2(s[4 * j] * scale_log2 - l0);
+            s[4 * j + 1] = fa_exp2(s[4 * j + 1] * scale_log2 - l1);
+            s[4 * j + 2] = fa_exp2(s[4 * j + 2] * scale_log2 - l0);
+            s[4 * j + 3] = fa_exp2(s[4 * j + 3] * scale_log2 - l1);
+            if (diag) {
+                if (q < kr0) s[4 * j] = 0.f;
+                if (q + 1 < kr0) s[4 * j + 1] = 0.f;
+                if (q < kr1) s[4 * j + 2] = 0.f;
+                if (q + 1 < kr1) s[4 * j + 3] = 0.f;
+            }
+        }
+        f9_wg_wait();
+        f9_regs<NS>(dp);
+#pragma unroll
+        for (int j = 0; j < NS / 4; j++) {
+            const int qi = 8 * j + 2 * c;
+            const float d0 = Ds[qi], d1 = Ds[qi + 1];
+            dp[4 * j] = s[4 * j] * (dp[4 * j] - d0);
+            dp[4 * j + 1] = s[4 * j + 1] * (dp[4 * j + 1] - d1);
+            dp[4 * j + 2] = s[4 * j + 2] * (dp[4 * j + 2] - d0);
+            dp[4 * j + 3] = s[4 * j + 3] * (dp[4 * j + 3] - d1);
+        }
+#pragma unroll
+        for (int kk = 0; kk < F9_BK / 16; kk++) {
+            pa[kk][0] = fa_pack(s[8 * kk], s[8 * kk + 1]);
+            pa[kk][1] = fa_pack(s[8 * kk + 2], s[8 * kk + 3]);
+            pa[kk][2] = fa_pack(s[8 * kk + 4], s[8 * kk + 5]);
+            pa[kk][3] = fa_pack(s[8 * kk + 6], s[8 * kk + 7]);
+            da[kk][0] = fa_pack(dp[8 * kk], dp[8 * kk + 1]);
+            da[kk][1] = fa_pack(dp[8 * kk + 2], dp[8 * kk + 3]);
+            da[kk][2] = fa_pack(dp[8 * kk + 4], dp[8 * kk + 5]);
+            da[kk][3] = fa_pack(dp[8 * kk + 6], dp[8 * kk + 7]);
+        }
+        // dV += Pᵀ·dO, dK += dSᵀ·Q: each k16 step (16 queries) starts 256
+        // bytes on in the N-major tile.
+        f9_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < F9_BK / 16; kk++) {
+            const uint64_t dg = f9_desc(gs + kk * 256, 128, F9_BK * 16);
+            if constexpr (HS == 64)
+                f9_wgmma_n64<1>(dv, pa[kk], dg, 1);
+            else
+                f9_wgmma_n128<1>(dv, pa[kk], dg, 1);
+        }
+#pragma unroll
+        for (int kk = 0; kk < F9_BK / 16; kk++) {
+            const uint64_t dq = f9_desc(qs + kk * 256, 128, F9_BK * 16);
+            if constexpr (HS == 64)
+                f9_wgmma_n64<1>(dk, da[kk], dq, 1);
+            else
+                f9_wgmma_n128<1>(dk, da[kk], dq, 1);
+        }
+        f9_wg_commit();
+        if (!PIPE) {
+            f9_wg_wait();
+            f9_regs<NO>(dv);
+            f9_regs<NO>(dk);
+        }
+    }
+    if (PIPE) {
+        f9_wg_wait();
+        f9_regs<NO>(dv);
+        f9_regs<NO>(dk);
+    }
+    uint16_t* dkb = dqkv + (i64)b * T * W + (i64)(NH + kv) * HS + 2 * c;
+    uint16_t* dvb = dkb + (i64)NKV * HS;
+    if (kr0 < T) {
+#pragma unroll
+        for (int j = 0; j < NO / 4; j++) {
+            fa_acc2(dkb + (i64)kr0 * W + j * 8, dk[4 * j] * scale, dk[4 * j + 1] * scale, set);
+            fa_acc2(dvb + (i64)kr0 * W + j * 8, dv[4 * j], dv[4 * j + 1], set);
+        }
+    }
+    if (kr1 < T) {
+#pragma unroll
+        for (int j = 0; j < NO / 4; j++) {
+            fa_acc2(dkb + (i64)kr1 * W + j * 8, dk[4 * j + 2] * scale, dk[4 * j + 3] * scale, set);
+            fa_acc2(dvb + (i64)kr1 * W + j * 8, dv[4 * j + 2], dv[4 * j + 3], set);
+        }
+    }
+}
+
+template <int HS, bool PIPE>
+__device__ __forceinline__ void flash_bwd_q_sm90(uint16_t* __restrict__ dqkv, const uint16_t* __restrict__ dout,
+                                                 const uint16_t* __restrict__ qkv, const float* __restrict__ lse,
+                                                 const float* __restrict__ Dd, int T, int NH, int NKV, float scale_log2,
+                                                 float scale, bool set, uint16_t* smem) {
+    constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, TILE = F9_BK * HS;
+    uint16_t* Qs = smem;
+    uint16_t* Gs = Qs + TILE;
+    uint16_t* Kb = Gs + TILE;      // two K tiles
+    uint16_t* Vb = Kb + 2 * TILE;  // two V tiles
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * F9_BQ;  // the most keys first
+    const i64 W = (i64)(NH + 2 * NKV) * HS;
+    const uint16_t* base = qkv + (i64)b * T * W + (i64)h * HS;
+    const uint16_t* kbase = qkv + (i64)b * T * W + (i64)(NH + kv) * HS;
+    const uint16_t* vbase = kbase + (i64)NKV * HS;
+    const uint16_t* gbase = dout + (i64)b * T * C + (i64)h * HS;
+    const int w0 = q0 + warp * 16, r0 = w0 + g, r1 = r0 + 8;
+    const float l0 = r0 < T ? lse[(i64)z * T + r0] * F9_LOG2E : INFINITY;
+    const float l1 = r1 < T ? lse[(i64)z * T + r1] * F9_LOG2E : INFINITY;
+    const float d0 = r0 < T ? Dd[(i64)z * T + r0] : 0.f;
+    const float d1 = r1 < T ? Dd[(i64)z * T + r1] : 0.f;
+    const int n = (min(q0 + F9_BQ, T) - 1) / F9_BK + 1;  // key tiles, the last one the diagonal's
+    auto ld_kv = [&](int j, int buf) {
+        f9_load_tile<HS, F9_THREADS>(Kb + buf * TILE, kbase, W, j * F9_BK, T);
+        f9_load_tile<HS, F9_THREADS>(Vb + buf * TILE, vbase, W, j * F9_BK, T);
+        fa_cp_commit();
+    };
+    f9_load_tile<HS, F9_THREADS>(Qs, base, W, q0, T);
+    f9_load_tile<HS, F9_THREADS>(Gs, gbase, C, q0, T);
+    ld_kv(0, 0);  // commits Q and dO with the first tile
+    float dq[NO], s[NS], dp[NS];
+#pragma unroll
+    for (int i = 0; i < NO; i++) dq[i] = 0.f;
+    uint32_t da[F9_BK / 16][4];
+    const uint32_t qs = f9_smem(Qs), gs = f9_smem(Gs);
+    for (int j = 0; j < n; j++) {
+        const int buf = j & 1, kk0 = j * F9_BK;
+        const uint32_t ks = f9_smem(Kb + buf * TILE), vs = f9_smem(Vb + buf * TILE);
+        fa_cp_wait();
+        f9_fence_proxy();
+        __syncthreads();  // tile j is in; without PIPE, every product of tile j-1 is done
+        if (!PIPE && j + 1 < n) ld_kv(j + 1, buf ^ 1);
+        f9_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+            f9_wgmma_ss_n64<0>(s, f9_desc(qs + kk * 2 * (F9_BK * 16), F9_BK * 16, 128),
+                               f9_desc(ks + kk * 2 * (F9_BK * 16), F9_BK * 16, 128), kk);
+        f9_wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+            f9_wgmma_ss_n64<0>(dp, f9_desc(gs + kk * 2 * (F9_BK * 16), F9_BK * 16, 128),
+                               f9_desc(vs + kk * 2 * (F9_BK * 16), F9_BK * 16, 128), kk);
+        f9_wg_commit();
+        f9_wg_wait1();  // S (and with PIPE the previous tile's dQ) done; dP may run
+        f9_regs<NS>(s);
+        if (PIPE) {
+            __syncthreads();  // every warp is past that wait: the other buffers are free
+            if (j + 1 < n) ld_kv(j + 1, buf ^ 1);
+        }
+        const bool mask = kk0 + F9_BK - 1 > w0;  // keys after some row of the warp (and keys past T)
+#pragma unroll
+        for (int jj = 0; jj < NS / 4; jj++) {
+            const int key = kk0 + 8 * jj + 2 * c;
+            s[4 * jj] = fa_exp2(s[4 * jj] * scale_log2 - l0);
+            s[4 * jj + 1] = fa_exp2(s[4 * jj + 1] * scale_log2 - l0);
+            s[4 * jj + 2] = fa_exp2(s[4 * jj + 2] * scale_log2 - l1);
+            s[4 * jj + 3] = fa_exp2(s[4 * jj + 3] * scale_log2 - l1);
+            if (mask) {
+                if (key > r0) s[4 * jj] = 0.f;
+                if (key + 1 > r0) s[4 * jj + 1] = 0.f;
+                if (key > r1) s[4 * jj + 2] = 0.f;
+                if (key + 1 > r1) s[4 * jj + 3] = 0.f;
+            }
+        }
+        f9_wg_wait();
+        f9_regs<NS>(dp);
+#pragma unroll
+        for (int jj = 0; jj < NS / 4; jj++) {
+            dp[4 * jj] = s[4 * jj] * (dp[4 * jj] - d0);
+            dp[4 * jj + 1] = s[4 * jj + 1] * (dp[4 * jj + 1] - d0);
+            dp[4 * jj + 2] = s[4 * jj + 2] * (dp[4 * jj + 2] - d1);
+            dp[4 * jj + 3] = s[4 * jj + 3] * (dp[4 * jj + 3] - d1);
+        }
+#pragma unroll
+        for (int kk = 0; kk < F9_BK / 16; kk++) {
+            da[kk][0] = fa_pack(dp[8 * kk], dp[8 * kk + 1]);
+            da[kk][1] = fa_pack(dp[8 * kk + 2], dp[8 * kk + 3]);
+            da[kk][2] = fa_pack(dp[8 * kk + 4], dp[8 * kk + 5]);
+            da[kk][3] = fa_pack(dp[8 * kk + 6], dp[8 * kk + 7]);
+        }
+        // dQ += dS·K: the K tile N-major, each k16 step (16 keys) 256 bytes on.
+        f9_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < F9_BK / 16; kk++) {
+            const uint64_t dk = f9_desc(ks + kk * 256, 128, F9_BK * 16);
+            if constexpr (HS == 64)
+                f9_wgmma_n64<1>(dq, da[kk], dk, 1);
+            else
+                f9_wgmma_n128<1>(dq, da[kk], dk, 1);
+        }
+        f9_wg_commit();
+        if (!PIPE) {
+            f9_wg_wait();
+            f9_regs<NO>(dq);
+        }
+    }
+    if (PIPE) {
+        f9_wg_wait();
+        f9_regs<NO>(dq);
+    }
+    uint16_t* dqb = dqkv + (i64)b * T * W + (i64)h * HS + 2 * c;
+    if (r0 < T) {
+#pragma unroll
+        for (int j = 0; j < NO / 4; j++) fa_acc2(dqb + (i64)r0 * W + j * 8, dq[4 * j] * scale, dq[4 * j + 1] * scale, set);
+    }
+    if (r1 < T) {
+#pragma unroll
+        for (int j = 0; j < NO / 4; j++) fa_acc2(dqb + (i64)r1 * W + j * 8, dq[4 * j + 2] * scale, dq[4 * j + 3] * scale, set);
+    }
+}
+
 // ---- Entry points ----
 
 // flash_fwd_sm90_bf16_hs64 and _hs128: flash_fwd_bf16_hs64 and _hs128 of
@@ -608,3 +934,26 @@ extern "C" __global__ void __launch_bounds__(F9_THREADS, 2)
     __shared__ __align__(128) uint16_t Vs[2][F9_BK * 128];
     flash_fwd_sm90p<128, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs[0], Vs[1]);
 }
+
+// flash_bwd_kv_sm90_* and flash_bwd_q_sm90_*: flash_bwd_kv_bf16_* and
+// flash_bwd_q_bf16_* of flashattn.cu (same arguments and contract: dqkv +=,
+// or with set =, the gradients; qkv and dout 16-byte, dqkv 4-byte aligned)
+// on the sm_90a tensor cores: grids (ceil(T/64), B·NKV) and (ceil(T/64),
+// B·NH), 128 threads, f9_bwd_smem<HS>() bytes of dynamic shared memory
+// (flash_sm90.go computes the same). sm90p: the pipelined kernels (PIPE).
+#define F9_BWD(KIND, NAME, HS, PIPE) \
+    extern "C" __global__ void __launch_bounds__(F9_THREADS, 2) \
+        NAME(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH, int NKV, \
+             float scale_log2, float scale, int set) { \
+        extern __shared__ __align__(128) uint16_t f9_dyn[]; \
+        KIND<HS, PIPE>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, \
+                       scale, set != 0, f9_dyn); \
+    }
+F9_BWD(flash_bwd_kv_sm90, flash_bwd_kv_sm90_bf16_hs64, 64, false)
+F9_BWD(flash_bwd_kv_sm90, flash_bwd_kv_sm90_bf16_hs128, 128, false)
+F9_BWD(flash_bwd_kv_sm90, flash_bwd_kv_sm90p_bf16_hs64, 64, true)
+F9_BWD(flash_bwd_kv_sm90, flash_bwd_kv_sm90p_bf16_hs128, 128, true)
+F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90_bf16_hs64, 64, false)
+F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90_bf16_hs128, 128, false)
+F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90p_bf16_hs64, 64, true)
+F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90p_bf16_hs128, 128, true)

@@ -94,6 +94,13 @@ static void fa_ldsm4(uint32_t* r, const uint16_t* p) { ldsm4(r, p, false); }
 static void fa_ldsm4t(uint32_t* r, const uint16_t* p) { ldsm4(r, p, true); }
 static void fa_ldsm2(uint32_t* r, const uint16_t* p) { ldsm4(r, p, false, 2); }
 static float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+// fa_acc2 as flash_common.cuh's: (lo, hi) added to the bf16 pair at p,
+// rounded once; with set written over it.
+static void fa_acc2(uint16_t* p, float lo, float hi, bool set) {
+  uint32_t w; memcpy(&w, p, 4);
+  if (!set) { lo += __uint_as_float(w << 16); hi += __uint_as_float(w & 0xffff0000u); }
+  w = fa_pack(lo, hi); memcpy(p, &w, 4);
+}
 // cp.async, synchronously: the copies land at once (the pipeline's races
 // are not modelled, only its indexing).
 template <int HS, int NT = FA_THREADS>

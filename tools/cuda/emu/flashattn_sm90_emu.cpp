@@ -95,6 +95,14 @@ static float __shfl_xor_sync(unsigned, float v, int o) {
 static uint32_t fa_pack(float lo, float hi) { return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16); }
 static float fa_exp2(float x) { return exp2f(x); }
 static uint32_t fa_ld32(const uint16_t* p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+// fa_acc2 as flash_common.cuh's: (lo, hi) added to the bf16 pair at p,
+// rounded once; with set written over it.
+static void fa_acc2(uint16_t* p, float lo, float hi, bool set) {
+  uint32_t w; memcpy(&w, p, 4);
+  if (!set) { lo += __uint_as_float(w << 16); hi += __uint_as_float(w & 0xffff0000u); }
+  w = fa_pack(lo, hi); memcpy(p, &w, 4);
+}
 static uint32_t f9_smem(const void* p) {
   const uint8_t* q = (const uint8_t*)p;
   if (q < smemBase || q >= smemBase + smemSize) die("shared address outside the shared window");
@@ -140,20 +148,26 @@ static uint32_t bAddr(uint64_t desc, int trans, int k, int n) {
 // snapshots in wgA by slot (issue count mod 64, the same in every thread
 // of a warpgroup: the ops are warpgroup-collective). The first thread of
 // the warpgroup marks the chunks an op reads pending (chunks).
-struct Op { float* d; int N, trans, acc; uint64_t desc; int sync, group, slot; std::vector<uint32_t> chunks; };
+struct Op { float* d; int N, trans, acc; uint64_t desc; int sync, group, slot; std::vector<uint32_t> chunks; bool ss; uint64_t adesc; };
 thread_local std::vector<Op> ops;
 thread_local bool wgFenced;
 thread_local int wgCommitted, wgIssued;
 uint32_t wgA[64][256][4];
-static void wg_issue(float* d, const uint32_t* a, uint64_t desc, int acc, int N, int trans) {
+// wg_issue queues d (64xN) = A·B (+ d): A from the registers a, or with a
+// null a from shared memory through adesc (K-major, imm-trans-a 0: element
+// (m, k) where bAddr puts element (k, n = m) of a K-major B).
+static void wg_issue(float* d, const uint32_t* a, uint64_t desc, int acc, int N, int trans, uint64_t adesc = 0) {
   if (!wgFenced) die("wgmma.mma_async without a wgmma.fence since the last wait");
   if (ops.size() >= 64) die("too many wgmma in flight");
   const int slot = wgIssued++ % 64;
-  memcpy(wgA[slot][threadIdx.x], a, 16);
-  Op op{d, N, trans, acc, desc, nsync, wgCommitted, slot, {}};
+  if (a) memcpy(wgA[slot][threadIdx.x], a, 16);
+  Op op{d, N, trans, acc, desc, nsync, wgCommitted, slot, {}, a == nullptr, adesc};
   if (threadIdx.x % 128 == 0) {
-    for (int k = 0; k < 16; k++)
+    for (int k = 0; k < 16; k++) {
       for (int n = 0; n < N; n++) op.chunks.push_back(bAddr(desc, trans, k, n) / 16);
+      if (!a)
+        for (int m = 0; m < 64; m++) op.chunks.push_back(bAddr(adesc, 0, k, m) / 16);
+    }
     std::sort(op.chunks.begin(), op.chunks.end());
     op.chunks.erase(std::unique(op.chunks.begin(), op.chunks.end()), op.chunks.end());
     for (uint32_t c : op.chunks) pendingReads[c]++;
@@ -162,6 +176,7 @@ static void wg_issue(float* d, const uint32_t* a, uint64_t desc, int acc, int N,
 }
 template <int TB> static void f9_wgmma_n64(float* d, const uint32_t* a, uint64_t desc, int acc) { wg_issue(d, a, desc, acc, 64, TB); }
 template <int TB> static void f9_wgmma_n128(float* d, const uint32_t* a, uint64_t desc, int acc) { wg_issue(d, a, desc, acc, 128, TB); }
+template <int TB> static void f9_wgmma_ss_n64(float* d, uint64_t adesc, uint64_t bdesc, int acc) { wg_issue(d, nullptr, bdesc, acc, 64, TB, adesc); }
 static void f9_wg_fence() { wgFenced = true; }
 static void f9_wg_commit() { wgCommitted++; }
 static float halfOf(uint32_t r, int h) { return bf2f(h ? r >> 16 : r & 0xffff); }
@@ -187,7 +202,8 @@ static void wg_wait(int pending) {
       float acc = op.acc ? op.d[i] : 0.f;
       for (int k = 0; k < 16; k++) {
         const int rr = row % 16, owner = wg0 + 32 * (row / 16) + (rr % 8) * 4 + (k % 8) / 2, reg = rr / 8 + 2 * (k / 8);
-        acc += halfOf(wgA[op.slot][owner][reg], k % 2) * bElem(op.desc, op.trans, k, col, op.sync);
+        const float av = op.ss ? bElem(op.adesc, 0, k, row, op.sync) : halfOf(wgA[op.slot][owner][reg], k % 2);
+        acc += av * bElem(op.desc, op.trans, k, col, op.sync);
       }
       op.d[i] = acc;
     }
@@ -284,9 +300,71 @@ template <int HS, int MT = 1, int WG = 1, bool P = false> void run(int B, int T,
   printf("sm90%s HS%d MT%d WG%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", P ? "p" : "", HS, MT, WG, B, T, NH, NKV, worst, worstL, bad);
 }
 
+// run_bwd checks flash_bwd_kv_sm90<HS, PIPE> and flash_bwd_q_sm90<HS, PIPE>
+// against a float64 reference of dQ, dK and dV (dK and dV summed over a
+// key/value head's group), with NH query and NKV key/value heads (0: NKV =
+// NH): dqkv starts at 0.25 and is accumulated into, or with set starts as
+// NaN and is written over. lse and D = rowsum(dO∘O) come from the
+// reference forward.
+template <int HS, bool PIPE> void run_bwd(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0, bool set = false) {
+  if (NKV == 0) NKV = NH;
+  const int C = NH * HS, rep = NH / NKV;
+  const size_t W = (size_t)(NH + 2 * NKV) * HS;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> U(-2, 2), G(-1, 1);
+  std::vector<uint16_t> qkv((size_t)B * T * W), dout((size_t)B * T * C), dqkv((size_t)B * T * W, set ? 0x7fc0 : f2bf(0.25f));
+  for (auto& x : qkv) x = f2bf(U(rng));
+  for (auto& x : dout) x = f2bf(G(rng));
+  std::vector<float> lse((size_t)B * NH * T), D((size_t)B * NH * T);
+  std::vector<double> want((size_t)B * T * W, set ? 0.0 : (double)bf2f(f2bf(0.25f)));
+  const double sc = 1 / std::sqrt((double)HS);
+  auto X = [&](int b, int t, size_t col) { return (double)bf2f(qkv[((size_t)b * T + t) * W + col]); };
+  for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) {
+    const size_t qc = (size_t)h * HS, kc = (size_t)(NH + h / rep) * HS, vc = kc + (size_t)NKV * HS;
+    for (int t = 0; t < T; t++) {
+      std::vector<double> p(t + 1), o(HS, 0.0);
+      double m = -INFINITY, l = 0, Dt = 0;
+      for (int j = 0; j <= t; j++) { double a = 0; for (int d = 0; d < HS; d++) a += X(b, t, qc + d) * X(b, j, kc + d); p[j] = a * sc; m = std::max(m, p[j]); }
+      for (int j = 0; j <= t; j++) l += std::exp(p[j] - m);
+      const double L = m + std::log(l);
+      for (int j = 0; j <= t; j++) { p[j] = std::exp(p[j] - L); for (int d = 0; d < HS; d++) o[d] += p[j] * X(b, j, vc + d); }
+      auto dO = [&](int d) { return (double)bf2f(dout[((size_t)b * T + t) * C + qc + d]); };
+      for (int d = 0; d < HS; d++) Dt += dO(d) * o[d];
+      lse[((size_t)b * NH + h) * T + t] = (float)L;
+      D[((size_t)b * NH + h) * T + t] = (float)Dt;
+      for (int j = 0; j <= t; j++) {
+        double dp = 0; for (int d = 0; d < HS; d++) dp += dO(d) * X(b, j, vc + d);
+        const double ds = p[j] * (dp - Dt);
+        for (int d = 0; d < HS; d++) {
+          want[((size_t)b * T + t) * W + qc + d] += sc * ds * X(b, j, kc + d);
+          want[((size_t)b * T + j) * W + kc + d] += sc * ds * X(b, t, qc + d);
+          want[((size_t)b * T + j) * W + vc + d] += p[j] * dO(d);
+        }
+      }
+    }
+  }
+  const float sl2 = (float)(1.4426950408889634 * sc), scale = (float)sc;
+  const size_t smem = f9_bwd_smem<HS>();
+  gridDim = {(T + 63) / 64, B * NKV};
+  run_grid(1, smem, [&] { flash_bwd_kv_sm90<HS, PIPE>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase); });
+  gridDim = {(T + 63) / 64, B * NH};
+  run_grid(1, smem, [&] { flash_bwd_q_sm90<HS, PIPE>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase); });
+  double worst = 0;
+  const char* part[] = {"dq", "dk", "dv"};
+  for (size_t i = 0; i < dqkv.size(); i++) {
+    const size_t col = i % W;
+    const int which = col < (size_t)C ? 0 : col < (size_t)(C + NKV * HS) ? 1 : 2;
+    const double g = bf2f(dqkv[i]), w = want[i], tol = 2e-2 + 1.6e-2 * std::fabs(w), e = std::fabs(g - w);
+    worst = std::max(worst, e / tol);
+    if (!(e <= tol) && bad++ < 5) printf("%s row %zu col %zu: %g vs %g\n", part[which], i / W, col, g, w);
+  }
+  printf("sm90 bwd%s HS%d B%d T%d NH%d NKV%d%s: worst err/tol %.3f, bad %d\n", PIPE ? " (pipelined)" : "", HS, B, T, NH, NKV, set ? " set" : "", worst, bad);
+}
+
 int main(int argc, char** argv) {
   int bad = 0;
   const bool quick = argc > 1 && !strcmp(argv[1], "quick");  // the mutants: one small case per head size
+  const bool bwdOnly = argc > 1 && !strcmp(argv[1], "bwd");  // emu.sh sm90bwd: the backward only
   if (quick) {
     run<64>(1, 130, 2, 1, bad, 1);
     run<128>(1, 65, 1, 2, bad);
@@ -295,11 +373,14 @@ int main(int argc, char** argv) {
     run<64, 1, 2, true>(1, 200, 2, 5, bad, 1);
     run<128, 1, 2, true>(1, 130, 2, 6, bad);
     run<64, 1, 1, true>(1, 130, 2, 7, bad, 1);
+    run_bwd<64, true>(1, 130, 2, 8, bad, 1);
+    run_bwd<128, false>(1, 130, 2, 9, bad);
+    run_bwd<128, true>(1, 70, 2, 10, bad, 0, true);
     return bad != 0;
   }
   const int Ts[] = {1, 63, 64, 65, 200, 300};
   unsigned seed = 100;
-  for (int T : Ts) {
+  for (int T : bwdOnly ? std::vector<int>{} : std::vector<int>(std::begin(Ts), std::end(Ts))) {
     run<64>(T < 100 ? 2 : 1, T, 2, seed++, bad);        // multi-head
     run<128>(1, T, 2, seed++, bad);                     // multi-head
     run<64>(1, T, 4, seed++, bad, 2);                   // groups of 2
@@ -314,6 +395,15 @@ int main(int argc, char** argv) {
     run<128, 1, 2, true>(1, T, 3, seed++, bad, 1);            // pipelined, multi-query
     run<64, 1, 1, true>(1, T, 4, seed++, bad, 2);             // pipelined, one warpgroup, groups of 2
     run<128, 1, 1, true>(1, T, 2, seed++, bad);               // pipelined, one warpgroup, multi-head
+  }
+  const int Tb[] = {1, 63, 64, 65, 130, 200};
+  for (int T : Tb) {
+    run_bwd<64, false>(T < 100 ? 2 : 1, T, 2, seed++, bad);  // backward, multi-head
+    run_bwd<64, true>(1, T, 4, seed++, bad, 2);              // pipelined, groups of 2
+    run_bwd<128, false>(1, T, 3, seed++, bad, 1, true);      // multi-query, written over
+    run_bwd<128, true>(1, T, 2, seed++, bad);                // pipelined, multi-head
+    run_bwd<64, true>(1, T, 2, seed++, bad, 0, true);        // pipelined, written over
+    run_bwd<128, true>(1, T, 4, seed++, bad, 2);             // pipelined, groups of 2
   }
   return bad != 0;
 }
