@@ -3,8 +3,10 @@
 # It writes the ptxas report (registers, spills, warnings such as C7515,
 # wgmma serialized) of flashattn.cu for sm_90 and flashattn_sm90.cu for
 # sm_90a, then runs `gpubench -attn-sweep` under Nsight Compute (ncu) for
-# each variant in SPILL_NCU_VARIANTS ("name:ENV=VAL;name2:ENV=VAL", "-" for
-# none) and F.scaled_dot_product_attention (cuDNN) likewise, with the
+# each variant in SPILL_NCU_VARIANTS ("name|ENV=VAL|kernel regex;...", "-"
+# for no environment; SPILL_NCU_SKIP launches of those kernels skipped
+# first, past Open's self-checks) and F.scaled_dot_product_attention
+# (cuDNN) likewise, with the
 # sections that say what bounds a kernel: speed of light, compute
 # workload (pipe utilisation), warp state (stall reasons), launch and
 # occupancy, shared-memory bank conflicts. Output under $OUT: ptxas*.log,
@@ -28,14 +30,15 @@ grep -ciE "warning" "$out/ptxas_sm90.log" | sed 's/^/ptxas_sm90 warnings: /'
 [ -n "$ncu" ] || { echo "ncu_attn.sh: no ncu on this machine" >&2; exit 2; }
 "$ncu" --version | tail -n1
 sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis_Tables --section SchedulerStats"
-IFS=';' read -ra vs <<<"${SPILL_NCU_VARIANTS:-default:-;sm90p:SPILL_FLASH_FWD=sm90p;bwdsm90:SPILL_FLASH_BWD=sm90}"
+IFS=';' read -ra vs <<<"${SPILL_NCU_VARIANTS:-default|-|flash_fwd2k32_bf16_hs128|flash_bwd_kv_sm_bf16_hs128|flash_bwd_q_sm_bf16_hs128;sm90p|SPILL_FLASH_FWD=sm90p|flash_fwd3_sm90_bf16_hs128}"
 for v in "${vs[@]}"; do
-  name=${v%%:*} envs=${v#*:}
+  IFS='|' read -r name envs re <<<"$v"
   [ "$envs" = - ] && envs=
   t0=$SECONDS
-  # The sweep times each kernel many times: profile a few launches of each
-  # after the first ones (self-checks at Open and warm-up).
-  env $envs timeout "${SPILL_NCU_LIMIT:-150}" "$ncu" $sections -k regex:flash_ --launch-skip 6 --launch-count "${SPILL_NCU_COUNT:-4}" \
+  # The sweep times each kernel many times: profile a few launches after
+  # the first ones (self-checks at Open and warm-up).
+  env $envs timeout "${SPILL_NCU_LIMIT:-150}" "$ncu" $sections -k "regex:${re:-flash_}" --launch-skip "${SPILL_NCU_SKIP:-24}" \
+    --launch-count "${SPILL_NCU_COUNT:-4}" \
     /tmp/gpubench -attn-sweep "$shape" -out /tmp/ncu_$name.json >"$out/ncu_$name.txt" 2>&1
   echo "== $name ($envs): exit $? after $((SECONDS - t0))s"
   grep -E '^  [a-z_0-9]+\(|flash_[a-z0-9_]+|Duration|Compute \(SM\) Throughput|Registers Per|Block Size|Issue Slots Busy|Achieved Occupancy' "$out/ncu_$name.txt" | head -n 60

@@ -37,3 +37,9 @@ __device__ __forceinline__ void fa_acc2(uint16_t* p, float lo, float hi, bool se
 // waits for all of its groups (a barrier after it publishes the data).
 __device__ __forceinline__ void fa_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void fa_cp_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// fa_cp_wait_n waits until at most N of this thread's committed groups of
+// cp.async copies are pending: all but the newest N have landed.
+template <int N>
+__device__ __forceinline__ void fa_cp_wait_n() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}

@@ -28,8 +28,10 @@
 // issues S(j) and the previous tile's P(j-1)·V(j-1) as two wgmma groups,
 // waits for S(j) only (wait_group 1), and does the softmax of S(j) while
 // P(j-1)·V(j-1) runs on the tensor cores; O is rescaled after wait_group 0.
-// It keeps one K and two V tiles in shared memory (the next K and this V
-// load during the softmax) and loops over every key tile of the block in
+// It keeps rings of D K and D V tiles in dynamic shared memory, in the
+// 128-byte swizzled layout (f9_load_tile_sw; each tile
+// copied D-1 iterations before its use, cp.async.wait_group D-2; one
+// barrier per key tile) and loops over every key tile of the block in
 // both warpgroups, with no wgmma under a branch (ptxas serializes all
 // wgmma of a function otherwise: C7515).
 //
@@ -175,6 +177,61 @@ __device__ __forceinline__ void f9_load_tile(uint16_t* s, const uint16_t* g, i64
             const int key = key0 + it * KS, t = r0 + key;
             f9_cp16(s + q * (F9_BK * 8) + key * 8, t < T ? g + (i64)t * stride + q * 8 : g, t < T ? 16 : 0);
         }
+    }
+}
+
+// The 128-byte swizzled tile layout (flash_fwd_sm90p): without swizzling,
+// the tensor cores' reads of a tile hit the same banks several times over
+// (Nsight Compute on the H100: 69% of the forward's shared wavefronts
+// excessive). A 64-key tile is HS/64 blocks of 64 keys x 64 head dims (8 KB
+// each, block d/64, 1024-byte aligned); in a block, key t's 64 dims are the
+// 128-byte row at t·128 and their 16-byte chunk c (dims 8c..8c+7) sits at
+// chunk position c ^ (t % 8) of the row: the PTX ISA's 128-byte swizzle
+// (address bits 4-6 XOR bits 7-9; 9.7.15.5.1.2). Both operands read the same
+// layout: K as the K-major B of S = Q·Kᵀ (N = key rows of 128 bytes, 8-row
+// groups SBO = 1024 apart; LBO unused, 16; the k16 step kk at byte
+// (kk/4)·8192 + (kk%4)·32), V as the N-major B of P·V (N = head dim, 64 per
+// 128-byte row, the next 64 at LBO = 8192; K = key, 8-key groups SBO = 1024
+// apart; the k16 step kk at byte kk·2048).
+#ifndef F9_VSW_LBO
+#define F9_VSW_LBO (F9_BK * 128)
+#define F9_VSW_SBO 1024
+#endif
+
+// f9_desc_sw is f9_desc with the 128-byte swizzle mode (bits 62-63 = 1).
+__device__ __forceinline__ uint64_t f9_desc_sw(uint32_t a, uint32_t lbo, uint32_t sbo) {
+    return f9_desc(a, lbo, sbo) | (uint64_t)1 << 62;
+}
+
+// f9_kdesc is the descriptor of k16 step kk of the swizzled tile at shared
+// address a read K-major (the tile's rows are M or N, head dims K);
+// f9_ndesc that of the tile read N-major (rows are K: 16 rows a step,
+// head dims N).
+__device__ __forceinline__ uint64_t f9_kdesc(uint32_t a, int kk) {
+    return f9_desc_sw(a + (kk >> 2) * (F9_BK * 128) + (kk & 3) * 32, 16, 1024);
+}
+__device__ __forceinline__ uint64_t f9_ndesc(uint32_t a, int kk) {
+    return f9_desc_sw(a + kk * 2048, F9_VSW_LBO, F9_VSW_SBO);
+}
+
+// f9_sw_off is the element offset of key t, head dims 8c..8c+7 in the
+// swizzled tile.
+__device__ __forceinline__ int f9_sw_off(int t, int c) {
+    return (c >> 3) * (F9_BK * 64) + t * 64 + (((c & 7) ^ (t & 7)) << 3);
+}
+
+// f9_load_tile_sw is f9_load_tile into the swizzled layout (s 1024-byte
+// aligned): HS/8 consecutive threads copy one key's row (HS·2 contiguous
+// global bytes; in shared memory whole 128-byte rows, no bank conflicts).
+template <int HS, int NT>
+__device__ __forceinline__ void f9_load_tile_sw(uint16_t* s, const uint16_t* g, i64 stride, int r0, int T) {
+    constexpr int ND = HS / 8, KS = NT / ND;
+    static_assert(NT % ND == 0 && F9_BK % KS == 0, "f9_load_tile_sw: NT must cover whole keys");
+    const int c = threadIdx.x % ND, key0 = threadIdx.x / ND;
+#pragma unroll
+    for (int it = 0; it < F9_BK / KS; it++) {
+        const int key = key0 + it * KS, t = r0 + key;
+        f9_cp16(s + f9_sw_off(key, c), t < T ? g + (i64)t * stride + c * 8 : g, t < T ? 16 : 0);
     }
 }
 
@@ -376,23 +433,34 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
 }
 
 // flash_fwd_sm90p is flash_fwd_sm90<HS, 1, WG> with the products
-// overlapped with the softmax (the flash_fwd3_sm90 kernels). Key tile j's
-// iteration issues S(j) = Q·K(j)ᵀ and then O += P(j-1)·V(j-1) as two
-// wgmma groups, waits for the first only (wgmma.wait_group 1), and does
-// the softmax of S(j) while the tensor cores still run P(j-1)·V(j-1); it
-// waits for that (wait_group 0) only before rescaling O and turning P(j)
-// into A fragments. Shared memory: one K tile (Ks) and two V tiles (Vs0,
-// Vs1; V(j) in Vs[j%2]). After the first barrier of iteration j (every
-// warpgroup has S(j), and P(j-2)·V(j-2) finished in iteration j-1) the
-// block loads K(j+1) into Ks and V(j) into Vs[j%2]; they land during the
-// softmax and P·V wait, before the barrier that ends the iteration.
-// Iteration n (n key tiles in the block) only drains the last P·V. Both
-// warpgroups go through all the block's key tiles.
-template <int HS, int WG>
+// overlapped with the softmax and the copies D - 1 key tiles ahead (the
+// flash_fwd3_sm90 kernels). Key tile j's iteration issues S(j) = Q·K(j)ᵀ
+// and then O += P(j-1)·V(j-1) as two wgmma groups, waits for the first
+// only (wgmma.wait_group 1), and does the softmax of S(j) while the tensor
+// cores still run P(j-1)·V(j-1); it waits for that (wait_group 0) only
+// before rescaling O and turning P(j) into A fragments. Shared memory
+// (smem, f9_fwdp_smem<HS, D>() bytes): a ring of D K tiles and one of D V
+// tiles, K(g) in K slot g%D and V(g) in V slot g%D. Copy group g (one
+// cp.async commit group per thread) holds K(g) and V(g-1) (group 0 the
+// zeros that stand for V(-1), in V slot D-1): groups 0..D-2 go out before
+// the loop, group j+D-1 at the start of iteration j, into the slots of
+// K(j-1) and V(j-2), whose last readers (S(j-1) and P(j-2)·V(j-2), issued
+// in iteration j-1) every thread waited for before the barrier that ended
+// it. At the end of iteration j, cp.async.wait_group D-2 lands group j+1
+// (K(j+1), V(j)): each copy has D-1 iterations to arrive instead of one
+// softmax. Iteration n (n key tiles in the block) only drains the last
+// P·V. Both warpgroups go through all the block's key tiles.
+template <int HS, int D>
+constexpr int f9_fwdp_smem() {
+    return 2 * D * F9_BK * HS * 2 + 1024;  // + room to align the tiles to 1024 bytes
+}
+
+template <int HS, int WG, int D>
 __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, float* __restrict__ lse,
                                                 const uint16_t* __restrict__ qkv, int T, int NH, int NKV,
-                                                float scale_log2, uint16_t* Ks, uint16_t* Vs0, uint16_t* Vs1) {
-    constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, BQ = F9_BQ * WG, NT = F9_THREADS * WG;
+                                                float scale_log2, uint16_t* smem) {
+    static_assert(D >= 2 && D <= 8, "flash_fwd_sm90p: ring depth 2..8");
+    constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, BQ = F9_BQ * WG, NT = F9_THREADS * WG, TILE = F9_BK * HS;
     const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query blocks (most keys) first
@@ -404,6 +472,9 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
     const int qw = q0 + F9_BQ * (tid >> 7);  // this warpgroup's first row
     const int w0 = qw + warp * 16, r0 = w0 + g, r1 = r0 + 8;
     const int n = qlast / F9_BK + 1;  // key tiles of the block
+    smem += ((1024u - (f9_smem(smem) & 1023u)) & 1023u) / 2;  // the swizzle's 1024-byte alignment
+    uint16_t* Ks = smem;
+    uint16_t* Vs = smem + D * TILE;
 
     uint32_t qf[KD][4];
 #pragma unroll
@@ -420,30 +491,40 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
     for (int i = 0; i < NO; i++) o[i] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < F9_BK / 16; kk++) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
-    const uint32_t ks = f9_smem(Ks), vs0 = f9_smem(Vs0), vs1 = f9_smem(Vs1);
 
-    f9_load_tile<HS, NT>(Ks, kbase, W, 0, T);
-    f9_load_tile<HS, NT>(Vs1, vbase, W, T, T);  // zeros, for the P·V of iteration 0
-    fa_cp_commit();
-    fa_cp_wait();
+    // Copy group gi: K(gi) and V(gi-1) where they exist (zeros for V(-1)),
+    // committed even when empty, so that group counts stay uniform.
+    auto ld = [&](int gi) {
+        if (gi < n) f9_load_tile_sw<HS, NT>(Ks + (gi % D) * TILE, kbase, W, gi * F9_BK, T);
+        if (gi == 0)
+            f9_load_tile_sw<HS, NT>(Vs + (D - 1) * TILE, vbase, W, T, T);  // zeros, for the P·V of iteration 0
+        else if (gi - 1 < n)
+            f9_load_tile_sw<HS, NT>(Vs + ((gi - 1) % D) * TILE, vbase, W, (gi - 1) * F9_BK, T);
+        fa_cp_commit();
+    };
+#pragma unroll
+    for (int gi = 0; gi < D - 1; gi++) ld(gi);
+    fa_cp_wait_n<D - 2>();
     f9_fence_proxy();
     __syncthreads();  // K(0) and the zeros are in
     for (int j = 0; j <= n; j++) {
         const int k0 = j * F9_BK;
+        ld(j + D - 1);  // into the slots of K(j-1) and V(j-2)
         // S = Q·K(j)ᵀ (K-major B as in flash_fwd_sm90), then O += P(j-1)·V(j-1)
         // (N-major B), two groups, issued in every iteration (a wgmma under
         // a branch makes ptxas serialize them all, C7515): S(n) reads
-        // K(n-1) again and is dropped; at j = 0, P is zero and Vs1 holds
-        // zeros (not K(0): K(1) is copied over it while this P·V may run).
+        // K(n-1) again and is dropped; at j = 0, P is zero and V slot D-1
+        // holds zeros.
+        const uint32_t ks = f9_smem(Ks + (min(j, n - 1) % D) * TILE);
+        const uint32_t vs = f9_smem(Vs + ((j + D - 1) % D) * TILE);  // V(j-1)
         f9_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
-            f9_wgmma_n64<0>(s, qf[kk], f9_desc(ks + kk * 2 * (F9_BK * 16), F9_BK * 16, 128), kk);
+            f9_wgmma_n64<0>(s, qf[kk], f9_kdesc(ks, kk), kk);
         f9_wg_commit();
-        const uint32_t vs = (j & 1) ? vs0 : vs1;  // V(j-1) is in Vs[(j-1)%2]
 #pragma unroll
         for (int kk = 0; kk < F9_BK / 16; kk++) {
-            const uint64_t dv = f9_desc(vs + kk * 256, 128, F9_BK * 16);
+            const uint64_t dv = f9_ndesc(vs, kk);
             if constexpr (HS == 64)
                 f9_wgmma_n64<1>(o, pa[kk], dv, 1);
             else
@@ -452,10 +533,6 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
         f9_wg_commit();
         f9_wg_wait1();  // S(j) is done; P(j-1)·V(j-1) may still run
         f9_regs<NS>(s);
-        __syncthreads();  // every warpgroup is done with K(j), and with V(j-2) since iteration j-1
-        if (j + 1 < n) f9_load_tile<HS, NT, HS == 64>(Ks, kbase, W, k0 + F9_BK, T);
-        if (j < n) f9_load_tile<HS, NT, HS == 64>((j & 1) ? Vs1 : Vs0, vbase, W, k0, T);
-        fa_cp_commit();
 
         // The softmax of key tile j < n. A warpgroup whose rows all come
         // before the tile (the first one, at the block's diagonal tile) has
@@ -520,9 +597,9 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
                 pa[kk][3] = fa_pack(s[8 * kk + 6], s[8 * kk + 7]);
             }
         }
-        fa_cp_wait();
+        fa_cp_wait_n<D - 2>();
         f9_fence_proxy();
-        __syncthreads();  // K(j+1) and V(j) are in
+        __syncthreads();  // K(j+1) and V(j) are in; every thread is done with K(j) and V(j-1)
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -549,12 +626,12 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
 // split backward of flashattn.cu (flash_bwd_kv, flash_bwd_q: same
 // operands, same contract, no atomics) on wgmma. One warpgroup per block;
 // its 64 fixed rows (keys, or query rows) sit in shared memory as the A
-// operand of the first two products (A through a descriptor, K-major: the
-// tile layout of f9_load_tile, LBO 8 dims = 1024 bytes, SBO 8 rows = 128),
-// the streamed 64-row tiles (queries, or keys) as their B operand, K-major
-// likewise; P and dS go from the accumulators to A fragments in registers
-// (as P in flash_fwd_sm90) for the last products, whose B operand is the
-// streamed tile again, N-major (LBO 8 rows = 128 bytes, SBO 8 dims = 1024).
+// operand of the first two products (A through a descriptor, K-major:
+// every tile is in the 128-byte swizzled layout of f9_load_tile_sw, read
+// through f9_kdesc), the streamed 64-row tiles (queries, or keys) as their
+// B operand, K-major likewise; P and dS go from the accumulators to A
+// fragments in registers (as P in flash_fwd_sm90) for the last products,
+// whose B operand is the streamed tile again, N-major (f9_ndesc).
 // Per streamed tile of 64:
 //   flash_bwd_kv_sm90 (64 keys, queries streaming from the block's
 //     diagonal to T, for each query head of the group in turn):
@@ -577,7 +654,7 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
 
 template <int HS>
 constexpr int f9_bwd_smem() {
-    return 6 * F9_BK * HS * 2 + 4 * F9_BK * 4;
+    return 6 * F9_BK * HS * 2 + 4 * F9_BK * 4 + 1024;  // + room to align the tiles to 1024 bytes
 }
 
 template <int HS, bool PIPE>
@@ -586,6 +663,7 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
                                                   const float* __restrict__ Dd, int T, int NH, int NKV, float scale_log2,
                                                   float scale, bool set, uint16_t* smem) {
     constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, TILE = F9_BK * HS;
+    smem += ((1024u - (f9_smem(smem) & 1023u)) & 1023u) / 2;  // the swizzle's 1024-byte alignment
     uint16_t* Ks = smem;
     uint16_t* Vs = Ks + TILE;
     uint16_t* Qb = Vs + TILE;      // two Q tiles
@@ -605,8 +683,8 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
     const int nt = (T - k0 + F9_BK - 1) / F9_BK, nit = rep * nt;
     auto ld_q = [&](int it, int buf) {  // Q, dO, lse and D of tile it
         const int h = kv * rep + it / nt, q0 = k0 + (it % nt) * F9_BK;
-        f9_load_tile<HS, F9_THREADS>(Qb + buf * TILE, qkv + (i64)b * T * W + (i64)h * HS, W, q0, T);
-        f9_load_tile<HS, F9_THREADS>(Gb + buf * TILE, dout + (i64)b * T * C + (i64)h * HS, C, q0, T);
+        f9_load_tile_sw<HS, F9_THREADS>(Qb + buf * TILE, qkv + (i64)b * T * W + (i64)h * HS, W, q0, T);
+        f9_load_tile_sw<HS, F9_THREADS>(Gb + buf * TILE, dout + (i64)b * T * C + (i64)h * HS, C, q0, T);
         fa_cp_commit();
         if (tid < F9_BK) {
             const int q = q0 + tid;
@@ -615,8 +693,8 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             Db[buf * F9_BK + tid] = q < T ? Dd[r] : 0.f;
         }
     };
-    f9_load_tile<HS, F9_THREADS>(Ks, kbase, W, k0, T);
-    f9_load_tile<HS, F9_THREADS>(Vs, vbase, W, k0, T);
+    f9_load_tile_sw<HS, F9_THREADS>(Ks, kbase, W, k0, T);
+    f9_load_tile_sw<HS, F9_THREADS>(Vs, vbase, W, k0, T);
     ld_q(0, 0);  // commits K and V with the first tile
     float dk[NO], dv[NO], s[NS], dp[NS];
 #pragma unroll
@@ -635,13 +713,13 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
         f9_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
-            f9_wgmma_ss_n64<0>(s, f9_desc(ks + kk * 2 * (F9_BK * 16), F9_BK * 16, 128),
-                               f9_desc(qs + kk * 2 * (F9_BK * 16), F9_BK * 16, 128), kk);
+            f9_wgmma_ss_n64<0>(s, f9_kdesc(ks, kk),
+                               f9_kdesc(qs, kk), kk);
         f9_wg_commit();
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
-            f9_wgmma_ss_n64<0>(dp, f9_desc(vs + kk * 2 * (F9_BK * 16), F9_BK * 16, 128),
-                               f9_desc(gs + kk * 2 * (F9_BK * 16), F9_BK * 16, 128), kk);
+            f9_wgmma_ss_n64<0>(dp, f9_kdesc(vs, kk),
+                               f9_kdesc(gs, kk), kk);
         f9_wg_commit();
         f9_wg_wait1();  // Sᵀ (and with PIPE the previous tile's dV, dK) done; dPᵀ may run
         f9_regs<NS>(s);
@@ -687,12 +765,11 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             da[kk][2] = fa_pack(dp[8 * kk + 4], dp[8 * kk + 5]);
             da[kk][3] = fa_pack(dp[8 * kk + 6], dp[8 * kk + 7]);
         }
-        // dV += Pᵀ·dO, dK += dSᵀ·Q: each k16 step (16 queries) starts 256
-        // bytes on in the N-major tile.
+        // dV += Pᵀ·dO, dK += dSᵀ·Q: the dO and Q tiles N-major (f9_ndesc).
         f9_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < F9_BK / 16; kk++) {
-            const uint64_t dg = f9_desc(gs + kk * 256, 128, F9_BK * 16);
+            const uint64_t dg = f9_ndesc(gs, kk);
             if constexpr (HS == 64)
                 f9_wgmma_n64<1>(dv, pa[kk], dg, 1);
             else
@@ -700,7 +777,7 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
         }
 #pragma unroll
         for (int kk = 0; kk < F9_BK / 16; kk++) {
-            const uint64_t dq = f9_desc(qs + kk * 256, 128, F9_BK * 16);
+            const uint64_t dq = f9_ndesc(qs, kk);
             if constexpr (HS == 64)
                 f9_wgmma_n64<1>(dk, da[kk], dq, 1);
             else
@@ -742,6 +819,7 @@ __device__ __forceinline__ void flash_bwd_q_sm90(uint16_t* __restrict__ dqkv, co
                                                  const float* __restrict__ Dd, int T, int NH, int NKV, float scale_log2,
                                                  float scale, bool set, uint16_t* smem) {
     constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, TILE = F9_BK * HS;
+    smem += ((1024u - (f9_smem(smem) & 1023u)) & 1023u) / 2;  // the swizzle's 1024-byte alignment
     uint16_t* Qs = smem;
     uint16_t* Gs = Qs + TILE;
     uint16_t* Kb = Gs + TILE;      // two K tiles
@@ -761,12 +839,12 @@ __device__ __forceinline__ void flash_bwd_q_sm90(uint16_t* __restrict__ dqkv, co
     const float d1 = r1 < T ? Dd[(i64)z * T + r1] : 0.f;
     const int n = (min(q0 + F9_BQ, T) - 1) / F9_BK + 1;  // key tiles, the last one the diagonal's
     auto ld_kv = [&](int j, int buf) {
-        f9_load_tile<HS, F9_THREADS>(Kb + buf * TILE, kbase, W, j * F9_BK, T);
-        f9_load_tile<HS, F9_THREADS>(Vb + buf * TILE, vbase, W, j * F9_BK, T);
+        f9_load_tile_sw<HS, F9_THREADS>(Kb + buf * TILE, kbase, W, j * F9_BK, T);
+        f9_load_tile_sw<HS, F9_THREADS>(Vb + buf * TILE, vbase, W, j * F9_BK, T);
         fa_cp_commit();
     };
-    f9_load_tile<HS, F9_THREADS>(Qs, base, W, q0, T);
-    f9_load_tile<HS, F9_THREADS>(Gs, gbase, C, q0, T);
+    f9_load_tile_sw<HS, F9_THREADS>(Qs, base, W, q0, T);
+    f9_load_tile_sw<HS, F9_THREADS>(Gs, gbase, C, q0, T);
     ld_kv(0, 0);  // commits Q and dO with the first tile
     float dq[NO], s[NS], dp[NS];
 #pragma unroll
@@ -783,13 +861,13 @@ __device__ __forceinline__ void flash_bwd_q_sm90(uint16_t* __restrict__ dqkv, co
         f9_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
-            f9_wgmma_ss_n64<0>(s, f9_desc(qs + kk * 2 * (F9_BK * 16), F9_BK * 16, 128),
-                               f9_desc(ks + kk * 2 * (F9_BK * 16), F9_BK * 16, 128), kk);
+            f9_wgmma_ss_n64<0>(s, f9_kdesc(qs, kk),
+                               f9_kdesc(ks, kk), kk);
         f9_wg_commit();
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
-            f9_wgmma_ss_n64<0>(dp, f9_desc(gs + kk * 2 * (F9_BK * 16), F9_BK * 16, 128),
-                               f9_desc(vs + kk * 2 * (F9_BK * 16), F9_BK * 16, 128), kk);
+            f9_wgmma_ss_n64<0>(dp, f9_kdesc(gs, kk),
+                               f9_kdesc(vs, kk), kk);
         f9_wg_commit();
         f9_wg_wait1();  // S (and with PIPE the previous tile's dQ) done; dP may run
         f9_regs<NS>(s);
@@ -828,11 +906,11 @@ __device__ __forceinline__ void flash_bwd_q_sm90(uint16_t* __restrict__ dqkv, co
             da[kk][2] = fa_pack(dp[8 * kk + 4], dp[8 * kk + 5]);
             da[kk][3] = fa_pack(dp[8 * kk + 6], dp[8 * kk + 7]);
         }
-        // dQ += dS·K: the K tile N-major, each k16 step (16 keys) 256 bytes on.
+        // dQ += dS·K: the K tile N-major (f9_ndesc).
         f9_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < F9_BK / 16; kk++) {
-            const uint64_t dk = f9_desc(ks + kk * 256, 128, F9_BK * 16);
+            const uint64_t dk = f9_ndesc(ks, kk);
             if constexpr (HS == 64)
                 f9_wgmma_n64<1>(dq, da[kk], dk, 1);
             else
@@ -899,41 +977,28 @@ extern "C" __global__ void __launch_bounds__(2 * F9_THREADS)
 }
 
 // flash_fwd3_sm90_bf16_hs64 and _hs128: the same contract with the
-// products overlapped with the softmax (flash_fwd_sm90p): two warpgroups
-// of one 64-row tile each sharing one K and two V tiles (24 and 48 KB of
-// static shared memory): grid (ceil(T/128), B·NH), 256 threads; head size
-// 64 within 128 registers, two blocks per SM.
-extern "C" __global__ void __launch_bounds__(2 * F9_THREADS, 2)
-    flash_fwd3_sm90_bf16_hs64(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
-    __shared__ __align__(128) uint16_t Ks[F9_BK * 64];
-    __shared__ __align__(128) uint16_t Vs[2][F9_BK * 64];
-    flash_fwd_sm90p<64, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs[0], Vs[1]);
-}
-
-extern "C" __global__ void __launch_bounds__(2 * F9_THREADS)
-    flash_fwd3_sm90_bf16_hs128(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
-    __shared__ __align__(128) uint16_t Ks[F9_BK * 128];
-    __shared__ __align__(128) uint16_t Vs[2][F9_BK * 128];
-    flash_fwd_sm90p<128, 2>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs[0], Vs[1]);
-}
-
-// flash_fwd3x1_sm90_bf16_hs64 and _hs128: flash_fwd_sm90p with one
-// warpgroup (one 64-row tile) per block: grid (ceil(T/64), B·NH), 128
-// threads; blocks on one SM run their products and softmaxes
-// independently (no shared barrier between them).
-extern "C" __global__ void __launch_bounds__(F9_THREADS, 4)
-    flash_fwd3x1_sm90_bf16_hs64(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
-    __shared__ __align__(128) uint16_t Ks[F9_BK * 64];
-    __shared__ __align__(128) uint16_t Vs[2][F9_BK * 64];
-    flash_fwd_sm90p<64, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs[0], Vs[1]);
-}
-
-extern "C" __global__ void __launch_bounds__(F9_THREADS, 2)
-    flash_fwd3x1_sm90_bf16_hs128(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) {
-    __shared__ __align__(128) uint16_t Ks[F9_BK * 128];
-    __shared__ __align__(128) uint16_t Vs[2][F9_BK * 128];
-    flash_fwd_sm90p<128, 1>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, Ks, Vs[0], Vs[1]);
-}
+// products overlapped with the softmax and copies F9_FWD3_D - 1 tiles
+// ahead (flash_fwd_sm90p): two warpgroups of one 64-row tile each sharing
+// the K and V rings: grid (ceil(T/128), B·NH), 256 threads,
+// f9_fwdp_smem<HS, F9_FWD3_D>() bytes of dynamic shared memory (64 and
+// 128 KB at depth 4; flash_sm90.go computes the same); head size 64
+// within 128 registers, two blocks per SM. flash_fwd3x1_sm90_bf16_hs64
+// and _hs128: one warpgroup (one 64-row tile) per block, depth 2: grid
+// (ceil(T/64), B·NH), 128 threads, f9_fwdp_smem<HS, 2>() bytes; blocks on
+// one SM run their products and softmaxes independently.
+#ifndef F9_FWD3_D
+#define F9_FWD3_D 4
+#endif
+#define F9_FWD3(NAME, HS, WG, D, MINB) \
+    extern "C" __global__ void __launch_bounds__(WG * F9_THREADS, MINB) \
+        NAME(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) { \
+        extern __shared__ __align__(1024) uint16_t f9_dynp[]; \
+        flash_fwd_sm90p<HS, WG, D>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, f9_dynp); \
+    }
+F9_FWD3(flash_fwd3_sm90_bf16_hs64, 64, 2, F9_FWD3_D, 2)
+F9_FWD3(flash_fwd3_sm90_bf16_hs128, 128, 2, F9_FWD3_D, 1)
+F9_FWD3(flash_fwd3x1_sm90_bf16_hs64, 64, 1, 2, 4)
+F9_FWD3(flash_fwd3x1_sm90_bf16_hs128, 128, 1, 2, 2)
 
 // flash_bwd_kv_sm90_* and flash_bwd_q_sm90_*: flash_bwd_kv_bf16_* and
 // flash_bwd_q_bf16_* of flashattn.cu (same arguments and contract: dqkv +=,
@@ -945,9 +1010,9 @@ extern "C" __global__ void __launch_bounds__(F9_THREADS, 2)
     extern "C" __global__ void __launch_bounds__(F9_THREADS, 2) \
         NAME(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH, int NKV, \
              float scale_log2, float scale, int set) { \
-        extern __shared__ __align__(128) uint16_t f9_dyn[]; \
+        extern __shared__ __align__(1024) uint16_t f9_dynb[]; \
         KIND<HS, PIPE>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, \
-                       scale, set != 0, f9_dyn); \
+                       scale, set != 0, f9_dynb); \
     }
 F9_BWD(flash_bwd_kv_sm90, flash_bwd_kv_sm90_bf16_hs64, 64, false)
 F9_BWD(flash_bwd_kv_sm90, flash_bwd_kv_sm90_bf16_hs128, 128, false)

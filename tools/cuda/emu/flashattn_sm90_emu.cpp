@@ -12,9 +12,14 @@
 // Accumulate Instructions"):
 //  - Matrix descriptor (9.7.15.5.1.2.2): start address, LBO and SBO are
 //    decoded from bits 0-13, 16-29 and 32-45 (each << 4); bits 62-63 (the
-//    swizzle mode) must be 0 — the only mode modelled, anything else aborts;
-//    the base offset (bits 49-51) is ignored, as the ISA says it is for
-//    no-swizzle.
+//    swizzle mode) 0 (none) or 1 (128-byte swizzle; 64 and 32 bytes abort);
+//    the base offset (bits 49-51) is ignored without swizzling, as the ISA
+//    says, and must be 0 with it (operands' 1024-byte atoms aligned).
+//  - The 128-byte swizzle (the canonical swizzled layouts of
+//    9.7.15.5.1.2.1): K-major, element (k, n) at start + (n%8)·128 +
+//    (n/8)·SBO + k·2 (a k16 step within one 128-byte row; LBO unused);
+//    N-major, start + (n%64)·2 + (n/64)·LBO + (k%8)·128 + (k/8)·SBO; then
+//    bits 4-6 of the shared address XOR bits 7-9.
 //  - Shared memory layout without swizzling (9.7.15.5.1.2.1, canonical
 //    layouts, T = 8 bf16 per 16 bytes): element (k, n) of B (K x N) is at
 //    byte start + (n%8)·16 + (n/8)·SBO + (k%8)·2 + (k/8)·LBO when K-major
@@ -34,19 +39,22 @@
 //    From issue to completion, the shared chunks a wgmma reads are marked
 //    pending: a cp.async issued into a pending chunk aborts (a copy may
 //    land any time after its issue: the write-after-read hazard of
-//    reloading a tile that a wgmma in flight still reads). A wgmma issued without a
+//    reloading a tile that a wgmma in flight still reads), and a wgmma whose
+//    chunk has a copy issued and not landed aborts too (read-after-write:
+//    seen when the copy was issued first). A wgmma issued without a
 //    wgmma.fence since the thread's last wait aborts. It checks, per 16-byte
 //    chunk it reads, that the chunk's last cp.async landed before a
 //    __syncthreads that the issuing thread passed before the issue (a
 //    missing barrier aborts) and that every thread fenced its landed copies
 //    with fence.proxy.async before that barrier (generic-proxy writes made
 //    visible to the async proxy; memory consistency model, proxies).
-//  - cp.async (9.7.9.25): copies are queued and land at the thread's
-//    cp.async.wait_group (the latest moment allowed), zero-filled past the
-//    source size; destination and source must be 16-byte aligned.
+//  - cp.async (9.7.9.25): copies are queued in the thread's commit group
+//    and land at the cp.async.wait_group N that completes it (all but the
+//    newest N committed groups; the latest moment allowed), zero-filled
+//    past the source size; destination and source must be 16-byte aligned.
 // Not modelled: the exact rounding
 // and summation order of the tensor cores (products are summed in float),
-// the 128/64/32-byte swizzle modes, bank conflicts and timing.
+// the 64/32-byte swizzle modes, bank conflicts and timing.
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -110,34 +118,57 @@ static uint32_t f9_smem(const void* p) {
 }
 
 // cp.async: queued per thread, landing at fa_cp_wait.
-struct Copy { uint16_t* dst; const uint16_t* src; int n; };
+struct Copy { uint16_t* dst; const uint16_t* src; int n, group; };
 thread_local std::vector<Copy> copies;
+thread_local int cpCommitted;  // cp.async groups this thread committed
 std::vector<int> chunkSync;          // per 16-byte shared chunk: the writer's nsync when it landed
 std::vector<int> lastUnfencedSync;   // per thread: nsync at which it last left copies unfenced, -1 none
 std::unique_ptr<std::atomic<int>[]> pendingReads;  // per 16-byte shared chunk: issued, uncompleted wgmma reading it
+std::unique_ptr<std::atomic<int>[]> pendingWrites;  // per 16-byte shared chunk: issued cp.async not landed
 static void f9_cp16(uint16_t* dst, const uint16_t* src, int n) {
   if ((uintptr_t)dst % 16 || (n && (uintptr_t)src % 16)) die("cp.async: address not 16-byte aligned");
   f9_smem(dst); f9_smem((uint8_t*)dst + 15);
   if (pendingReads[f9_smem(dst) / 16].load() > 0) die("cp.async into shared memory that a wgmma in flight still reads");
-  copies.push_back({dst, src, n});
+  pendingWrites[f9_smem(dst) / 16]++;
+  copies.push_back({dst, src, n, cpCommitted});
 }
-static void fa_cp_commit() {}
-static void fa_cp_wait() {
+static void fa_cp_commit() { cpCommitted++; }
+// cp_wait lands the copies of all but the newest `pending` committed
+// groups (cp.async.wait_group; copies not yet committed stay queued).
+static void cp_wait(int pending) {
+  size_t kept = 0;
+  bool landed = false;
   for (auto& c : copies) {
+    if (c.group >= cpCommitted - pending) { copies[kept++] = c; continue; }
     if (c.n) memcpy(c.dst, c.src, 16); else memset(c.dst, 0, 16);
     chunkSync[f9_smem(c.dst) / 16] = nsync;
+    pendingWrites[f9_smem(c.dst) / 16]--;
+    landed = true;
   }
-  if (!copies.empty()) lastUnfencedSync[threadIdx.x] = nsync;
-  copies.clear();
+  if (landed) lastUnfencedSync[threadIdx.x] = nsync;
+  copies.resize(kept);
 }
+static void fa_cp_wait() { cp_wait(0); }
+template <int N> static void fa_cp_wait_n() { cp_wait(N); }
 static void f9_fence_proxy() { lastUnfencedSync[threadIdx.x] = -1; }
 
 // bAddr is the shared byte address of element (k, n) of B through desc
 // (the ISA's no-swizzle layouts).
 static uint32_t bAddr(uint64_t desc, int trans, int k, int n) {
-  if (desc >> 62) die("descriptor with a swizzle mode: not modelled");
   const uint32_t start = (uint32_t)(desc & 0x3fff) << 4, lbo = (uint32_t)((desc >> 16) & 0x3fff) << 4,
                  sbo = (uint32_t)((desc >> 32) & 0x3fff) << 4;
+  if ((desc >> 62) == 1) {  // 128-byte swizzle
+    if ((desc >> 49) & 7) die("swizzled descriptor with a base offset: not modelled");
+    // K-major: N rows of 128 bytes, 8-row groups SBO apart, K along the
+    // row (a k16 step fits one row: LBO unused); N-major: 64 N per
+    // 128-byte row, the next 64 LBO on, K rows, 8-row groups SBO apart.
+    // Then address bits 4-6 XOR bits 7-9.
+    const uint32_t a = trans ? start + (n % 64) * 2 + (n / 64) * lbo + (k % 8) * 128 + (k / 8) * sbo
+                             : start + (n % 8) * 128 + (n / 8) * sbo + k * 2;
+    if (!trans && (start % 128) + k * 2 >= 128) die("swizzled K-major operand past its 128-byte row");
+    return a ^ (((a >> 7) & 7) << 4);
+  }
+  if (desc >> 62) die("descriptor with a 64- or 32-byte swizzle mode: not modelled");
   const uint32_t a = trans ? start + (n % 8) * 2 + (n / 8) * sbo + (k % 8) * 16 + (k / 8) * lbo
                            : start + (n % 8) * 16 + (n / 8) * sbo + (k % 8) * 2 + (k / 8) * lbo;
   if (a + 2 > smemSize) die("wgmma reads past the shared window");
@@ -170,7 +201,13 @@ static void wg_issue(float* d, const uint32_t* a, uint64_t desc, int acc, int N,
     }
     std::sort(op.chunks.begin(), op.chunks.end());
     op.chunks.erase(std::unique(op.chunks.begin(), op.chunks.end()), op.chunks.end());
-    for (uint32_t c : op.chunks) pendingReads[c]++;
+    for (uint32_t c : op.chunks) {
+      // A copy issued and not landed may land any time: a wgmma that reads
+      // its chunk races with it (the copies of other threads are seen here
+      // once issued, so this catches the hazard when they came first).
+      if (pendingWrites[c].load() > 0) die("wgmma reads shared memory that a cp.async in flight writes");
+      pendingReads[c]++;
+    }
   }
   ops.push_back(std::move(op));
 }
@@ -233,7 +270,8 @@ template <class F> void run_grid(int WG, size_t smem, F kernel) {
       smemBase = window.data(); smemSize = smem;
       chunkSync.assign(smem / 16, -1);
       pendingReads.reset(new std::atomic<int>[smem / 16]);
-      for (size_t i = 0; i < smem / 16; i++) pendingReads[i] = 0;
+      pendingWrites.reset(new std::atomic<int>[smem / 16]);
+      for (size_t i = 0; i < smem / 16; i++) pendingReads[i] = pendingWrites[i] = 0;
       lastUnfencedSync.assign(NT, -1);
       std::barrier<> bb(NT), wga(128), wgb(128);
       std::vector<std::unique_ptr<std::barrier<>>> wb;
@@ -242,7 +280,7 @@ template <class F> void run_grid(int WG, size_t smem, F kernel) {
       std::vector<std::thread> th;
       for (int t = 0; t < NT; t++)
         th.emplace_back([&, t] {
-          threadIdx = {t, 0}; blockIdx = {bx, by}; nsync = 0; wgFenced = false; wgCommitted = wgIssued = 0;
+          threadIdx = {t, 0}; blockIdx = {bx, by}; nsync = 0; wgFenced = false; wgCommitted = wgIssued = cpCommitted = 0;
           copies.clear(); ops.clear();
           kernel();
           if (!copies.empty()) die("cp.async copies never waited for");
@@ -252,11 +290,11 @@ template <class F> void run_grid(int WG, size_t smem, F kernel) {
     }
 }
 
-// run checks flash_fwd_sm90<HS, MT, WG> (flash_fwd_sm90p<HS, WG> when P,
-// one K and two V tiles)
+// run checks flash_fwd_sm90<HS, MT, WG> (flash_fwd_sm90p<HS, WG, D> when
+// P: rings of D K and D V tiles)
 // with NH query heads and NKV key/value heads (0 means NKV = NH) against
 // a float64 reference.
-template <int HS, int MT = 1, int WG = 1, bool P = false> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
+template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
   if (NKV == 0) NKV = NH;
   int C = NH * HS, rep = NH / NKV;
   size_t W = (size_t)(NH + 2 * NKV) * HS;
@@ -268,11 +306,11 @@ template <int HS, int MT = 1, int WG = 1, bool P = false> void run(int B, int T,
   float sl2 = (float)(1.4426950408889634 / std::sqrt((double)HS));
   gridDim = {(T + 64 * MT * WG - 1) / (64 * MT * WG), B * NH};
   const size_t tile = (size_t)F9_BK * HS * 2;  // bytes of one K or V tile
-  run_grid(WG, (P ? 3 : 2) * tile, [&] {
+  run_grid(WG, P ? (size_t)f9_fwdp_smem<HS, D>() : 2 * tile, [&] {
     uint16_t* Ks = (uint16_t*)smemBase;
     uint16_t* Vs = (uint16_t*)(smemBase + tile);
     if constexpr (P)
-      flash_fwd_sm90p<HS, WG>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks, Vs, (uint16_t*)(smemBase + 2 * tile));
+      flash_fwd_sm90p<HS, WG, D>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks);
     else
       flash_fwd_sm90<HS, MT, WG>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks, Vs);
   });
@@ -297,7 +335,7 @@ template <int HS, int MT = 1, int WG = 1, bool P = false> void run(int B, int T,
       if (!(e <= 2e-2 + 1.6e-2 * std::fabs(o))) { if (bad++ < 5) printf("out b%d h%d t%d d%d: %g vs %g\n", b, h, t, d, g, o); }
     }
   }
-  printf("sm90%s HS%d MT%d WG%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", P ? "p" : "", HS, MT, WG, B, T, NH, NKV, worst, worstL, bad);
+  printf("sm90%s D%d HS%d MT%d WG%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", P ? "p" : "", D, HS, MT, WG, B, T, NH, NKV, worst, worstL, bad);
 }
 
 // run_bwd checks flash_bwd_kv_sm90<HS, PIPE> and flash_bwd_q_sm90<HS, PIPE>
@@ -370,15 +408,15 @@ int main(int argc, char** argv) {
     run<128>(1, 65, 1, 2, bad);
     run<64, 2>(1, 200, 2, 3, bad, 1);
     run<128, 1, 2>(1, 200, 2, 4, bad, 1);
-    run<64, 1, 2, true>(1, 200, 2, 5, bad, 1);
-    run<128, 1, 2, true>(1, 130, 2, 6, bad);
+    run<64, 1, 2, true, 4>(1, 330, 2, 5, bad, 1);
+    run<128, 1, 2, true, 4>(1, 330, 2, 6, bad);
     run<64, 1, 1, true>(1, 130, 2, 7, bad, 1);
     run_bwd<64, true>(1, 130, 2, 8, bad, 1);
     run_bwd<128, false>(1, 130, 2, 9, bad);
     run_bwd<128, true>(1, 70, 2, 10, bad, 0, true);
     return bad != 0;
   }
-  const int Ts[] = {1, 63, 64, 65, 200, 300};
+  const int Ts[] = {1, 63, 64, 65, 200, 300, 600};
   unsigned seed = 100;
   for (int T : bwdOnly ? std::vector<int>{} : std::vector<int>(std::begin(Ts), std::end(Ts))) {
     run<64>(T < 100 ? 2 : 1, T, 2, seed++, bad);        // multi-head
@@ -389,10 +427,11 @@ int main(int argc, char** argv) {
     run<64, 2>(1, T, 4, seed++, bad, 2);                // two row tiles, groups of 2
     run<128, 1, 2>(1, T, 2, seed++, bad);               // two warpgroups, multi-head
     run<128, 1, 2>(1, T, 3, seed++, bad, 1);            // two warpgroups, multi-query
-    run<64, 1, 2, true>(T < 100 ? 2 : 1, T, 2, seed++, bad);  // pipelined, multi-head
-    run<64, 1, 2, true>(1, T, 4, seed++, bad, 2);             // pipelined, groups of 2
-    run<128, 1, 2, true>(1, T, 2, seed++, bad);               // pipelined, multi-head
-    run<128, 1, 2, true>(1, T, 3, seed++, bad, 1);            // pipelined, multi-query
+    run<64, 1, 2, true, 4>(T < 100 ? 2 : 1, T, 2, seed++, bad);  // pipelined, ring of 4, multi-head
+    run<64, 1, 2, true, 4>(1, T, 4, seed++, bad, 2);             // pipelined, groups of 2
+    run<128, 1, 2, true, 4>(1, T, 2, seed++, bad);               // pipelined, multi-head
+    run<128, 1, 2, true, 4>(1, T, 3, seed++, bad, 1);            // pipelined, multi-query
+    run<64, 1, 2, true, 3>(1, T, 2, seed++, bad);                // pipelined, ring of 3
     run<64, 1, 1, true>(1, T, 4, seed++, bad, 2);             // pipelined, one warpgroup, groups of 2
     run<128, 1, 1, true>(1, T, 2, seed++, bad);               // pipelined, one warpgroup, multi-head
   }
