@@ -50,13 +50,14 @@ type Backend struct {
 	// (flash.go); without them the flash backward takes the split kernels.
 	flashBwdFusedErr error
 	// flashBwdSMErr is the same for the split backward's variant with its
-	// fixed operands in shared memory (split-smem, the default; flash.go):
-	// without it the flash backward takes the split kernels.
+	// fixed operands in shared memory (split-smem, the default where the
+	// Hopper backward does not apply; flash.go): without it the flash
+	// backward takes the split kernels.
 	flashBwdSMErr error
 	// flashSM90Err is the same for the Hopper forward (flash_sm90.go).
 	flashSM90Err error
 	// flashBwdSM90Err is the same for the Hopper backward (flash_sm90.go);
-	// without it the modes sm90 and sm90p take split-smem.
+	// without it the modes sm90 (the default) and sm90p take split-smem.
 	flashBwdSM90Err error
 	// reducedPrecision lets cuBLAS and cuBLASLt reduce split-K partial
 	// sums in the output type (bf16, f16) instead of float32, as PyTorch

@@ -137,12 +137,17 @@ func (b *Backend) flashFunc(o, x operand, B, NH, hs int) (fn kfunc, rows int, ok
 func flashScale(hs int) float32 { return float32(math.Log2E / math.Sqrt(float64(hs))) }
 
 // flashJob is the launch of fn (rows query rows per block of
-// flashBlockThreads(fn) threads) for out, lse,
+// flashBlockThreads(fn) threads, with the dynamic shared memory
+// flashShared holds for it) for out, lse,
 // qkv with NH query and NKV key/value heads of size hs (NKV = NH for
 // multi-head attention).
 func flashJob(fn kfunc, rows int, o, lse, x cu.DevicePtr, B, T, NH, NKV, hs int) job {
-	return launchJob(fn, dim3{x: (T + rows - 1) / rows, y: B * NH}, dim3{x: flashBlockThreads(fn)},
+	j := launchJob(fn, dim3{x: (T + rows - 1) / rows, y: B * NH}, dim3{x: flashBlockThreads(fn)},
 		aPtr(o), aPtr(lse), aPtr(x), aI32(T), aI32(NH), aI32(NKV), aF32(flashScale(hs)))
+	if n, ok := flashShared.Load(fn); ok {
+		j = j.withShared(n.(int))
+	}
+	return j
 }
 
 // AttentionKernels describes, for diagnostics and benchmarks, the
@@ -312,8 +317,9 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 //   - split: flash_bwd_kv_* (dK, dV) and flash_bwd_q_* (dQ), each
 //     recomputing P and dP (seven products), no atomics: the result does
 //     not depend on scheduling. Also the fallback of the other paths. Its
-//     variant "split-smem" (below) computes the same bits faster and is
-//     the default.
+//     variants "split-smem" (below) and "sm90" (the Hopper kernels,
+//     flash_sm90.go) compute the same bits faster; sm90 is the default
+//     where it applies, split-smem elsewhere.
 //
 // Both need D = rowsum(dO∘O) (flash_bwd_prep), one float32 per (batch,
 // head, row), in the scratch area; flash_bwd_prep also zeroes the fused
@@ -322,9 +328,11 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // flash backward off (flashBwdErr), of the fused ones only the fused path
 // (flashBwdFusedErr).
 //
-// SPILL_FLASH_BWD, read at start-up, selects the implementation:
-// "split-smem" (or unset, the default) and "split" the split kernels (both
-// bitwise reproducible, and bitwise equal), "fused" the fused kernels.
+// SPILL_FLASH_BWD, read at start-up, selects the implementation: "sm90"
+// (or unset, the default: the Hopper kernels at head sizes 64 and 128 on a
+// 9.x device whose self-check passed, split-smem elsewhere), "split-smem"
+// and "split" the split kernels (all three bitwise reproducible, and
+// bitwise equal), "fused" the fused kernels.
 // split-smem is the split kernels' variant (flash_bwd_kv_v and
 // flash_bwd_q_v in flashattn.cu; the same products and the same order of
 // every sum, so as deterministic, and bit for bit equal to them on the
@@ -340,7 +348,7 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // Each is checked at Open like the fused ones (checkFlashBwd); a variant that
 // fails (Backend.flashBwdSMErr) leaves the backward on the split kernels.
 // "sm90" and "sm90p" take the Hopper backward (flash_sm90.go) where it
-// applies, split-smem elsewhere. Other values are taken as "split-smem".
+// applies, split-smem elsewhere. Other values are taken as the default.
 
 // Flash backward implementations (flashBwdMode). flashBwdSM90 and
 // flashBwdSM90P are the Hopper variants (flash_sm90.go).
@@ -357,10 +365,10 @@ var flashBwdMode = flashBwdModeOf(os.Getenv("SPILL_FLASH_BWD"))
 
 func flashBwdModeOf(v string) string {
 	switch v {
-	case flashBwdFused, flashBwdSplit, flashBwdSM90, flashBwdSM90P:
+	case flashBwdFused, flashBwdSplit, flashBwdSplitSM, flashBwdSM90, flashBwdSM90P:
 		return v
 	}
-	return flashBwdSplitSM
+	return flashBwdSM90
 }
 
 // isFlashBwdVariant says mode takes a split variant: split-smem, or a

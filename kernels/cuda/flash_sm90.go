@@ -29,22 +29,25 @@ import (
 //     compute_90a loads on sm_90 devices only),
 //   - its self-check at Open passed (checkFlashSM90, against the row-wise
 //     kernel like checkFlash), and
-//   - SPILL_FLASH_FWD is "sm90" (or "sm90x1", or "sm90p") at start-up: it
-//     is opt-in. SPILL_FLASH_FWD=sm90p takes the pipelined kernels
-//     flash_fwd3_sm90_bf16_hs64 and _hs128 (flash_fwd_sm90p: two
+//   - SPILL_FLASH_FWD is unset (or "sm90p"), which takes the pipelined
+//     kernels flash_fwd3_sm90_bf16_hs64 and _hs128 (flash_fwd_sm90p: two
 //     warpgroups, 256 threads, 128 query rows per block; each key tile's
 //     S = Q·Kᵀ and the previous tile's O += P·V are issued together and
-//     the softmax runs while P·V is still on the tensor cores; two V tiles
-//     in shared memory, so a tile loads while the previous one is read);
-//     SPILL_FLASH_FWD=sm90px1 their one-warpgroup versions
-//     flash_fwd3x1_sm90_bf16_hs64 and _hs128 (128 threads, 64 rows). On
-//     the H200 (tools/bench/results/attn_variants_h200.json) the first
-//     kernels (no overlap of the softmax with the products) ran 1.25-1.28x
-//     slower than the mma.sync ones, and the pipelined ones level with
-//     them at head size 64 (0.95-0.99x) and 0.84-0.93x at 128: both stay
-//     opt-in until a Hopper kernel is the faster. What they proved is
-//     their descriptors, fragment layouts and wgmma pipelining, on the
-//     hardware.
+//     the softmax runs while P·V is still on the tensor cores; rings of
+//     sm90FwdPDepth K and V tiles in dynamic shared memory in the 128-byte
+//     swizzled layout, each tile copied that many iterations less one
+//     before its use), or "sm90px1" (their one-warpgroup versions
+//     flash_fwd3x1_sm90_bf16_hs64 and _hs128, 128 threads, 64 rows), or
+//     "sm90" / "sm90x1" (the first, unpipelined kernels). SPILL_FLASH_FWD=mma
+//     (or 1) keeps the mma.sync kernels.
+// The pipelined kernels are the default since their tiles are swizzled:
+// on the H100 (tools/bench/results/attn_swizzle_h100.json) they ran
+// 1.24-1.55x faster than the mma.sync forward at head sizes 64 and 128,
+// T 1024-4096; unswizzled they were level with it (0.94-1.01x), Nsight
+// Compute counting 69% of their shared wavefronts excessive (the tensor
+// cores' reads of the unswizzled tiles). The unpipelined kernels, which
+// read unswizzled tiles, ran 1.25-1.28x slower than the mma.sync ones on
+// the H200 (attn_variants_h200.json) and stay opt-in.
 // The backward has Hopper kernels of its own (below), selected apart.
 
 // flashSM90Module is the embedded PTX of the Hopper forward.
@@ -55,9 +58,14 @@ var errNoSM90 = errors.New("not a compute capability 9.x device")
 
 var flashSM90 = os.Getenv("SPILL_FLASH_FWD") == "sm90" || os.Getenv("SPILL_FLASH_FWD") == "sm90x1" || flashSM90p
 
-// flashSM90p selects the pipelined Hopper kernels (SPILL_FLASH_FWD=sm90p,
-// or sm90px1 for their 64-row versions, flashSM90x2 cleared).
-var flashSM90p = os.Getenv("SPILL_FLASH_FWD") == "sm90p" || os.Getenv("SPILL_FLASH_FWD") == "sm90px1"
+// flashSM90p selects the pipelined Hopper kernels (the default:
+// SPILL_FLASH_FWD unset or sm90p, or sm90px1 for their 64-row versions,
+// flashSM90x2 cleared).
+var flashSM90p = flashSM90pOf(os.Getenv("SPILL_FLASH_FWD"))
+
+// flashSM90pOf reports whether SPILL_FLASH_FWD=v selects the pipelined
+// Hopper forward.
+func flashSM90pOf(v string) bool { return v == "" || v == "sm90p" || v == "sm90px1" }
 
 // flashSM90pName is the pipelined Hopper forward of head size hs (128
 // query rows per block, 256 threads).
@@ -94,6 +102,25 @@ func flashSM90x2Name(hs int) string {
 // flashWide holds the flash kernels launched with two warpgroups (256
 // threads; kfunc keys, set when a module loads, read by flashJob).
 var flashWide sync.Map
+
+// flashShared holds the dynamic shared memory, in bytes, of the flash
+// forward kernels that take some (kfunc keys, int values; set when a
+// module loads, read by flashJob).
+var flashShared sync.Map
+
+// sm90FwdPDepth and sm90FwdPx1Depth are the depths of the key and value
+// rings of flash_fwd3_sm90 and flash_fwd3x1_sm90 (F9_FWD3_D and 2 in
+// flashattn_sm90.cu; a PTX built with a smaller F9_FWD3_D runs with the
+// same allocation).
+const (
+	sm90FwdPDepth   = 4
+	sm90FwdPx1Depth = 2
+)
+
+// sm90FwdPSmem is f9_fwdp_smem<hs, depth>() of flashattn_sm90.cu: two
+// rings of depth tiles of 64 rows of hs bf16, and 1024 bytes of room to
+// align them for the 128-byte swizzle.
+func sm90FwdPSmem(hs, depth int) int { return 2*depth*64*hs*2 + 1024 }
 
 // flashBlockThreads is the block size of flash kernel fn.
 func flashBlockThreads(fn kfunc) int {
@@ -139,6 +166,21 @@ func (b *Backend) loadFlashSM90(f, src string) {
 		if fn, ok := fns[name]; ok {
 			flashWide.Store(fn, struct{}{})
 		}
+	}
+	for _, k := range []struct {
+		name string
+		smem int
+	}{{flashSM90pName(64), sm90FwdPSmem(64, sm90FwdPDepth)}, {flashSM90pName(128), sm90FwdPSmem(128, sm90FwdPDepth)},
+		{flashSM90px1Name(64), sm90FwdPSmem(64, sm90FwdPx1Depth)}, {flashSM90px1Name(128), sm90FwdPSmem(128, sm90FwdPx1Depth)}} {
+		fn, ok := fns[k.name]
+		if !ok {
+			continue // checkFlashSM90 reports it
+		}
+		if err := setMaxDynamicShared(fn, k.smem); err != nil {
+			b.flashSM90Err = fmt.Errorf("%s: %d bytes of dynamic shared memory: %w", k.name, k.smem, err)
+			return
+		}
+		flashShared.Store(fn, k.smem)
 	}
 	maps.Copy(b.fns, fns)
 }
@@ -214,19 +256,22 @@ func (b *Backend) checkFlashSM90() {
 // arguments and no atomics, on wgmma: one warpgroup per 64 keys (query
 // rows), the block's own rows in shared memory as the A operand of Sᵀ and
 // dPᵀ (S and dP), P and dS from the accumulators as register A fragments
-// of dV and dK (dQ). It is a split variant (flashBwdVariant) selected by
-// SPILL_FLASH_BWD=sm90, or sm90p for the pipelined kernels (each tile's
-// dV and dK, or dQ, run while the next tile's S and dP are issued), at
-// head sizes 64 and 128 on a device whose Hopper module loaded and whose
+// of dV and dK (dQ), every shared tile in the 128-byte swizzled layout. It
+// is a split variant (flashBwdVariant) selected by SPILL_FLASH_BWD=sm90 (or
+// unset: the default), or sm90p for the pipelined kernels (each tile's dV
+// and dK, or dQ, run while the next tile's S and dP are issued), at head
+// sizes 64 and 128 on a device whose Hopper module loaded and whose
 // self-check at Open passed (checkFlashBwdSM90, Backend.flashBwdSM90Err);
 // elsewhere those modes take split-smem. Every sum runs over the same k16
 // steps in the same order as in the split kernels: on the H200 the results
 // matched theirs bit for bit at every shape of TestFlashBwdFused (the test
-// logs it), and they are as deterministic. Speed on the H200
-// (tools/bench/results/attn_bwd_sm90_h200.json): sm90 0.91-1.05x
-// split-smem's backward, sm90p 0.84-0.99x (ptxas serializes its wgmma,
-// C7515: the last products' group outlives the loop iteration), so both
-// stay opt-in.
+// logs it), and they are as deterministic. Speed: unswizzled, on the H200
+// (tools/bench/results/attn_bwd_sm90_h200.json), sm90 ran 0.91-1.05x
+// split-smem's backward; swizzled, on the H100
+// (tools/bench/results/attn_swizzle_h100.json), 1.6-1.8x at head sizes 64
+// and 128, T 1024-8192, hence the default. sm90p ran slower than sm90 in
+// both (ptxas serializes its wgmma, C7515: the last products' group
+// outlives the loop iteration) and stays opt-in.
 
 // flashBwdSM90Launches counts the backward calls that took the Hopper
 // kernels.
@@ -237,8 +282,9 @@ func isFlashBwdSM90(mode string) bool { return mode == flashBwdSM90 || mode == f
 
 // sm90BwdSmem is f9_bwd_smem<hs>() of flashattn_sm90.cu: the dynamic
 // shared memory of both Hopper backward kernels, six tiles of 64 rows of
-// hs bf16 and four rows of 64 floats.
-func sm90BwdSmem(hs int) int { return 6*64*hs*2 + 4*64*4 }
+// hs bf16, four rows of 64 floats and 1024 bytes of room to align the
+// tiles for the 128-byte swizzle.
+func sm90BwdSmem(hs int) int { return 6*64*hs*2 + 4*64*4 + 1024 }
 
 // sm90BwdNames are the Hopper backward kernels of head size hs (64 or 128)
 // under mode; constants, so that a call formats nothing.

@@ -157,9 +157,9 @@ func TestFlashBwdFused(t *testing.T) {
 
 // TestFlashBwdModeOf checks the parsing of SPILL_FLASH_BWD.
 func TestFlashBwdModeOf(t *testing.T) {
-	for in, want := range map[string]string{"": flashBwdSplitSM, "fused": flashBwdFused, "split": flashBwdSplit,
-		"sm90": flashBwdSM90, "sm90p": flashBwdSM90P, "sm90x": flashBwdSplitSM,
-		"fused-bq32": flashBwdSplitSM, "nonsense": flashBwdSplitSM, "split-smem": flashBwdSplitSM, "split-w8": flashBwdSplitSM} {
+	for in, want := range map[string]string{"": flashBwdSM90, "fused": flashBwdFused, "split": flashBwdSplit,
+		"sm90": flashBwdSM90, "sm90p": flashBwdSM90P, "sm90x": flashBwdSM90,
+		"fused-bq32": flashBwdSM90, "nonsense": flashBwdSM90, "split-smem": flashBwdSplitSM, "split-w8": flashBwdSM90} {
 		if got := flashBwdModeOf(in); got != want {
 			t.Errorf("flashBwdModeOf(%q) = %q, want %q", in, got, want)
 		}
