@@ -42,8 +42,8 @@ import (
 //     (or 1) keeps the mma.sync kernels.
 // The pipelined kernels are the default since their tiles are swizzled:
 // on the H100 (tools/bench/results/attn_swizzle_h100.json) they ran
-// 1.24-1.55x faster than the mma.sync forward at head sizes 64 and 128,
-// T 1024-4096; unswizzled they were level with it (0.94-1.01x), Nsight
+// 1.24-1.63x faster than the mma.sync forward at head sizes 64 and 128,
+// T 1024-8192; unswizzled they were level with it (0.94-1.01x), Nsight
 // Compute counting 69% of their shared wavefronts excessive (the tensor
 // cores' reads of the unswizzled tiles). The unpipelined kernels, which
 // read unswizzled tiles, ran 1.25-1.28x slower than the mma.sync ones on
@@ -268,7 +268,7 @@ func (b *Backend) checkFlashSM90() {
 // logs it), and they are as deterministic. Speed: unswizzled, on the H200
 // (tools/bench/results/attn_bwd_sm90_h200.json), sm90 ran 0.91-1.05x
 // split-smem's backward; swizzled, on the H100
-// (tools/bench/results/attn_swizzle_h100.json), 1.6-1.8x at head sizes 64
+// (tools/bench/results/attn_swizzle_h100.json), 1.56-1.80x at head sizes 64
 // and 128, T 1024-8192, hence the default. sm90p ran slower than sm90 in
 // both (ptxas serializes its wgmma, C7515: the last products' group
 // outlives the loop iteration) and stays opt-in.
