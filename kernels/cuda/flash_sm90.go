@@ -33,10 +33,12 @@ import (
 //     kernels flash_fwd3_sm90_bf16_hs64 and _hs128 (flash_fwd_sm90p: two
 //     warpgroups, 256 threads, 128 query rows per block; each key tile's
 //     S = Q·Kᵀ and the previous tile's O += P·V are issued together and
-//     the softmax runs while P·V is still on the tensor cores; rings of
+//     the softmax runs while P·V is still on the tensor cores; the two
+//     warpgroups run half an iteration apart (ping-pong), so one's
+//     softmax also runs under the other's products; rings of
 //     sm90FwdPDepth K and V tiles in dynamic shared memory in the 128-byte
-//     swizzled layout, each tile copied that many iterations less one
-//     before its use), or "sm90px1" (their one-warpgroup versions
+//     swizzled layout, each tile copied three iterations before its
+//     use), or "sm90px1" (their one-warpgroup versions
 //     flash_fwd3x1_sm90_bf16_hs64 and _hs128, 128 threads, 64 rows), or
 //     "sm90" / "sm90x1" (the first, unpipelined kernels). SPILL_FLASH_FWD=mma
 //     (or 1) keeps the mma.sync kernels.
@@ -113,7 +115,7 @@ var flashShared sync.Map
 // flashattn_sm90.cu; a PTX built with a smaller F9_FWD3_D runs with the
 // same allocation).
 const (
-	sm90FwdPDepth   = 4
+	sm90FwdPDepth   = 5
 	sm90FwdPx1Depth = 2
 )
 

@@ -49,11 +49,11 @@ run_mutants() {
       continue
     fi
     cxx -o "$tmp/mutant" "$tmp/$cpp"
-    if "$@" >"$tmp/log" 2>&1; then
+    if timeout 900 "$@" >"$tmp/log" 2>&1; then
       echo "emu.sh $label: mutant '$name' PASSED the check (the emulator misses it)" >&2
       failed=1
     else
-      echo "emu.sh $label: mutant '$name' fails as it must: $(grep -m1 -E "$pat" "$tmp/log" || echo crashed)"
+      echo "emu.sh $label: mutant '$name' fails as it must: $(grep -m1 -E "$pat" "$tmp/log" || echo "crashed or hung")"
     fi
   done
   return $failed
@@ -114,8 +114,10 @@ mutants=(
   "swizzled tiles read K-major without the swizzle mode|s/return f9_desc_sw(a + (kk >> 2)/return f9_desc(a + (kk >> 2)/"
   "pipelined: K's k16 step within the row at 16 bytes|s/(kk \& 3) \* 32/(kk \& 3) * 16/"
   "pipelined: V's 64-dim blocks LBO and SBO swapped|s/#define F9_VSW_LBO (F9_BK \* 128)/#define F9_VSW_LBO 1024/;s/#define F9_VSW_SBO 1024/#define F9_VSW_SBO (F9_BK * 128)/"
-  "pipelined: the ring's wait one group short (wait_group D-1)|s/fa_cp_wait_n<D - 2>();/fa_cp_wait_n<D - 1>();/g"
-  "pipelined: barrier after the loads land removed|s/^ *__syncthreads();  \/\/ K(j+1) and V(j) are in.*//"
+  "pipelined: the ring's wait one group short (wait_group A)|s/fa_cp_wait_n<A - 1>();/fa_cp_wait_n<A>();/g"
+  "pipelined: barrier after the loads land removed|s/^ *f9_bar<WG \* F9_THREADS>();  \/\/ K(j+1) and V(j) are in.*//"
+  "ping-pong: copies D-1 ahead, over the V tile warpgroup 1 may still read|s/constexpr int A = PP ? D - 2 : D - 1;/constexpr int A = D - 1;/"
+  "ping-pong: warpgroup 1 meets the barrier without landing its copies|s/fa_cp_wait_n<A - 1>();  \/\/ group j+1, as below/fa_cp_wait_n<A>();/"
   "backward: the diagonal query tile unmasked|s/const bool diag = q0 == k0;/const bool diag = false;/"
   "backward: dQ's causal mask off by one|s/if (key > r0) s\[4 \* jj\] = 0.f;/if (key > r0 + 1) s[4 * jj] = 0.f;/"
   "backward: K as the A operand without the swizzle mode|0,/f9_wgmma_ss_n64<0>(s, f9_kdesc(ks, kk)/s/f9_wgmma_ss_n64<0>(s, f9_kdesc(ks, kk)/f9_wgmma_ss_n64<0>(s, f9_desc(ks + kk * 32, 16, 1024)/"

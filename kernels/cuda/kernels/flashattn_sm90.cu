@@ -85,6 +85,13 @@ __device__ __forceinline__ void f9_cp16(uint16_t* dst, const uint16_t* src, int 
 // async-proxy accesses (wgmma operand reads); a barrier after it publishes
 // them to the warpgroup.
 __device__ __forceinline__ void f9_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// f9_bar<N> is bar.sync 1 over N threads (a multiple of 32): a named
+// barrier, so that the threads of a block may meet it from different
+// places in the code (the ping-pong forward's two warpgroups do).
+template <int N>
+__device__ __forceinline__ void f9_bar() {
+    asm volatile("bar.sync 1, %0;\n" ::"n"(N) : "memory");
+}
 
 // f9_wg_fence orders this thread's earlier register and shared accesses
 // before the wgmma operations that follow (wgmma.fence).
@@ -433,7 +440,7 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
 }
 
 // flash_fwd_sm90p is flash_fwd_sm90<HS, 1, WG> with the products
-// overlapped with the softmax and the copies D - 1 key tiles ahead (the
+// overlapped with the softmax and the copies A key tiles ahead (the
 // flash_fwd3_sm90 kernels). Key tile j's iteration issues S(j) = Q·K(j)ᵀ
 // and then O += P(j-1)·V(j-1) as two wgmma groups, waits for the first
 // only (wgmma.wait_group 1), and does the softmax of S(j) while the tensor
@@ -442,24 +449,44 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
 // (smem, f9_fwdp_smem<HS, D>() bytes): a ring of D K tiles and one of D V
 // tiles, K(g) in K slot g%D and V(g) in V slot g%D. Copy group g (one
 // cp.async commit group per thread) holds K(g) and V(g-1) (group 0 the
-// zeros that stand for V(-1), in V slot D-1): groups 0..D-2 go out before
-// the loop, group j+D-1 at the start of iteration j, into the slots of
-// K(j-1) and V(j-2), whose last readers (S(j-1) and P(j-2)·V(j-2), issued
-// in iteration j-1) every thread waited for before the barrier that ended
-// it. At the end of iteration j, cp.async.wait_group D-2 lands group j+1
-// (K(j+1), V(j)): each copy has D-1 iterations to arrive instead of one
-// softmax. Iteration n (n key tiles in the block) only drains the last
-// P·V. Both warpgroups go through all the block's key tiles.
+// zeros that stand for V(-1), in V slot D-1): groups 0..A-1 go out before
+// the loop, group j+A at the start of iteration j. Barrier R_j (named
+// barrier 1, every thread of the block) ends iteration j; before it each
+// thread lands group j+1 (cp.async.wait_group A-1: K(j+1), V(j)) and
+// fences it, so each copy has A iterations to arrive.
+//
+// Lockstep (PP false, A = D-1): both warpgroups meet R_j at the end of
+// iteration j. Group j+A, issued after R_{j-1}, goes into the slots of
+// K(j-1) and V(j-2), whose last readers (S(j-1), P(j-2)·V(j-2), issued in
+// iteration j-1) every thread waited for before R_{j-1}.
+//
+// Ping-pong (PP, two warpgroups, A = D-2): warpgroup 0 meets R_j at the
+// end of iteration j, warpgroup 1 right after S(j) is done, before its
+// softmax, so the two run half an iteration apart and one's softmax runs
+// under the other's products (the tensor cores are otherwise idle during a
+// softmax that waits for no wgmma). Group j+A, issued after R_{j-1} by
+// both, goes into the slots of K(j-2) and V(j-3): S(j-2) is done in both
+// warpgroups before R_{j-2}; P(j-3)·V(j-3), issued in iteration j-2, is
+// done in warpgroup 0 before R_{j-2} and in warpgroup 1 (whose wait_group
+// 0 follows its softmax) before R_{j-1}. One slot of each ring more than
+// lockstep for the same copy distance; with A = D-1 a copy would overwrite
+// V(j-2) while warpgroup 1's P(j-2)·V(j-2) may still read it.
+//
+// Iteration n (n key tiles in the block) only drains the last P·V. Both
+// warpgroups go through all the block's key tiles.
 template <int HS, int D>
 constexpr int f9_fwdp_smem() {
     return 2 * D * F9_BK * HS * 2 + 1024;  // + room to align the tiles to 1024 bytes
 }
 
-template <int HS, int WG, int D>
+template <int HS, int WG, int D, bool PP>
 __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, float* __restrict__ lse,
                                                 const uint16_t* __restrict__ qkv, int T, int NH, int NKV,
                                                 float scale_log2, uint16_t* smem) {
     static_assert(D >= 2 && D <= 8, "flash_fwd_sm90p: ring depth 2..8");
+    static_assert(!PP || (WG == 2 && D >= 3), "flash_fwd_sm90p: ping-pong needs two warpgroups and depth 3 or more");
+    constexpr int A = PP ? D - 2 : D - 1;  // copy groups in flight ahead of the tile in use
+    const bool late = PP && (threadIdx.x >> 7) == 1;  // the warpgroup whose barrier comes before its softmax
     constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, BQ = F9_BQ * WG, NT = F9_THREADS * WG, TILE = F9_BK * HS;
     const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
@@ -503,13 +530,13 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
         fa_cp_commit();
     };
 #pragma unroll
-    for (int gi = 0; gi < D - 1; gi++) ld(gi);
-    fa_cp_wait_n<D - 2>();
+    for (int gi = 0; gi < A; gi++) ld(gi);
+    fa_cp_wait_n<A - 1>();
     f9_fence_proxy();
     __syncthreads();  // K(0) and the zeros are in
     for (int j = 0; j <= n; j++) {
         const int k0 = j * F9_BK;
-        ld(j + D - 1);  // into the slots of K(j-1) and V(j-2)
+        ld(j + A);  // into the slots of K(j+A-D) and V(j+A-D-1)
         // S = Q·K(j)ᵀ (K-major B as in flash_fwd_sm90), then O += P(j-1)·V(j-1)
         // (N-major B), two groups, issued in every iteration (a wgmma under
         // a branch makes ptxas serialize them all, C7515): S(n) reads
@@ -533,6 +560,11 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
         f9_wg_commit();
         f9_wg_wait1();  // S(j) is done; P(j-1)·V(j-1) may still run
         f9_regs<NS>(s);
+        if (late) {  // warpgroup 1 meets R_j here under ping-pong: see above
+            fa_cp_wait_n<A - 1>();  // group j+1, as below
+            f9_fence_proxy();
+            f9_bar<2 * F9_THREADS>();
+        }
 
         // The softmax of key tile j < n. A warpgroup whose rows all come
         // before the tile (the first one, at the block's diagonal tile) has
@@ -597,9 +629,11 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
                 pa[kk][3] = fa_pack(s[8 * kk + 6], s[8 * kk + 7]);
             }
         }
-        fa_cp_wait_n<D - 2>();
-        f9_fence_proxy();
-        __syncthreads();  // K(j+1) and V(j) are in; every thread is done with K(j) and V(j-1)
+        if (!late) {
+            fa_cp_wait_n<A - 1>();
+            f9_fence_proxy();
+            f9_bar<WG * F9_THREADS>();  // K(j+1) and V(j) are in; see above for what is done
+        }
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -977,28 +1011,33 @@ extern "C" __global__ void __launch_bounds__(2 * F9_THREADS)
 }
 
 // flash_fwd3_sm90_bf16_hs64 and _hs128: the same contract with the
-// products overlapped with the softmax and copies F9_FWD3_D - 1 tiles
-// ahead (flash_fwd_sm90p): two warpgroups of one 64-row tile each sharing
-// the K and V rings: grid (ceil(T/128), B·NH), 256 threads,
-// f9_fwdp_smem<HS, F9_FWD3_D>() bytes of dynamic shared memory (64 and
-// 128 KB at depth 4; flash_sm90.go computes the same); head size 64
-// within 128 registers, two blocks per SM. flash_fwd3x1_sm90_bf16_hs64
+// products overlapped with the softmax (flash_fwd_sm90p), two warpgroups
+// of one 64-row tile each sharing the K and V rings, ping-pong
+// (F9_FWD3_PP; false: lockstep) with rings of F9_FWD3_D tiles (copies
+// three tiles ahead either way at the defaults, 5 ping-pong, 4 lockstep):
+// grid (ceil(T/128), B·NH), 256 threads, f9_fwdp_smem<HS, F9_FWD3_D>()
+// bytes of dynamic shared memory (81 and 161 KB at depth 5; flash_sm90.go
+// computes the same); head size 64 within 128 registers, two blocks per
+// SM. flash_fwd3x1_sm90_bf16_hs64
 // and _hs128: one warpgroup (one 64-row tile) per block, depth 2: grid
 // (ceil(T/64), B·NH), 128 threads, f9_fwdp_smem<HS, 2>() bytes; blocks on
 // one SM run their products and softmaxes independently.
 #ifndef F9_FWD3_D
-#define F9_FWD3_D 4
+#define F9_FWD3_D 5
 #endif
-#define F9_FWD3(NAME, HS, WG, D, MINB) \
+#ifndef F9_FWD3_PP
+#define F9_FWD3_PP true
+#endif
+#define F9_FWD3(NAME, HS, WG, D, PP, MINB) \
     extern "C" __global__ void __launch_bounds__(WG * F9_THREADS, MINB) \
         NAME(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) { \
         extern __shared__ __align__(1024) uint16_t f9_dynp[]; \
-        flash_fwd_sm90p<HS, WG, D>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, f9_dynp); \
+        flash_fwd_sm90p<HS, WG, D, PP>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, f9_dynp); \
     }
-F9_FWD3(flash_fwd3_sm90_bf16_hs64, 64, 2, F9_FWD3_D, 2)
-F9_FWD3(flash_fwd3_sm90_bf16_hs128, 128, 2, F9_FWD3_D, 1)
-F9_FWD3(flash_fwd3x1_sm90_bf16_hs64, 64, 1, 2, 4)
-F9_FWD3(flash_fwd3x1_sm90_bf16_hs128, 128, 1, 2, 2)
+F9_FWD3(flash_fwd3_sm90_bf16_hs64, 64, 2, F9_FWD3_D, F9_FWD3_PP, 2)
+F9_FWD3(flash_fwd3_sm90_bf16_hs128, 128, 2, F9_FWD3_D, F9_FWD3_PP, 1)
+F9_FWD3(flash_fwd3x1_sm90_bf16_hs64, 64, 1, 2, false, 4)
+F9_FWD3(flash_fwd3x1_sm90_bf16_hs128, 128, 1, 2, false, 2)
 
 // flash_bwd_kv_sm90_* and flash_bwd_q_sm90_*: flash_bwd_kv_bf16_* and
 // flash_bwd_q_bf16_* of flashattn.cu (same arguments and contract: dqkv +=,

@@ -93,6 +93,9 @@ uint8_t* smemBase;   // the shared window of the running block
 size_t smemSize;
 thread_local int nsync;  // __syncthreads passed by this thread
 static void __syncthreads() { blockBar->arrive_and_wait(); nsync++; }
+// f9_bar<N>: a named barrier over the whole block (the kernels pass N = the
+// block's threads); the same count of barriers as __syncthreads.
+template <int N> static void f9_bar() { __syncthreads(); }
 float shf[8][32];
 static float __shfl_xor_sync(unsigned, float v, int o) {
   int w = threadIdx.x >> 5, l = threadIdx.x & 31;
@@ -290,11 +293,11 @@ template <class F> void run_grid(int WG, size_t smem, F kernel) {
     }
 }
 
-// run checks flash_fwd_sm90<HS, MT, WG> (flash_fwd_sm90p<HS, WG, D> when
-// P: rings of D K and D V tiles)
+// run checks flash_fwd_sm90<HS, MT, WG> (flash_fwd_sm90p<HS, WG, D, PP>
+// when P: rings of D K and D V tiles, PP ping-pong)
 // with NH query heads and NKV key/value heads (0 means NKV = NH) against
 // a float64 reference.
-template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
+template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = false> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
   if (NKV == 0) NKV = NH;
   int C = NH * HS, rep = NH / NKV;
   size_t W = (size_t)(NH + 2 * NKV) * HS;
@@ -310,7 +313,7 @@ template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2> void run(in
     uint16_t* Ks = (uint16_t*)smemBase;
     uint16_t* Vs = (uint16_t*)(smemBase + tile);
     if constexpr (P)
-      flash_fwd_sm90p<HS, WG, D>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks);
+      flash_fwd_sm90p<HS, WG, D, PP>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks);
     else
       flash_fwd_sm90<HS, MT, WG>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks, Vs);
   });
@@ -335,7 +338,7 @@ template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2> void run(in
       if (!(e <= 2e-2 + 1.6e-2 * std::fabs(o))) { if (bad++ < 5) printf("out b%d h%d t%d d%d: %g vs %g\n", b, h, t, d, g, o); }
     }
   }
-  printf("sm90%s D%d HS%d MT%d WG%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", P ? "p" : "", D, HS, MT, WG, B, T, NH, NKV, worst, worstL, bad);
+  printf("sm90%s%s D%d HS%d MT%d WG%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", P ? "p" : "", PP ? " ping-pong" : "", D, HS, MT, WG, B, T, NH, NKV, worst, worstL, bad);
 }
 
 // run_bwd checks flash_bwd_kv_sm90<HS, PIPE> and flash_bwd_q_sm90<HS, PIPE>
@@ -411,6 +414,8 @@ int main(int argc, char** argv) {
     run<64, 1, 2, true, 4>(1, 330, 2, 5, bad, 1);
     run<128, 1, 2, true, 4>(1, 330, 2, 6, bad);
     run<64, 1, 1, true>(1, 130, 2, 7, bad, 1);
+    run<64, 1, 2, true, 5, true>(1, 330, 2, 11, bad, 1);
+    run<128, 1, 2, true, 5, true>(1, 330, 2, 12, bad);
     run_bwd<64, true>(1, 130, 2, 8, bad, 1);
     run_bwd<128, false>(1, 130, 2, 9, bad);
     run_bwd<128, true>(1, 70, 2, 10, bad, 0, true);
@@ -432,6 +437,11 @@ int main(int argc, char** argv) {
     run<128, 1, 2, true, 4>(1, T, 2, seed++, bad);               // pipelined, multi-head
     run<128, 1, 2, true, 4>(1, T, 3, seed++, bad, 1);            // pipelined, multi-query
     run<64, 1, 2, true, 3>(1, T, 2, seed++, bad);                // pipelined, ring of 3
+    run<64, 1, 2, true, 5, true>(T < 100 ? 2 : 1, T, 2, seed++, bad);  // ping-pong, ring of 5, multi-head
+    run<64, 1, 2, true, 5, true>(1, T, 4, seed++, bad, 2);             // ping-pong, groups of 2
+    run<128, 1, 2, true, 5, true>(1, T, 2, seed++, bad);               // ping-pong, multi-head
+    run<128, 1, 2, true, 5, true>(1, T, 3, seed++, bad, 1);            // ping-pong, multi-query
+    run<64, 1, 2, true, 3, true>(1, T, 2, seed++, bad);                // ping-pong, ring of 3 (one copy ahead)
     run<64, 1, 1, true>(1, T, 4, seed++, bad, 2);             // pipelined, one warpgroup, groups of 2
     run<128, 1, 1, true>(1, T, 2, seed++, bad);               // pipelined, one warpgroup, multi-head
   }
