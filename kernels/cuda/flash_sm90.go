@@ -34,9 +34,9 @@ import (
 //     warpgroups, 256 threads, 128 query rows per block; each key tile's
 //     S = Q·Kᵀ and the previous tile's O += P·V are issued together and
 //     the softmax runs while P·V is still on the tensor cores; the two
-//     warpgroups run half an iteration apart (ping-pong), so one's
-//     softmax also runs under the other's products; rings of
-//     sm90FwdPDepth K and V tiles in dynamic shared memory in the 128-byte
+//     warpgroups run in lockstep at head size 64 and half an iteration
+//     apart (ping-pong) at 128, where one's softmax also runs under the
+//     other's products; rings of sm90FwdPDepth K and V tiles in dynamic shared memory in the 128-byte
 //     swizzled layout, each tile copied three iterations before its
 //     use), or "sm90px1" (their one-warpgroup versions
 //     flash_fwd3x1_sm90_bf16_hs64 and _hs128, 128 threads, 64 rows), or
@@ -110,14 +110,18 @@ var flashWide sync.Map
 // module loads, read by flashJob).
 var flashShared sync.Map
 
-// sm90FwdPDepth and sm90FwdPx1Depth are the depths of the key and value
-// rings of flash_fwd3_sm90 and flash_fwd3x1_sm90 (F9_FWD3_D and 2 in
-// flashattn_sm90.cu; a PTX built with a smaller F9_FWD3_D runs with the
-// same allocation).
-const (
-	sm90FwdPDepth   = 5
-	sm90FwdPx1Depth = 2
-)
+// sm90FwdPDepth is the depth of the key and value rings of
+// flash_fwd3_sm90 at head size hs (F9_FWD3_D64 and F9_FWD3_D128 in
+// flashattn_sm90.cu; a PTX built with smaller depths runs with the same
+// allocation), sm90FwdPx1Depth that of flash_fwd3x1_sm90.
+func sm90FwdPDepth(hs int) int {
+	if hs == 64 {
+		return 4
+	}
+	return 5
+}
+
+const sm90FwdPx1Depth = 2
 
 // sm90FwdPSmem is f9_fwdp_smem<hs, depth>() of flashattn_sm90.cu: two
 // rings of depth tiles of 64 rows of hs bf16, and 1024 bytes of room to
@@ -172,7 +176,7 @@ func (b *Backend) loadFlashSM90(f, src string) {
 	for _, k := range []struct {
 		name string
 		smem int
-	}{{flashSM90pName(64), sm90FwdPSmem(64, sm90FwdPDepth)}, {flashSM90pName(128), sm90FwdPSmem(128, sm90FwdPDepth)},
+	}{{flashSM90pName(64), sm90FwdPSmem(64, sm90FwdPDepth(64))}, {flashSM90pName(128), sm90FwdPSmem(128, sm90FwdPDepth(128))},
 		{flashSM90px1Name(64), sm90FwdPSmem(64, sm90FwdPx1Depth)}, {flashSM90px1Name(128), sm90FwdPSmem(128, sm90FwdPx1Depth)}} {
 		fn, ok := fns[k.name]
 		if !ok {

@@ -5,7 +5,7 @@
 # tests (if they fail, once more with V's LBO and SBO the other way round,
 # F9_VSW_LBO/F9_VSW_SBO, reported), then the attention sweep of the default
 # kernels and sm90p side by side, the same with the ring rebuilt at depth
-# 2 (F9_FWD3_D=2), and Nsight Compute's full set for one launch of each
+# 2 (F9_FWD3_D64=2, F9_FWD3_D128=2), and Nsight Compute's full set for one launch of each
 # forward kernel (ncu.tgz). Logs under $OUT.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -46,6 +46,6 @@ if [ -z "${SPILL_NO_NCU:-}" ]; then
   grep -E "Duration|Compute \(SM\) Throughput|highest-utilized|excessive wavefronts|Registers Per" /tmp/ringlogs/ncu/*.txt
 fi
 echo "== ncu after ${SECONDS}s"
-ptx -DF9_FWD3_D=2 >>/tmp/ringlogs/ptx.log 2>&1 && go build -tags cuda -o /tmp/gpubench ./tools/gpubench && OUT=$out bash tools/cuda/sweep.sh sm90p_d2 SPILL_FLASH_FWD=sm90p
+ptx -DF9_FWD3_D64=2 -DF9_FWD3_D128=2 >>/tmp/ringlogs/ptx.log 2>&1 && go build -tags cuda -o /tmp/gpubench ./tools/gpubench && OUT=$out bash tools/cuda/sweep.sh sm90p_d2 SPILL_FLASH_FWD=sm90p
 tar czf "$out/logs.tgz" -C /tmp ringlogs
 echo "== done after ${SECONDS}s"

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # pingpong_round.sh: one device call for the ping-pong Hopper forward
-# (flash_fwd3_sm90, F9_FWD3_PP): tools/cuda/check_and_bench.sh (fresh PTX
+# (flash_fwd3_sm90, F9_FWD3_PP64 and F9_FWD3_PP128): tools/cuda/check_and_bench.sh (fresh PTX
 # with the defaults, the attention and backward tests, the GPT training
 # steps at 124m, 1.3b and 2.7b beside torch.compile, the attention sweep
 # beside cuDNN, and the mma.sync forward SPILL_FLASH_FWD=mma as a variant),
-# then the PTX rebuilt with the lockstep forward of the previous round
-# (-DF9_FWD3_PP=false -DF9_FWD3_D=4), its forward tests, its attention
+# then the PTX rebuilt with the lockstep forward at both head sizes
+# (-DF9_FWD3_PP64=false -DF9_FWD3_D64=4 -DF9_FWD3_PP128=false
+# -DF9_FWD3_D128=4), its forward tests, its attention
 # sweep and its training steps, so that the two forwards sit side by side
 # in one call. The default PTX comes back in $OUT/ptx.tgz (packed before
 # the rebuild), the lockstep logs and JSON in $OUT/lockstep.tgz.
@@ -26,7 +27,7 @@ source tools/cuda/gpuenv.sh 2>/dev/null; source tools/cuda/env.sh >/dev/null
 L=/tmp/lockstep
 mkdir -p $L
 {
-  nvcc -ptx -arch=compute_90a -O3 -std=c++17 -DF9_FWD3_PP=false -DF9_FWD3_D=4 \
+  nvcc -ptx -arch=compute_90a -O3 -std=c++17 -DF9_FWD3_PP64=false -DF9_FWD3_D64=4 -DF9_FWD3_PP128=false -DF9_FWD3_D128=4 \
     -o kernels/cuda/ptx/flashattn_sm90.ptx kernels/cuda/kernels/flashattn_sm90.cu &&
     go build -tags cuda -o /tmp/gpubench ./tools/gpubench
   echo "== lockstep build: exit $? after ${SECONDS}s"

@@ -1012,21 +1012,30 @@ extern "C" __global__ void __launch_bounds__(2 * F9_THREADS)
 
 // flash_fwd3_sm90_bf16_hs64 and _hs128: the same contract with the
 // products overlapped with the softmax (flash_fwd_sm90p), two warpgroups
-// of one 64-row tile each sharing the K and V rings, ping-pong
-// (F9_FWD3_PP; false: lockstep) with rings of F9_FWD3_D tiles (copies
-// three tiles ahead either way at the defaults, 5 ping-pong, 4 lockstep):
-// grid (ceil(T/128), B·NH), 256 threads, f9_fwdp_smem<HS, F9_FWD3_D>()
-// bytes of dynamic shared memory (81 and 161 KB at depth 5; flash_sm90.go
-// computes the same); head size 64 within 128 registers, two blocks per
-// SM. flash_fwd3x1_sm90_bf16_hs64
-// and _hs128: one warpgroup (one 64-row tile) per block, depth 2: grid
-// (ceil(T/64), B·NH), 128 threads, f9_fwdp_smem<HS, 2>() bytes; blocks on
-// one SM run their products and softmaxes independently.
-#ifndef F9_FWD3_D
-#define F9_FWD3_D 5
+// of one 64-row tile each sharing the K and V rings, in lockstep or
+// ping-pong (F9_FWD3_PP64, F9_FWD3_PP128) with rings of F9_FWD3_D64 and
+// F9_FWD3_D128 tiles (copies three tiles ahead either way at the
+// defaults: 4 lockstep at head size 64, 5 ping-pong at 128; timed side by
+// side on the H100 on 2026-12-06, tools/bench/results/
+// attn_pingpong_h100.json: at head size 64 lockstep took 4-5% less time,
+// at 128 ping-pong 1-2% less): grid (ceil(T/128), B·NH), 256 threads,
+// f9_fwdp_smem<HS, D>() bytes of dynamic shared memory (65 and 161 KB;
+// flash_sm90.go computes the same); head size 64 within 128 registers, two
+// blocks per SM. flash_fwd3x1_sm90_bf16_hs64 and _hs128: one warpgroup
+// (one 64-row tile) per block, depth 2: grid (ceil(T/64), B·NH), 128
+// threads, f9_fwdp_smem<HS, 2>() bytes; blocks on one SM run their
+// products and softmaxes independently.
+#ifndef F9_FWD3_D64
+#define F9_FWD3_D64 4
 #endif
-#ifndef F9_FWD3_PP
-#define F9_FWD3_PP true
+#ifndef F9_FWD3_PP64
+#define F9_FWD3_PP64 false
+#endif
+#ifndef F9_FWD3_D128
+#define F9_FWD3_D128 5
+#endif
+#ifndef F9_FWD3_PP128
+#define F9_FWD3_PP128 true
 #endif
 #define F9_FWD3(NAME, HS, WG, D, PP, MINB) \
     extern "C" __global__ void __launch_bounds__(WG * F9_THREADS, MINB) \
@@ -1034,8 +1043,8 @@ extern "C" __global__ void __launch_bounds__(2 * F9_THREADS)
         extern __shared__ __align__(1024) uint16_t f9_dynp[]; \
         flash_fwd_sm90p<HS, WG, D, PP>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, f9_dynp); \
     }
-F9_FWD3(flash_fwd3_sm90_bf16_hs64, 64, 2, F9_FWD3_D, F9_FWD3_PP, 2)
-F9_FWD3(flash_fwd3_sm90_bf16_hs128, 128, 2, F9_FWD3_D, F9_FWD3_PP, 1)
+F9_FWD3(flash_fwd3_sm90_bf16_hs64, 64, 2, F9_FWD3_D64, F9_FWD3_PP64, 2)
+F9_FWD3(flash_fwd3_sm90_bf16_hs128, 128, 2, F9_FWD3_D128, F9_FWD3_PP128, 1)
 F9_FWD3(flash_fwd3x1_sm90_bf16_hs64, 64, 1, 2, false, 4)
 F9_FWD3(flash_fwd3x1_sm90_bf16_hs128, 128, 1, 2, false, 2)
 
