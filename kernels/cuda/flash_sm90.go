@@ -36,9 +36,9 @@ import (
 //     the softmax runs while P·V is still on the tensor cores; the two
 //     warpgroups run in lockstep at head size 64 and half an iteration
 //     apart (ping-pong) at 128, where one's softmax also runs under the
-//     other's products; rings of sm90FwdPDepth K and V tiles in dynamic shared memory in the 128-byte
-//     swizzled layout, each tile copied three iterations before its
-//     use), or "sm90px1" (their one-warpgroup versions
+//     other's products; rings of sm90FwdPDepth K and V tiles in dynamic
+//     shared memory in the 128-byte swizzled layout, each tile copied
+//     three iterations before its use), or "sm90px1" (their one-warpgroup versions
 //     flash_fwd3x1_sm90_bf16_hs64 and _hs128, 128 threads, 64 rows), or
 //     "sm90" / "sm90x1" (the first, unpipelined kernels). SPILL_FLASH_FWD=mma
 //     (or 1) keeps the mma.sync kernels.

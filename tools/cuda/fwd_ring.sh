@@ -5,8 +5,8 @@
 # tests (if they fail, once more with V's LBO and SBO the other way round,
 # F9_VSW_LBO/F9_VSW_SBO, reported), then the attention sweep of the default
 # kernels and sm90p side by side, the same with the ring rebuilt at depth
-# 2 (F9_FWD3_D64=2, F9_FWD3_D128=2), and Nsight Compute's full set for one launch of each
-# forward kernel (ncu.tgz). Logs under $OUT.
+# 2 (F9_FWD3_D64=2, F9_FWD3_D128=2), and Nsight Compute's full set for one
+# launch of each forward kernel (ncu.tgz). Logs under $OUT.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
