@@ -109,21 +109,31 @@ func serve(ctx context.Context, ln net.Listener, cfg Config, id []byte, timeout 
 				return
 			}
 			wg.Go(func() {
-				read := make(chan struct{})
-				defer close(read)
+				// The watcher ends a hello still being read when the
+				// rendezvous stops; it is done (cut says whether it cut the
+				// read) before anything else sets conn's deadline, so that
+				// it cannot cut the failure's answer below too.
+				read, watched := make(chan struct{}), make(chan struct{})
+				var cut bool
 				go func() {
+					defer close(watched)
 					select {
 					case <-stop:
-						conn.SetDeadline(time.Now()) // ends a hello still being read
+						cut = true
+						conn.SetDeadline(time.Now())
 					case <-read:
 					}
 				}()
 				h := hello{conn: conn}
 				h.rank, h.err = readHello(ctx, conn, cfg.WorldSize)
+				close(read)
+				<-watched
 				select {
 				case hellos <- h:
 				case <-stop:
-					if m := failure.Load(); m != nil && h.err == nil {
+					// A rank whose hello was read, or cut short by the stop,
+					// is told why (a stray connection told too does no harm).
+					if m := failure.Load(); m != nil && (h.err == nil || cut) {
 						conn.SetDeadline(time.Now().Add(time.Second))
 						_ = writeReply(context.Background(), conn, 1, []byte(*m))
 					}
