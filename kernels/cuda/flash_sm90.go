@@ -40,8 +40,11 @@ import (
 //     shared memory in the 128-byte swizzled layout, each tile copied
 //     three iterations before its use), or "sm90px1" (their one-warpgroup versions
 //     flash_fwd3x1_sm90_bf16_hs64 and _hs128, 128 threads, 64 rows), or
-//     "sm90" / "sm90x1" (the first, unpipelined kernels). SPILL_FLASH_FWD=mma
-//     (or 1) keeps the mma.sync kernels.
+//     "sm90" / "sm90x1" (the first, unpipelined kernels), or "sm90p4" /
+//     "sm90p4x" (the pipelined kernels with 128-key tiles, flash_fwd4:
+//     two warpgroups in lockstep at both head sizes, or three warpgroups
+//     and 192 query rows per block at head size 64 and ping-pong at 128).
+//     SPILL_FLASH_FWD=mma (or 1) keeps the mma.sync kernels.
 // The pipelined kernels are the default since their tiles are swizzled:
 // on the H100 (tools/bench/results/attn_swizzle_h100.json) they ran
 // 1.24-1.63x faster than the mma.sync forward at head sizes 64 and 128,
@@ -67,7 +70,53 @@ var flashSM90p = flashSM90pOf(os.Getenv("SPILL_FLASH_FWD"))
 
 // flashSM90pOf reports whether SPILL_FLASH_FWD=v selects the pipelined
 // Hopper forward.
-func flashSM90pOf(v string) bool { return v == "" || v == "sm90p" || v == "sm90px1" }
+func flashSM90pOf(v string) bool {
+	return v == "" || v == "sm90p" || v == "sm90px1" || v == "sm90p4" || v == "sm90p4x"
+}
+
+// flashSM90p4 selects, among the pipelined Hopper kernels of 128 query
+// rows or more per block, those with 128-key tiles (flash_fwd4): 0 none
+// (the 64-key flash_fwd3 kernels), sm90p4Pair (SPILL_FLASH_FWD=sm90p4)
+// or sm90p4Wide (sm90p4x).
+var flashSM90p4 = map[string]int{"sm90p4": sm90p4Pair, "sm90p4x": sm90p4Wide}[os.Getenv("SPILL_FLASH_FWD")]
+
+const (
+	sm90p4Pair = 1 + iota // two warpgroups in lockstep, 128 rows per block
+	sm90p4Wide            // three warpgroups (192 rows) at head size 64, ping-pong at 128
+)
+
+// sm90p4Kernel is a flash_fwd4 kernel of flashattn_sm90.cu: its name,
+// query rows and threads per block and dynamic shared memory (rings of
+// depth 128-key tiles; F9_FWD4_D64 and F9_FWD4_D128 there).
+type sm90p4Kernel struct {
+	name                       string
+	rows, threads, depth, smem int
+}
+
+// sm90p4Of is the flash_fwd4 kernel of head size hs (64 or 128) for
+// selection sel (sm90p4Pair or sm90p4Wide).
+func sm90p4Of(hs, sel int) sm90p4Kernel {
+	depth := 3
+	if hs == 64 {
+		depth = 4
+	}
+	k := sm90p4Kernel{rows: flashRows2, threads: 2 * flashThreads, depth: depth, smem: sm90FwdPSmemBK(hs, depth, 128)}
+	switch {
+	case hs == 64 && sel == sm90p4Wide:
+		k.name, k.rows, k.threads = "flash_fwd4w3_sm90_bf16_hs64", 3*flashRows, 3*flashThreads
+	case hs == 64:
+		k.name = "flash_fwd4_sm90_bf16_hs64"
+	case sel == sm90p4Wide:
+		k.name = "flash_fwd4p_sm90_bf16_hs128"
+	default:
+		k.name = "flash_fwd4_sm90_bf16_hs128"
+	}
+	return k
+}
+
+// sm90p4Kernels are the four flash_fwd4 kernels.
+var sm90p4Kernels = []sm90p4Kernel{sm90p4Of(64, sm90p4Pair), sm90p4Of(128, sm90p4Pair), sm90p4Of(64, sm90p4Wide),
+	sm90p4Of(128, sm90p4Wide)}
 
 // flashSM90pName is the pipelined Hopper forward of head size hs (128
 // query rows per block, 256 threads).
@@ -101,8 +150,9 @@ func flashSM90x2Name(hs int) string {
 	return "flash_fwd2_sm90_bf16_hs128"
 }
 
-// flashWide holds the flash kernels launched with two warpgroups (256
-// threads; kfunc keys, set when a module loads, read by flashJob).
+// flashWide holds the block size, in threads, of the flash kernels
+// launched with more than one warpgroup (kfunc keys, int values; set when
+// a module loads, read by flashJob).
 var flashWide sync.Map
 
 // flashShared holds the dynamic shared memory, in bytes, of the flash
@@ -126,12 +176,15 @@ const sm90FwdPx1Depth = 2
 // sm90FwdPSmem is f9_fwdp_smem<hs, depth>() of flashattn_sm90.cu: two
 // rings of depth tiles of 64 rows of hs bf16, and 1024 bytes of room to
 // align them for the 128-byte swizzle.
-func sm90FwdPSmem(hs, depth int) int { return 2*depth*64*hs*2 + 1024 }
+func sm90FwdPSmem(hs, depth int) int { return sm90FwdPSmemBK(hs, depth, 64) }
+
+// sm90FwdPSmemBK is f9_fwdp_smem<hs, depth, bk>(): tiles of bk rows.
+func sm90FwdPSmemBK(hs, depth, bk int) int { return 2*depth*bk*hs*2 + 1024 }
 
 // flashBlockThreads is the block size of flash kernel fn.
 func flashBlockThreads(fn kfunc) int {
-	if _, ok := flashWide.Load(fn); ok {
-		return 2 * flashThreads
+	if n, ok := flashWide.Load(fn); ok {
+		return n.(int)
 	}
 	return flashThreads
 }
@@ -170,14 +223,24 @@ func (b *Backend) loadFlashSM90(f, src string) {
 	}
 	for _, name := range []string{flashSM90x2Name(128), flashSM90pName(64), flashSM90pName(128)} {
 		if fn, ok := fns[name]; ok {
-			flashWide.Store(fn, struct{}{})
+			flashWide.Store(fn, 2*flashThreads)
 		}
 	}
-	for _, k := range []struct {
+	shared := []struct {
 		name string
 		smem int
 	}{{flashSM90pName(64), sm90FwdPSmem(64, sm90FwdPDepth(64))}, {flashSM90pName(128), sm90FwdPSmem(128, sm90FwdPDepth(128))},
-		{flashSM90px1Name(64), sm90FwdPSmem(64, sm90FwdPx1Depth)}, {flashSM90px1Name(128), sm90FwdPSmem(128, sm90FwdPx1Depth)}} {
+		{flashSM90px1Name(64), sm90FwdPSmem(64, sm90FwdPx1Depth)}, {flashSM90px1Name(128), sm90FwdPSmem(128, sm90FwdPx1Depth)}}
+	for _, k := range sm90p4Kernels {
+		if fn, ok := fns[k.name]; ok {
+			flashWide.Store(fn, k.threads)
+		}
+		shared = append(shared, struct {
+			name string
+			smem int
+		}{k.name, k.smem})
+	}
+	for _, k := range shared {
 		fn, ok := fns[k.name]
 		if !ok {
 			continue // checkFlashSM90 reports it
@@ -197,6 +260,11 @@ func (b *Backend) loadFlashSM90(f, src string) {
 func (b *Backend) useFlashSM90(hs int) (kfunc, int, bool) {
 	if !flashSM90 || b.flashSM90Err != nil || (hs != 64 && hs != 128) {
 		return 0, 0, false
+	}
+	if flashSM90p && flashSM90x2 && flashSM90p4 != 0 {
+		k := sm90p4Of(hs, flashSM90p4)
+		fn, ok := b.fns[k.name]
+		return fn, k.rows, ok
 	}
 	if flashSM90p && flashSM90x2 {
 		fn, ok := b.fns[flashSM90pName(hs)]
@@ -218,7 +286,8 @@ func (b *Backend) useFlashSM90(hs int) (kfunc, int, bool) {
 // a Hopper kernel.
 func (b *Backend) countFlashSM90(fn kfunc) bool {
 	for _, name := range []string{flashSM90Name(64), flashSM90Name(128), flashSM90x2Name(64), flashSM90x2Name(128),
-		flashSM90pName(64), flashSM90pName(128), flashSM90px1Name(64), flashSM90px1Name(128)} {
+		flashSM90pName(64), flashSM90pName(128), flashSM90px1Name(64), flashSM90px1Name(128),
+		sm90p4Kernels[0].name, sm90p4Kernels[1].name, sm90p4Kernels[2].name, sm90p4Kernels[3].name} {
 		if f, ok := b.fns[name]; ok && f == fn {
 			flashSM90Launches.Add(1)
 			return true
@@ -237,12 +306,20 @@ func (b *Backend) checkFlashSM90() {
 		return
 	}
 	const B, NH = 2, 2
-	for _, k := range []struct {
+	type checked struct {
 		name     string
 		hs, rows int
-	}{{flashSM90Name(64), 64, flashRows}, {flashSM90Name(128), 128, flashRows}, {flashSM90x2Name(64), 64, flashRows2},
+	}
+	all := []checked{{flashSM90Name(64), 64, flashRows}, {flashSM90Name(128), 128, flashRows}, {flashSM90x2Name(64), 64, flashRows2},
 		{flashSM90x2Name(128), 128, flashRows2}, {flashSM90pName(64), 64, flashRows2}, {flashSM90pName(128), 128, flashRows2},
-		{flashSM90px1Name(64), 64, flashRows}, {flashSM90px1Name(128), 128, flashRows}} {
+		{flashSM90px1Name(64), 64, flashRows}, {flashSM90px1Name(128), 128, flashRows}}
+	for _, sel := range []int{sm90p4Pair, sm90p4Wide} {
+		for _, hs := range []int{64, 128} {
+			k := sm90p4Of(hs, sel)
+			all = append(all, checked{k.name, hs, k.rows})
+		}
+	}
+	for _, k := range all {
 		fn, ok := b.fns[k.name]
 		if !ok {
 			b.flashSM90Err = fmt.Errorf("kernel %s missing from the embedded PTX", k.name)

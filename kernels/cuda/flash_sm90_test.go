@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -20,7 +23,9 @@ import (
 // (partial query blocks and key tiles), asserting that the Hopper kernel
 // ran. Skipped on a device whose compute capability is not 9.x.
 func TestAttentionFlashSM90(t *testing.T) {
-	defer func(impl int, h, x2, pp bool) { attnImpl, flashSM90, flashSM90x2, flashSM90p = impl, h, x2, pp }(attnImpl, flashSM90, flashSM90x2, flashSM90p)
+	defer func(impl int, h, x2, pp bool, p4 int) {
+		attnImpl, flashSM90, flashSM90x2, flashSM90p, flashSM90p4 = impl, h, x2, pp, p4
+	}(attnImpl, flashSM90, flashSM90x2, flashSM90p, flashSM90p4)
 	attnImpl = attnFlash
 	p := openPair(t)
 	gb := p.g.(*Backend)
@@ -70,12 +75,17 @@ func TestAttentionFlashSM90(t *testing.T) {
 		p.check(name+"/mma/out", outM, 1)
 		p.check(name+"/mma/lse", lseM, 2)
 		// The Hopper kernels against the CPU, then against the mma.sync
-		// kernel: 128 query rows per block (the default), 64, and the
-		// pipelined kernels with 128 (sm90p) and 64 (sm90px1).
+		// kernel: 128 query rows per block (the default), 64, the
+		// pipelined kernels with 128 (sm90p) and 64 (sm90px1), and those
+		// with 128-key tiles (sm90p4, sm90p4x: 192 rows at head size 64).
 		flashSM90 = true
-		for _, v := range []struct{ x2, p bool }{{true, false}, {false, false}, {true, true}, {false, true}} {
-			flashSM90x2, flashSM90p = v.x2, v.p
-			vname := fmt.Sprintf("%s/sm90-x2=%v-p=%v", name, v.x2, v.p)
+		for _, v := range []struct {
+			x2, p bool
+			p4    int
+		}{{true, false, 0}, {false, false, 0}, {true, true, 0}, {false, true, 0}, {true, true, sm90p4Pair},
+			{true, true, sm90p4Wide}} {
+			flashSM90x2, flashSM90p, flashSM90p4 = v.x2, v.p, v.p4
+			vname := fmt.Sprintf("%s/sm90-x2=%v-p=%v-p4=%d", name, v.x2, v.p, v.p4)
 			out, lse := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)
 			n0 = flashSM90Launches.Load()
 			fwd(out, lse)
@@ -121,6 +131,46 @@ func TestAttentionKernelsSM90(t *testing.T) {
 		flashSM90 = false
 		if s := gb.AttentionKernels(kernels.BF16, 4*hs, 4); strings.HasPrefix(s, prefix) {
 			t.Errorf("hs %d, flashSM90 off: AttentionKernels = %q", hs, s)
+		}
+	}
+}
+
+// TestSM90FwdDepths checks that the ring depths the Go side sizes shared
+// memory for (sm90FwdPDepth, sm90FwdPx1Depth, sm90p4Of) are the defaults
+// of kernels/flashattn_sm90.cu (F9_FWD3_D64, F9_FWD3_D128, the depth of
+// the flash_fwd3x1 entry points, F9_FWD4_D64, F9_FWD4_D128): a deeper
+// ring in the .cu alone would overrun the dynamic shared memory. Reads
+// the source; needs no GPU.
+func TestSM90FwdDepths(t *testing.T) {
+	src, err := os.ReadFile("kernels/flashattn_sm90.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := func(name string) int {
+		m := regexp.MustCompile(`(?m)^#define ` + name + ` (\d+)$`).FindSubmatch(src)
+		if m == nil {
+			t.Fatalf("flashattn_sm90.cu: no #define %s N", name)
+		}
+		n, _ := strconv.Atoi(string(m[1]))
+		return n
+	}
+	x1 := regexp.MustCompile(`(?m)^F9_FWD3\(flash_fwd3x1_sm90_bf16_hs(\d+), \d+, 1, (\d+),`).FindAllSubmatch(src, -1)
+	if len(x1) != 2 {
+		t.Fatalf("flashattn_sm90.cu: %d flash_fwd3x1 entry points, want 2", len(x1))
+	}
+	for _, m := range x1 {
+		if d, _ := strconv.Atoi(string(m[2])); d != sm90FwdPx1Depth {
+			t.Errorf("flash_fwd3x1_sm90_bf16_hs%s: depth %d in the .cu, sm90FwdPx1Depth %d", m[1], d, sm90FwdPx1Depth)
+		}
+	}
+	for _, c := range []struct {
+		name    string
+		got, hs int
+	}{{"F9_FWD3_D64", sm90FwdPDepth(64), 64}, {"F9_FWD3_D128", sm90FwdPDepth(128), 128},
+		{"F9_FWD4_D64", sm90p4Of(64, sm90p4Pair).depth, 64}, {"F9_FWD4_D64", sm90p4Of(64, sm90p4Wide).depth, 64},
+		{"F9_FWD4_D128", sm90p4Of(128, sm90p4Pair).depth, 128}, {"F9_FWD4_D128", sm90p4Of(128, sm90p4Wide).depth, 128}} {
+		if want := def(c.name); c.got != want {
+			t.Errorf("%s is %d in flashattn_sm90.cu, the Go side sizes hs %d for %d", c.name, want, c.hs, c.got)
 		}
 	}
 }

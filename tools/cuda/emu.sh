@@ -16,6 +16,8 @@
 #                  in the pipelined kernels a wait_group count, a buffer, a
 #                  barrier) that must fail;
 #   emu.sh sm90bwd only the Hopper backward, no mutants.
+#   emu.sh sm90fwd4 only the forwards with 128-key tiles (flash_fwd4), no
+#                  mutants.
 #   emu.sh fwdmt   only the two-tile forwards at head size 128 (64 and 32
 #                  keys per tile);
 #   emu.sh bwdv    only the split backward's variants of flashattn.cu
@@ -72,11 +74,11 @@ if [ "${1:-}" = bwdv ]; then
   run_mutants bwdv "$src" flashattn_body.inc flashattn_emu.cpp 'differs|bad [1-9]' env EMU_BWD_VARIANTS=1 "$tmp/mutant"
   exit
 fi
-if [ "${1:-}" = sm90bwd ]; then
+if [ "${1:-}" = sm90bwd ] || [ "${1:-}" = sm90fwd4 ]; then
   cp "$root/tools/cuda/emu/flashattn_sm90_emu.cpp" "$tmp/"
   body "$root/kernels/cuda/kernels/flashattn_sm90.cu" >"$tmp/flashattn_sm90_body.inc"
   cxx -o "$tmp/emu" "$tmp/flashattn_sm90_emu.cpp"
-  "$tmp/emu" bwd
+  if [ "$1" = sm90bwd ]; then "$tmp/emu" bwd; else "$tmp/emu" fwd4; fi
   exit
 fi
 if [ "${1:-}" != sm90 ]; then
@@ -113,7 +115,7 @@ mutants=(
   "swizzled tiles read N-major without the swizzle mode|s/return f9_desc_sw(a + kk \* 2048/return f9_desc(a + kk * 2048/"
   "swizzled tiles read K-major without the swizzle mode|s/return f9_desc_sw(a + (kk >> 2)/return f9_desc(a + (kk >> 2)/"
   "pipelined: K's k16 step within the row at 16 bytes|s/(kk \& 3) \* 32/(kk \& 3) * 16/"
-  "pipelined: V's 64-dim blocks LBO and SBO swapped|s/#define F9_VSW_LBO (F9_BK \* 128)/#define F9_VSW_LBO 1024/;s/#define F9_VSW_SBO 1024/#define F9_VSW_SBO (F9_BK * 128)/"
+  "pipelined: V's 64-dim blocks LBO and SBO swapped|s/#define F9_VSW_LBO (BK \* 128)/#define F9_VSW_LBO 1024/;s/#define F9_VSW_SBO 1024/#define F9_VSW_SBO (BK * 128)/"
   "pipelined: the ring's wait one group short (wait_group A)|s/fa_cp_wait_n<A - 1>();/fa_cp_wait_n<A>();/g"
   "pipelined: barrier after the loads land removed|s/^ *f9_bar<WG \* F9_THREADS>();  \/\/ K(j+1) and V(j) are in.*//"
   "ping-pong: copies D-1 ahead, over the V tile warpgroup 1 may still read|s/constexpr int A = PP ? D - 2 : D - 1;/constexpr int A = D - 1;/"

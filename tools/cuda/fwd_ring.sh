@@ -24,7 +24,7 @@ echo "== ptx after ${SECONDS}s"
 tst /tmp/ringlogs/test.log; rc=$?
 echo "== test: exit $rc after ${SECONDS}s"; grep -E "^(--- FAIL|FAIL|ok|panic)|Error|error" /tmp/ringlogs/test.log | head -n 20
 if [ $rc -ne 0 ]; then
-  ptx -DF9_VSW_LBO=1024 '-DF9_VSW_SBO=(F9_BK*128)' >>/tmp/ringlogs/ptx.log 2>&1
+  ptx -DF9_VSW_LBO=1024 '-DF9_VSW_SBO=(BK*128)' >>/tmp/ringlogs/ptx.log 2>&1
   tst /tmp/ringlogs/test_vswap.log; rc=$?
   echo "== test with V's LBO and SBO swapped: exit $rc"; grep -E "^(--- FAIL|FAIL|ok|panic)|Error|error" /tmp/ringlogs/test_vswap.log | head -n 20
   [ $rc -eq 0 ] || { tar czf "$out/logs.tgz" -C /tmp ringlogs; exit 1; }

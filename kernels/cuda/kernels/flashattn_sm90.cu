@@ -190,18 +190,19 @@ __device__ __forceinline__ void f9_load_tile(uint16_t* s, const uint16_t* g, i64
 // The 128-byte swizzled tile layout (flash_fwd_sm90p): without swizzling,
 // the tensor cores' reads of a tile hit the same banks several times over
 // (Nsight Compute on the H100: 69% of the forward's shared wavefronts
-// excessive). A 64-key tile is HS/64 blocks of 64 keys x 64 head dims (8 KB
-// each, block d/64, 1024-byte aligned); in a block, key t's 64 dims are the
-// 128-byte row at t·128 and their 16-byte chunk c (dims 8c..8c+7) sits at
-// chunk position c ^ (t % 8) of the row: the PTX ISA's 128-byte swizzle
-// (address bits 4-6 XOR bits 7-9; 9.7.15.5.1.2). Both operands read the same
-// layout: K as the K-major B of S = Q·Kᵀ (N = key rows of 128 bytes, 8-row
-// groups SBO = 1024 apart; LBO unused, 16; the k16 step kk at byte
-// (kk/4)·8192 + (kk%4)·32), V as the N-major B of P·V (N = head dim, 64 per
-// 128-byte row, the next 64 at LBO = 8192; K = key, 8-key groups SBO = 1024
-// apart; the k16 step kk at byte kk·2048).
+// excessive). A tile of BK keys (64, or 128 in the flash_fwd4 kernels) is
+// HS/64 blocks of BK keys x 64 head dims (BK·128 bytes each, block d/64,
+// 1024-byte aligned); in a block, key t's 64 dims are the 128-byte row at
+// t·128 and their 16-byte chunk c (dims 8c..8c+7) sits at chunk position
+// c ^ (t % 8) of the row: the PTX ISA's 128-byte swizzle (address bits 4-6
+// XOR bits 7-9; 9.7.15.5.1.2). Both operands read the same layout: K as
+// the K-major B of S = Q·Kᵀ (N = key rows of 128 bytes, 8-row groups SBO =
+// 1024 apart, as many as the BK keys; LBO unused, 16; the k16 step kk at
+// byte (kk/4)·BK·128 + (kk%4)·32), V as the N-major B of P·V (N = head
+// dim, 64 per 128-byte row, the next 64 at LBO = BK·128; K = key, 8-key
+// groups SBO = 1024 apart; the k16 step kk at byte kk·2048).
 #ifndef F9_VSW_LBO
-#define F9_VSW_LBO (F9_BK * 128)
+#define F9_VSW_LBO (BK * 128)
 #define F9_VSW_SBO 1024
 #endif
 
@@ -210,35 +211,41 @@ __device__ __forceinline__ uint64_t f9_desc_sw(uint32_t a, uint32_t lbo, uint32_
     return f9_desc(a, lbo, sbo) | (uint64_t)1 << 62;
 }
 
-// f9_kdesc is the descriptor of k16 step kk of the swizzled tile at shared
-// address a read K-major (the tile's rows are M or N, head dims K);
-// f9_ndesc that of the tile read N-major (rows are K: 16 rows a step,
-// head dims N).
+// f9_kdesc is the descriptor of k16 step kk of the swizzled tile of BK
+// keys at shared address a read K-major (the tile's rows are M or N, head
+// dims K); f9_ndesc that of the tile read N-major (rows are K: 16 rows a
+// step, head dims N).
+template <int BK = F9_BK>
 __device__ __forceinline__ uint64_t f9_kdesc(uint32_t a, int kk) {
-    return f9_desc_sw(a + (kk >> 2) * (F9_BK * 128) + (kk & 3) * 32, 16, 1024);
+    return f9_desc_sw(a + (kk >> 2) * (BK * 128) + (kk & 3) * 32, 16, 1024);
 }
+template <int BK = F9_BK>
 __device__ __forceinline__ uint64_t f9_ndesc(uint32_t a, int kk) {
     return f9_desc_sw(a + kk * 2048, F9_VSW_LBO, F9_VSW_SBO);
 }
 
 // f9_sw_off is the element offset of key t, head dims 8c..8c+7 in the
-// swizzled tile.
+// swizzled tile of BK keys.
+template <int BK = F9_BK>
 __device__ __forceinline__ int f9_sw_off(int t, int c) {
-    return (c >> 3) * (F9_BK * 64) + t * 64 + (((c & 7) ^ (t & 7)) << 3);
+    return (c >> 3) * (BK * 64) + t * 64 + (((c & 7) ^ (t & 7)) << 3);
 }
 
-// f9_load_tile_sw is f9_load_tile into the swizzled layout (s 1024-byte
-// aligned): HS/8 consecutive threads copy one key's row (HS·2 contiguous
-// global bytes; in shared memory whole 128-byte rows, no bank conflicts).
-template <int HS, int NT>
+// f9_load_tile_sw is f9_load_tile into the swizzled layout of BK keys (s
+// 1024-byte aligned) with NT threads: HS/8 consecutive threads copy one
+// key's row (HS·2 contiguous global bytes; in shared memory whole 128-byte
+// rows, no bank conflicts). When NT does not divide the tile's chunks (384
+// threads), the last pass leaves some threads out.
+template <int HS, int NT, int BK = F9_BK>
 __device__ __forceinline__ void f9_load_tile_sw(uint16_t* s, const uint16_t* g, i64 stride, int r0, int T) {
-    constexpr int ND = HS / 8, KS = NT / ND;
-    static_assert(NT % ND == 0 && F9_BK % KS == 0, "f9_load_tile_sw: NT must cover whole keys");
+    constexpr int ND = HS / 8, KS = NT / ND, IT = (BK + KS - 1) / KS;
+    static_assert(NT % ND == 0, "f9_load_tile_sw: NT must cover whole keys");
     const int c = threadIdx.x % ND, key0 = threadIdx.x / ND;
 #pragma unroll
-    for (int it = 0; it < F9_BK / KS; it++) {
+    for (int it = 0; it < IT; it++) {
         const int key = key0 + it * KS, t = r0 + key;
-        f9_cp16(s + f9_sw_off(key, c), t < T ? g + (i64)t * stride + c * 8 : g, t < T ? 16 : 0);
+        if (BK % KS == 0 || key < BK)
+            f9_cp16(s + f9_sw_off<BK>(key, c), t < T ? g + (i64)t * stride + c * 8 : g, t < T ? 16 : 0);
     }
 }
 
@@ -474,20 +481,28 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
 //
 // Iteration n (n key tiles in the block) only drains the last P·V. Both
 // warpgroups go through all the block's key tiles.
-template <int HS, int D>
+//
+// BK is the keys per tile: 64, or 128 (the flash_fwd4 kernels: S is then
+// HS/16 wgmma m64n128k16 per tile and P·V 8 k16 steps, so that each
+// barrier, wait and row reduction of the softmax covers twice the keys).
+// WG (1 to 3) warpgroups of 64 query rows each share the rings; the
+// block's key tiles run to its last row's, so with 192 rows and 128-key
+// tiles a warpgroup may see a tile wholly past its rows (masked: P zero).
+template <int HS, int D, int BK = F9_BK>
 constexpr int f9_fwdp_smem() {
-    return 2 * D * F9_BK * HS * 2 + 1024;  // + room to align the tiles to 1024 bytes
+    return 2 * D * BK * HS * 2 + 1024;  // + room to align the tiles to 1024 bytes
 }
 
-template <int HS, int WG, int D, bool PP>
+template <int HS, int WG, int D, bool PP, int BK = F9_BK>
 __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, float* __restrict__ lse,
                                                 const uint16_t* __restrict__ qkv, int T, int NH, int NKV,
                                                 float scale_log2, uint16_t* smem) {
     static_assert(D >= 2 && D <= 8, "flash_fwd_sm90p: ring depth 2..8");
     static_assert(!PP || (WG == 2 && D >= 3), "flash_fwd_sm90p: ping-pong needs two warpgroups and depth 3 or more");
+    static_assert(WG >= 1 && WG <= 3 && (BK == 64 || BK == 128), "flash_fwd_sm90p: 1 to 3 warpgroups, 64 or 128 keys a tile");
     constexpr int A = PP ? D - 2 : D - 1;  // copy groups in flight ahead of the tile in use
     const bool late = PP && (threadIdx.x >> 7) == 1;  // the warpgroup whose barrier comes before its softmax
-    constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, BQ = F9_BQ * WG, NT = F9_THREADS * WG, TILE = F9_BK * HS;
+    constexpr int KD = HS / 16, NS = BK / 2, NO = HS / 2, BQ = F9_BQ * WG, NT = F9_THREADS * WG, TILE = BK * HS;
     const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
     const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query blocks (most keys) first
@@ -498,7 +513,7 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
     const int qlast = min(q0 + BQ, T) - 1;
     const int qw = q0 + F9_BQ * (tid >> 7);  // this warpgroup's first row
     const int w0 = qw + warp * 16, r0 = w0 + g, r1 = r0 + 8;
-    const int n = qlast / F9_BK + 1;  // key tiles of the block
+    const int n = qlast / BK + 1;  // key tiles of the block
     smem += ((1024u - (f9_smem(smem) & 1023u)) & 1023u) / 2;  // the swizzle's 1024-byte alignment
     uint16_t* Ks = smem;
     uint16_t* Vs = smem + D * TILE;
@@ -513,20 +528,20 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
         qf[kk][3] = r1 < T ? fa_ld32(base + (i64)r1 * W + d + 8) : 0u;
     }
     float o[NO], s[NS], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    uint32_t pa[F9_BK / 16][4];
+    uint32_t pa[BK / 16][4];
 #pragma unroll
     for (int i = 0; i < NO; i++) o[i] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < F9_BK / 16; kk++) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+    for (int kk = 0; kk < BK / 16; kk++) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
 
     // Copy group gi: K(gi) and V(gi-1) where they exist (zeros for V(-1)),
     // committed even when empty, so that group counts stay uniform.
     auto ld = [&](int gi) {
-        if (gi < n) f9_load_tile_sw<HS, NT>(Ks + (gi % D) * TILE, kbase, W, gi * F9_BK, T);
+        if (gi < n) f9_load_tile_sw<HS, NT, BK>(Ks + (gi % D) * TILE, kbase, W, gi * BK, T);
         if (gi == 0)
-            f9_load_tile_sw<HS, NT>(Vs + (D - 1) * TILE, vbase, W, T, T);  // zeros, for the P·V of iteration 0
+            f9_load_tile_sw<HS, NT, BK>(Vs + (D - 1) * TILE, vbase, W, T, T);  // zeros, for the P·V of iteration 0
         else if (gi - 1 < n)
-            f9_load_tile_sw<HS, NT>(Vs + ((gi - 1) % D) * TILE, vbase, W, (gi - 1) * F9_BK, T);
+            f9_load_tile_sw<HS, NT, BK>(Vs + ((gi - 1) % D) * TILE, vbase, W, (gi - 1) * BK, T);
         fa_cp_commit();
     };
 #pragma unroll
@@ -535,7 +550,7 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
     f9_fence_proxy();
     __syncthreads();  // K(0) and the zeros are in
     for (int j = 0; j <= n; j++) {
-        const int k0 = j * F9_BK;
+        const int k0 = j * BK;
         ld(j + A);  // into the slots of K(j+A-D) and V(j+A-D-1)
         // S = Q·K(j)ᵀ (K-major B as in flash_fwd_sm90), then O += P(j-1)·V(j-1)
         // (N-major B), two groups, issued in every iteration (a wgmma under
@@ -547,11 +562,14 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
         f9_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
-            f9_wgmma_n64<0>(s, qf[kk], f9_kdesc(ks, kk), kk);
+            if constexpr (BK == 64)
+                f9_wgmma_n64<0>(s, qf[kk], f9_kdesc<BK>(ks, kk), kk);
+            else
+                f9_wgmma_n128<0>(s, qf[kk], f9_kdesc<BK>(ks, kk), kk);
         f9_wg_commit();
 #pragma unroll
-        for (int kk = 0; kk < F9_BK / 16; kk++) {
-            const uint64_t dv = f9_ndesc(vs, kk);
+        for (int kk = 0; kk < BK / 16; kk++) {
+            const uint64_t dv = f9_ndesc<BK>(vs, kk);
             if constexpr (HS == 64)
                 f9_wgmma_n64<1>(o, pa[kk], dv, 1);
             else
@@ -572,7 +590,7 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
         float f0 = 1.f, f1 = 1.f;
         const bool doS = j < n;
         if (doS) {
-            if (k0 + F9_BK - 1 > w0) {  // causal mask (and keys past T) on the tiles past w0
+            if (k0 + BK - 1 > w0) {  // causal mask (and keys past T) on the tiles past w0
 #pragma unroll
                 for (int jj = 0; jj < NS / 4; jj++) {
                     const int key = k0 + jj * 8 + 2 * c;
@@ -622,7 +640,7 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
                 o[4 * jj + 3] *= f1;
             }
 #pragma unroll
-            for (int kk = 0; kk < F9_BK / 16; kk++) {
+            for (int kk = 0; kk < BK / 16; kk++) {
                 pa[kk][0] = fa_pack(s[8 * kk], s[8 * kk + 1]);
                 pa[kk][1] = fa_pack(s[8 * kk + 2], s[8 * kk + 3]);
                 pa[kk][2] = fa_pack(s[8 * kk + 4], s[8 * kk + 5]);
@@ -1047,6 +1065,32 @@ F9_FWD3(flash_fwd3_sm90_bf16_hs64, 64, 2, F9_FWD3_D64, F9_FWD3_PP64, 2)
 F9_FWD3(flash_fwd3_sm90_bf16_hs128, 128, 2, F9_FWD3_D128, F9_FWD3_PP128, 1)
 F9_FWD3(flash_fwd3x1_sm90_bf16_hs64, 64, 1, 2, false, 4)
 F9_FWD3(flash_fwd3x1_sm90_bf16_hs128, 128, 1, 2, false, 2)
+
+// flash_fwd4_sm90_bf16_hs64 and _hs128: flash_fwd_sm90p with 128-key
+// tiles (BK 128), two warpgroups in lockstep, 128 query rows per block:
+// grid (ceil(T/128), B·NH), 256 threads, rings of F9_FWD4_D64 (4) and
+// F9_FWD4_D128 (3) tiles, f9_fwdp_smem<HS, D, 128>() bytes of dynamic
+// shared memory (129 and 193 KB), one block per SM. flash_fwd4w3_sm90_bf16_hs64:
+// three warpgroups, 192 rows per block (grid ceil(T/192)), 384 threads,
+// ring of F9_FWD4_D64; flash_fwd4p_sm90_bf16_hs128: two warpgroups in
+// ping-pong, ring of F9_FWD4_D128 (one copy ahead at 3). flash_sm90.go
+// computes the same sizes.
+#ifndef F9_FWD4_D64
+#define F9_FWD4_D64 4
+#endif
+#ifndef F9_FWD4_D128
+#define F9_FWD4_D128 3
+#endif
+#define F9_FWD4(NAME, HS, WG, D, PP) \
+    extern "C" __global__ void __launch_bounds__(WG * F9_THREADS, 1) \
+        NAME(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2) { \
+        extern __shared__ __align__(1024) uint16_t f9_dynp[]; \
+        flash_fwd_sm90p<HS, WG, D, PP, 128>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, f9_dynp); \
+    }
+F9_FWD4(flash_fwd4_sm90_bf16_hs64, 64, 2, F9_FWD4_D64, false)
+F9_FWD4(flash_fwd4_sm90_bf16_hs128, 128, 2, F9_FWD4_D128, false)
+F9_FWD4(flash_fwd4w3_sm90_bf16_hs64, 64, 3, F9_FWD4_D64, false)
+F9_FWD4(flash_fwd4p_sm90_bf16_hs128, 128, 2, F9_FWD4_D128, true)
 
 // flash_bwd_kv_sm90_* and flash_bwd_q_sm90_*: flash_bwd_kv_bf16_* and
 // flash_bwd_q_bf16_* of flashattn.cu (same arguments and contract: dqkv +=,

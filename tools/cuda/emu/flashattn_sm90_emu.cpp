@@ -87,8 +87,8 @@ static void die(const char* m) { printf("emulator: %s (thread %d, block %d,%d)\n
 
 // The block: barriers, the emulated shared window.
 std::barrier<>* blockBar;
-std::barrier<>* warpBar[8];
-std::barrier<>* wgBar[2];
+std::barrier<>* warpBar[12];
+std::barrier<>* wgBar[3];
 uint8_t* smemBase;   // the shared window of the running block
 size_t smemSize;
 thread_local int nsync;  // __syncthreads passed by this thread
@@ -96,7 +96,7 @@ static void __syncthreads() { blockBar->arrive_and_wait(); nsync++; }
 // f9_bar<N>: a named barrier over the whole block (the kernels pass N = the
 // block's threads); the same count of barriers as __syncthreads.
 template <int N> static void f9_bar() { __syncthreads(); }
-float shf[8][32];
+float shf[12][32];
 static float __shfl_xor_sync(unsigned, float v, int o) {
   int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   shf[w][l] = v; warpBar[w]->arrive_and_wait();
@@ -186,7 +186,7 @@ struct Op { float* d; int N, trans, acc; uint64_t desc; int sync, group, slot; s
 thread_local std::vector<Op> ops;
 thread_local bool wgFenced;
 thread_local int wgCommitted, wgIssued;
-uint32_t wgA[64][256][4];
+uint32_t wgA[64][384][4];
 // wg_issue queues d (64xN) = A·B (+ d): A from the registers a, or with a
 // null a from shared memory through adesc (K-major, imm-trans-a 0: element
 // (m, k) where bAddr puts element (k, n = m) of a K-major B).
@@ -276,10 +276,11 @@ template <class F> void run_grid(int WG, size_t smem, F kernel) {
       pendingWrites.reset(new std::atomic<int>[smem / 16]);
       for (size_t i = 0; i < smem / 16; i++) pendingReads[i] = pendingWrites[i] = 0;
       lastUnfencedSync.assign(NT, -1);
-      std::barrier<> bb(NT), wga(128), wgb(128);
-      std::vector<std::unique_ptr<std::barrier<>>> wb;
+      std::barrier<> bb(NT);
+      std::vector<std::unique_ptr<std::barrier<>>> wb, wgb;
       for (int w = 0; w < NT / 32; w++) { wb.emplace_back(new std::barrier<>(32)); warpBar[w] = wb.back().get(); }
-      blockBar = &bb; wgBar[0] = &wga; wgBar[1] = &wgb;
+      for (int w = 0; w < WG; w++) { wgb.emplace_back(new std::barrier<>(128)); wgBar[w] = wgb.back().get(); }
+      blockBar = &bb;
       std::vector<std::thread> th;
       for (int t = 0; t < NT; t++)
         th.emplace_back([&, t] {
@@ -293,11 +294,11 @@ template <class F> void run_grid(int WG, size_t smem, F kernel) {
     }
 }
 
-// run checks flash_fwd_sm90<HS, MT, WG> (flash_fwd_sm90p<HS, WG, D, PP>
-// when P: rings of D K and D V tiles, PP ping-pong)
+// run checks flash_fwd_sm90<HS, MT, WG> (flash_fwd_sm90p<HS, WG, D, PP, BK>
+// when P: rings of D K and D V tiles of BK keys, PP ping-pong)
 // with NH query heads and NKV key/value heads (0 means NKV = NH) against
 // a float64 reference.
-template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = false> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
+template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = false, int BK = 64> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
   if (NKV == 0) NKV = NH;
   int C = NH * HS, rep = NH / NKV;
   size_t W = (size_t)(NH + 2 * NKV) * HS;
@@ -309,11 +310,11 @@ template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = f
   float sl2 = (float)(1.4426950408889634 / std::sqrt((double)HS));
   gridDim = {(T + 64 * MT * WG - 1) / (64 * MT * WG), B * NH};
   const size_t tile = (size_t)F9_BK * HS * 2;  // bytes of one K or V tile
-  run_grid(WG, P ? (size_t)f9_fwdp_smem<HS, D>() : 2 * tile, [&] {
+  run_grid(WG, P ? (size_t)f9_fwdp_smem<HS, D, BK>() : 2 * tile, [&] {
     uint16_t* Ks = (uint16_t*)smemBase;
     uint16_t* Vs = (uint16_t*)(smemBase + tile);
     if constexpr (P)
-      flash_fwd_sm90p<HS, WG, D, PP>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks);
+      flash_fwd_sm90p<HS, WG, D, PP, BK>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks);
     else
       flash_fwd_sm90<HS, MT, WG>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks, Vs);
   });
@@ -338,7 +339,7 @@ template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = f
       if (!(e <= 2e-2 + 1.6e-2 * std::fabs(o))) { if (bad++ < 5) printf("out b%d h%d t%d d%d: %g vs %g\n", b, h, t, d, g, o); }
     }
   }
-  printf("sm90%s%s D%d HS%d MT%d WG%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", P ? "p" : "", PP ? " ping-pong" : "", D, HS, MT, WG, B, T, NH, NKV, worst, worstL, bad);
+  printf("sm90%s%s D%d BK%d HS%d MT%d WG%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", P ? "p" : "", PP ? " ping-pong" : "", D, BK, HS, MT, WG, B, T, NH, NKV, worst, worstL, bad);
 }
 
 // run_bwd checks flash_bwd_kv_sm90<HS, PIPE> and flash_bwd_q_sm90<HS, PIPE>
@@ -406,6 +407,7 @@ int main(int argc, char** argv) {
   int bad = 0;
   const bool quick = argc > 1 && !strcmp(argv[1], "quick");  // the mutants: one small case per head size
   const bool bwdOnly = argc > 1 && !strcmp(argv[1], "bwd");  // emu.sh sm90bwd: the backward only
+  const bool fwd4Only = argc > 1 && !strcmp(argv[1], "fwd4");  // emu.sh sm90fwd4: the 128-key forwards only
   if (quick) {
     run<64>(1, 130, 2, 1, bad, 1);
     run<128>(1, 65, 1, 2, bad);
@@ -416,6 +418,8 @@ int main(int argc, char** argv) {
     run<64, 1, 1, true>(1, 130, 2, 7, bad, 1);
     run<64, 1, 2, true, 5, true>(1, 330, 2, 11, bad, 1);
     run<128, 1, 2, true, 5, true>(1, 330, 2, 12, bad);
+    run<64, 1, 3, true, 4, false, 128>(1, 450, 2, 13, bad, 1);
+    run<128, 1, 2, true, 3, true, 128>(1, 330, 2, 14, bad);
     run_bwd<64, true>(1, 130, 2, 8, bad, 1);
     run_bwd<128, false>(1, 130, 2, 9, bad);
     run_bwd<128, true>(1, 70, 2, 10, bad, 0, true);
@@ -423,6 +427,18 @@ int main(int argc, char** argv) {
   }
   const int Ts[] = {1, 63, 64, 65, 200, 300, 600};
   unsigned seed = 100;
+  // The 128-key forwards (flash_fwd4 kernels): T around 128, 192 and 256
+  // (partial tiles, a warpgroup's rows wholly before a tile).
+  const int T4[] = {1, 100, 127, 128, 129, 191, 193, 257, 450, 700};
+  for (int T : bwdOnly ? std::vector<int>{} : std::vector<int>(std::begin(T4), std::end(T4))) {
+    run<64, 1, 2, true, 4, false, 128>(T < 150 ? 2 : 1, T, 2, seed++, bad);  // 128 keys a tile, multi-head
+    run<64, 1, 3, true, 4, false, 128>(1, T, 4, seed++, bad, 2);             // three warpgroups, groups of 2
+    run<64, 1, 3, true, 2, false, 128>(1, T, 2, seed++, bad);                // three warpgroups, ring of 2
+    run<128, 1, 2, true, 3, false, 128>(1, T, 2, seed++, bad);               // head size 128, multi-head
+    run<128, 1, 2, true, 3, true, 128>(1, T, 3, seed++, bad, 1);             // ping-pong, multi-query
+    run<128, 1, 1, true, 2, false, 128>(1, T, 2, seed++, bad);               // one warpgroup
+  }
+  if (fwd4Only) return bad != 0;
   for (int T : bwdOnly ? std::vector<int>{} : std::vector<int>(std::begin(Ts), std::end(Ts))) {
     run<64>(T < 100 ? 2 : 1, T, 2, seed++, bad);        // multi-head
     run<128>(1, T, 2, seed++, bad);                     // multi-head

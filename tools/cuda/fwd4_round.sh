@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# fwd4_round.sh: one device call for the forward with 128-key tiles
+# (flash_fwd4 kernels of flashattn_sm90.cu): tools/cuda/check_and_bench.sh
+# with fresh PTX, the Hopper attention tests (TestAttentionFlashSM90 runs
+# the flash_fwd4 kernels against the CPU and the mma.sync kernel), no whole
+# steps, and the attention sweep of the defaults beside cuDNN and beside
+# SPILL_FLASH_FWD=sm90p4 (two warpgroups, lockstep) and sm90p4x (three
+# warpgroups at head size 64, ping-pong at 128). The CUDA headers come back
+# too (cuda-include.tgz), for tools/cuda/vet.sh on a machine without the
+# toolkit. Back under $OUT: run.log, kernels_h200.json, ptx.tgz, k.tgz,
+# cuda-include.tgz.
+#
+#   device run, carry [".gpu"]: bash tools/cuda/fwd4_round.sh
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+R=${OUT:-$(mktemp -d /tmp/spill-fwd4.XXXXXX)}
+OUT=$R SPILL_TEST_RUN=${SPILL_TEST_RUN:-'TestAttentionFlashSM90|TestSM90FwdDepths|TestAttentionKernels|TestAttentionFlash$|TestGQAttention'} \
+  SPILL_BENCH_SHAPES=${SPILL_BENCH_SHAPES:-none} SPILL_BENCH_GO= \
+  SPILL_ATTN_SWEEP=${SPILL_ATTN_SWEEP:-64:1024,64:2048,64:4096,64:8192,128:1024,128:2048,128:4096,128:8192} \
+  SPILL_ATTN_VARIANTS=${SPILL_ATTN_VARIANTS:-'fwd4:SPILL_FLASH_FWD=sm90p4;fwd4x:SPILL_FLASH_FWD=sm90p4x'} \
+  SPILL_DEADLINE=${SPILL_DEADLINE:-400} bash tools/cuda/check_and_bench.sh
+inc=$(dirname "$(command -v nvcc)")/../include
+(cd "$inc" && tar czhf "$R/cuda-include.tgz" --ignore-failed-read cuda.h cublas*.h cuComplex.h vector_types.h \
+  vector_functions.h driver_types.h host_defines.h library_types.h crt cuda_runtime_api.h builtin_types.h cuda_fp16.h \
+  cuda_fp16.hpp cuda_bf16.h cuda_bf16.hpp surface_types.h texture_types.h channel_descriptor.h cuda_device_runtime_api.h 2>&1 | tail -n 3)
+ls -la "$R"
