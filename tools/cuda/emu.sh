@@ -110,7 +110,7 @@ mutants=(
   "pipelined: O rescaled while P·V runs (wait_group 1 for 0)|s/f9_wg_wait();  \/\/ P(j-1)/f9_wg_wait1();  \/\/ P(j-1)/"
   "pipelined: V(j+D-2) loaded over V(j-1) in flight|s/Vs + ((gi - 1) % D) \* TILE/Vs + (gi % D) * TILE/"
   "pipelined: iteration 0's P·V reads a K slot being loaded|s/const uint32_t vs = f9_smem(Vs + ((j + D - 1) % D) \* TILE);/const uint32_t vs = f9_smem((j == 0 ? Ks : Vs) + ((j + D - 1) % D) * TILE);/"
-  "pipelined: no zeros for iteration 0's P·V|s/f9_load_tile_sw<HS, NT>(Vs + (D - 1) \* TILE, vbase, W, T, T);/;/"
+  "pipelined: no zeros for iteration 0's P·V|s/f9_load_tile_sw<HS, NT, BK>(Vs + (D - 1) \* TILE, vbase, W, T, T);/;/"
   "pipelined: tiles written without the swizzle|s/(((c \& 7) ^ (t \& 7)) << 3)/((c \& 7) << 3)/"
   "swizzled tiles read N-major without the swizzle mode|s/return f9_desc_sw(a + kk \* 2048/return f9_desc(a + kk * 2048/"
   "swizzled tiles read K-major without the swizzle mode|s/return f9_desc_sw(a + (kk >> 2)/return f9_desc(a + (kk >> 2)/"
