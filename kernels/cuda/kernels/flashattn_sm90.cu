@@ -133,15 +133,36 @@ __device__ __forceinline__ void f9_wgmma_n128(float* d, const uint32_t* a, uint6
 }
 
 // f9_wgmma_ss_n64: d(64x64, f32) = A(64x16)·B(16x64) (+ d when acc != 0),
-// both from shared memory: A K-major through adesc (imm-trans-a 0), B
+// both from shared memory: A through adesc, TRANS_A 0 for K-major (rows
+// are M), 1 for M-major (rows are K: the N-major layout of B, M for N); B
 // through bdesc, TRANS_B 0 for K-major, 1 for N-major.
-template <int TRANS_B>
+template <int TRANS_B, int TRANS_A = 0>
 __device__ __forceinline__ void f9_wgmma_ss_n64(float* d, uint64_t adesc, uint64_t bdesc, int acc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, %36, %35;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(adesc), "l"(bdesc), "r"(acc), "n"(TRANS_B));
+        : "l"(adesc), "l"(bdesc), "r"(acc), "n"(TRANS_B), "n"(TRANS_A));
+}
+
+// f9_wgmma_ss_n128 is f9_wgmma_ss_n64 with N = 128: d(64x128, f32).
+template <int TRANS_B, int TRANS_A = 0>
+__device__ __forceinline__ void f9_wgmma_ss_n128(float* d, uint64_t adesc, uint64_t bdesc, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, %68, %67;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(adesc), "l"(bdesc), "r"(acc), "n"(TRANS_B), "n"(TRANS_A));
+}
+
+// f9_sts32 stores the 32-bit word v at the shared address p (4-byte
+// aligned): a generic-proxy write, which a wgmma may read only after
+// fence.proxy.async and a barrier.
+__device__ __forceinline__ void f9_sts32(uint16_t* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
+// f9_red2 adds (a, b) to the float32 pair at the global address p (8-byte
+// aligned) as one vector reduction (red.global.add.v2.f32, sm_90).
+__device__ __forceinline__ void f9_red2(float* p, float a, float b) {
+    atomicAdd(reinterpret_cast<float2*>(p), make_float2(a, b));
 }
 
 // ---- Device code: tools/cuda/emu.sh sm90 runs everything from here to the
