@@ -59,6 +59,9 @@ type Backend struct {
 	// flashBwdSM90Err is the same for the Hopper backward (flash_sm90.go);
 	// without it the modes sm90 (the default) and sm90p take split-smem.
 	flashBwdSM90Err error
+	// flashBwdFusedSM90Err is the same for the fused Hopper backward
+	// (sm90f, flash_sm90.go); without it that mode takes the default.
+	flashBwdFusedSM90Err error
 	// reducedPrecision lets cuBLAS and cuBLASLt reduce split-K partial
 	// sums in the output type (bf16, f16) instead of float32, as PyTorch
 	// does by default; set at Open from SPILL_CUBLAS_REDUCED_PRECISION=1.
@@ -158,6 +161,7 @@ func Open(cfg kernels.Config) (*Backend, error) {
 			b.flashBwdFusedErr = b.flashBwdErr
 		}
 		b.checkFlashBwdSM90()
+		b.checkFlashBwdFusedSM90()
 		return nil
 	})
 	if err != nil {

@@ -177,22 +177,26 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 		fwd += " (two 16-row tiles per warp: " + flashFwd2x128 + ")"
 	}
 	f, _ := b.flashBwdByHead(hs, flashBwdMode)
+	mode := flashBwdMode
+	if mode == flashBwdFusedSM90 && (f.fused == 0 || b.fusedErr(f) != nil) {
+		mode = flashBwdSM90 // where the fused Hopper kernel does not apply
+	}
 	switch {
-	case flashBwdMode == flashBwdSplit:
+	case mode == flashBwdSplit:
 		return fwd + "; backward: split tensor-core flash kernels (deterministic)"
-	case isFlashBwdVariant(flashBwdMode) && (f.v.kv == 0 || b.variantErr(f.v) != nil):
-		return fmt.Sprintf("%s; backward: split tensor-core flash kernels (%s off: %v)", fwd, flashBwdMode,
+	case isFlashBwdVariant(mode) && (f.v.kv == 0 || b.variantErr(f.v) != nil):
+		return fmt.Sprintf("%s; backward: split tensor-core flash kernels (%s off: %v)", fwd, mode,
 			b.variantErr(f.v))
-	case isFlashBwdVariant(flashBwdMode):
+	case isFlashBwdVariant(mode):
 		return fmt.Sprintf("%s; backward: split tensor-core flash kernels, variant %s (%s, %s; deterministic)", fwd,
 			f.v.mode, f.v.kvName, f.v.qName)
-	case flashFusedName(hs, flashBwdMode) == "":
+	case flashFusedName(hs, mode) == "":
 		return fmt.Sprintf("%s; backward: split tensor-core flash kernels (no fused kernel at head size %d)", fwd, hs)
-	case f.fused == 0 || b.flashBwdFusedErr != nil:
-		return fmt.Sprintf("%s; backward: split tensor-core flash kernels (fused backward off: %v)", fwd, b.flashBwdFusedErr)
+	case f.fused == 0 || b.fusedErr(f) != nil:
+		return fmt.Sprintf("%s; backward: split tensor-core flash kernels (fused backward off: %v)", fwd, b.fusedErr(f))
 	}
 	return fmt.Sprintf("%s; backward: fused tensor-core flash kernel %s (dQ by float32 atomics, not bitwise reproducible)", fwd,
-		flashFusedName(hs, flashBwdMode))
+		flashFusedName(hs, mode))
 }
 
 // checkFlash runs the flash kernel of each head size beside the row-wise
@@ -348,16 +352,20 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // Each is checked at Open like the fused ones (checkFlashBwd); a variant that
 // fails (Backend.flashBwdSMErr) leaves the backward on the split kernels.
 // "sm90" and "sm90p" take the Hopper backward (flash_sm90.go) where it
-// applies, split-smem elsewhere. Other values are taken as the default.
+// applies, split-smem elsewhere; "sm90f" the fused Hopper backward
+// (flash_sm90.go) where it applies, the default elsewhere. Other values
+// are taken as the default.
 
 // Flash backward implementations (flashBwdMode). flashBwdSM90 and
-// flashBwdSM90P are the Hopper variants (flash_sm90.go).
+// flashBwdSM90P are the Hopper variants, flashBwdFusedSM90 the fused
+// Hopper backward (flash_sm90.go).
 const (
-	flashBwdFused   = "fused"
-	flashBwdSplit   = "split"
-	flashBwdSplitSM = "split-smem"
-	flashBwdSM90    = "sm90"
-	flashBwdSM90P   = "sm90p"
+	flashBwdFused     = "fused"
+	flashBwdSplit     = "split"
+	flashBwdSplitSM   = "split-smem"
+	flashBwdSM90      = "sm90"
+	flashBwdSM90P     = "sm90p"
+	flashBwdFusedSM90 = "sm90f"
 )
 
 // flashBwdMode is the implementation the flash backward takes; tests set it.
@@ -365,7 +373,7 @@ var flashBwdMode = flashBwdModeOf(os.Getenv("SPILL_FLASH_BWD"))
 
 func flashBwdModeOf(v string) string {
 	switch v {
-	case flashBwdFused, flashBwdSplit, flashBwdSplitSM, flashBwdSM90, flashBwdSM90P:
+	case flashBwdFused, flashBwdSplit, flashBwdSplitSM, flashBwdSM90, flashBwdSM90P, flashBwdFusedSM90:
 		return v
 	}
 	return flashBwdSM90
@@ -398,11 +406,22 @@ var flashBwdLaunches, flashBwdFusedLaunches, flashBwdVariantLaunches atomic.Int6
 
 // flashBwd holds the kernels of one head size: the split ones, the prep
 // kernel they share with the fused path, the fused kernel selected by
-// flashBwdMode (0 when missing) with flash_bwd_dq, and the split variant
+// flashBwdMode (0 when missing) with flash_bwd_dq, its dynamic shared
+// memory and whether it is the Hopper one (sm90f), and the split variant
 // it selects (v.kv 0 when none or missing).
 type flashBwd struct {
 	kv, q, prep, fused, dq kfunc
+	fusedSmem              int
+	fusedSM90              bool
 	v                      flashBwdVariant
+}
+
+// fusedErr is the self-check result that gates f's fused kernel.
+func (b *Backend) fusedErr(f flashBwd) error {
+	if f.fusedSM90 {
+		return b.flashBwdFusedSM90Err
+	}
+	return b.flashBwdFusedErr
 }
 
 // flashBwdVariant is a split variant of one head size: its dK, dV and dQ
@@ -453,13 +472,18 @@ func (b *Backend) flashBwdFuncs(d, g, x, o operand, B, T, NH, hs int) (flashBwd,
 	return b.flashBwdByHead(hs, flashBwdMode)
 }
 
-// flashFusedName is the fused backward kernel of head size hs under mode,
-// "" at head sizes 80 and 96, which have none.
+// flashFusedName is the fused backward kernel of head size hs under mode
+// (the Hopper one under sm90f), "" at head sizes 80 and 96, which have
+// none.
 func flashFusedName(hs int, mode string) string {
-	switch hs {
-	case 64:
+	switch {
+	case hs == 64 && mode == flashBwdFusedSM90:
+		return "flash_bwd_fused_sm90_bf16_hs64"
+	case hs == 128 && mode == flashBwdFusedSM90:
+		return "flash_bwd_fused_sm90_bf16_hs128"
+	case hs == 64:
 		return "flash_bwd_fused_bf16_hs64"
-	case 128:
+	case hs == 128:
 		return "flash_bwd_fused_bf16_hs128"
 	}
 	return ""
@@ -481,6 +505,13 @@ func (b *Backend) flashBwdByHead(hs int, mode string) (f flashBwd, ok bool) {
 	q, ok2 := b.fns[qName]
 	prep, ok3 := b.fns["flash_bwd_prep"]
 	f = flashBwd{kv: kv, q: q, prep: prep}
+	if mode == flashBwdFusedSM90 {
+		// The fused Hopper kernel where it applies, with the default's
+		// variant for the calls whose scratch does not fit, and where it
+		// does not apply.
+		f.fused, f.dq, f.fusedSmem, f.fusedSM90 = b.sm90FusedKernels(hs)
+		mode = flashBwdSM90
+	}
 	if v, ok := b.sm90BwdVariant(hs, mode); ok && b.flashBwdSM90Err == nil {
 		f.v = v // flash_sm90.go
 	} else if isFlashBwdVariant(mode) {
@@ -555,7 +586,7 @@ func flashBwdFusedJobs(f flashBwd, dqkv, dout, qkv, out, lse, D, dq cu.DevicePtr
 	return [3]job{
 		prepJob(f.prep, D, dout, out, dq, B, T, NH, hs),
 		launchJob(f.fused, dim3{x: nx, y: B * NKV}, dim3{x: flashThreads}, aPtr(dqkv), aPtr(dq), aPtr(dout), aPtr(qkv),
-			aPtr(lse), aPtr(D), aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))),
+			aPtr(lse), aPtr(D), aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))).withShared(f.fusedSmem),
 		launchJob(f.dq, dim3{x: int(min((n2+255)/256, 132*16))}, dim3{x: 256}, aPtr(dqkv), aPtr(dq), aI64(n2), aI32(T),
 			aI32(NH), aI32(NKV), aI32(hs), rscale, aI32(setFlag(set))),
 	}
@@ -569,7 +600,7 @@ func flashBwdFusedJobs(f flashBwd, dqkv, dout, qkv, out, lse, D, dq cu.DevicePtr
 func (q *queue) putFlashBwd(f flashBwd, force bool, dqkv, dout, qkv, out, lse cu.DevicePtr, B, T, NH, NKV, hs int, set bool) {
 	nD := align256(int64(B) * int64(NH) * int64(T) * 4)
 	need := nD + int64(B)*int64(NH)*int64(T)*int64(hs)*4
-	if f.fused != 0 && (force || q.b.flashBwdFusedErr == nil) && need <= q.b.limit/flashFusedMaxScratch {
+	if f.fused != 0 && (force || q.b.fusedErr(f) == nil) && need <= q.b.limit/flashFusedMaxScratch {
 		flashBwdFusedLaunches.Add(1)
 		js := flashBwdFusedJobs(f, dqkv, dout, qkv, out, lse, 0, cu.DevicePtr(nD), B, T, NH, NKV, hs, set)
 		js[0] = js[0].withScratch(need, 0, 7)

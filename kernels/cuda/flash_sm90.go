@@ -445,3 +445,72 @@ func (b *Backend) checkFlashBwdSM90() {
 		}
 	}
 }
+
+// The fused Hopper backward (flashattn_sm90.cu: flash_bwd_fused_sm90_*,
+// flash_bwd_kv_sm90 with DQ) is the fused path of flash.go on wgmma: one
+// warpgroup per 64 keys walks the query tiles once, five products per
+// tile (S, dP, dV, dK and dQ; the split pair does seven), dSᵀ through a
+// shared tile that both dK and dQ read, dQ added to the float32
+// accumulator with vector atomics and written into dqkv by flash_bwd_dq.
+// dQ is not bitwise reproducible (its float32 sums follow the blocks'
+// schedule); dK and dV are. Selected by SPILL_FLASH_BWD=sm90f at head
+// sizes 64 and 128 on a device whose Hopper module loaded and whose
+// self-check at Open passed (checkFlashBwdFusedSM90,
+// Backend.flashBwdFusedSM90Err); elsewhere, and for calls whose
+// accumulator does not fit the scratch share, the default.
+
+// sm90FusedSmem is f9_bwd_smem<hs, true>() of flashattn_sm90.cu: the
+// Hopper backward's shared memory and the 64x64 bf16 tile of dSᵀ.
+func sm90FusedSmem(hs int) int { return sm90BwdSmem(hs) + 64*64*2 }
+
+// sm90FusedKernels returns the fused Hopper backward of head size hs and
+// flash_bwd_dq, its shared memory and true; zeros when hs is neither 64
+// nor 128 or the kernels are not loaded. Self-check results aside.
+func (b *Backend) sm90FusedKernels(hs int) (fused, dq kfunc, smem int, ok bool) {
+	name := flashFusedName(hs, flashBwdFusedSM90)
+	if hs != 64 && hs != 128 {
+		return 0, 0, 0, false
+	}
+	fused, ok1 := b.fns[name]
+	dq, ok2 := b.fns["flash_bwd_dq"]
+	if !ok1 || !ok2 {
+		return 0, 0, 0, false
+	}
+	return fused, dq, sm90FusedSmem(hs), true
+}
+
+// checkFlashBwdFusedSM90 allows the fused Hopper kernels their dynamic
+// shared memory and checks them beside the row-wise kernels at T 80 and
+// 200, as checkFlashBwdSM90 does the split ones, and sets
+// b.flashBwdFusedSM90Err when one is missing or fails. Called on a context
+// goroutine at Open after checkFlashBwd.
+func (b *Backend) checkFlashBwdFusedSM90() {
+	if b.flashBwdErr != nil {
+		b.flashBwdFusedSM90Err = b.flashBwdErr
+		return
+	}
+	prep := b.fns["flash_bwd_prep"]
+	for _, hs := range []int{64, 128} {
+		name := flashFusedName(hs, flashBwdFusedSM90)
+		fused, dq, smem, ok := b.sm90FusedKernels(hs)
+		if !ok {
+			b.flashBwdFusedSM90Err = fmt.Errorf("kernel %s or flash_bwd_dq missing from the embedded PTX", name)
+			if b.flashSM90Err != nil {
+				b.flashBwdFusedSM90Err = b.flashSM90Err // the module did not load
+			}
+			return
+		}
+		if err := setMaxDynamicShared(fused, smem); err != nil {
+			b.flashBwdFusedSM90Err = fmt.Errorf("%s: %d bytes of dynamic shared memory: %w", name, smem, err)
+			return
+		}
+		f := flashBwd{prep: prep, fused: fused, dq: dq, fusedSmem: smem, fusedSM90: true}
+		const B, NH = 2, 2
+		for _, T := range []int{80, 200} {
+			if err := b.checkFlashBwdShape(f, true, B, T, NH*hs, NH); err != nil {
+				b.flashBwdFusedSM90Err = fmt.Errorf("%s self-check (B%d T%d C%d NH%d): %w", name, B, T, NH*hs, NH, err)
+				return
+			}
+		}
+	}
+}

@@ -45,6 +45,14 @@ func TestFlashBwdFused(t *testing.T) {
 	default:
 		modes = append(modes, flashBwdSM90, flashBwdSM90P)
 	}
+	switch {
+	case errors.Is(be.flashBwdFusedSM90Err, errNoSM90):
+		t.Logf("fused Hopper backward not checked: %v", be.flashBwdFusedSM90Err)
+	case be.flashBwdFusedSM90Err != nil:
+		t.Errorf("flash self-check at Open of the fused Hopper backward: %v", be.flashBwdFusedSM90Err)
+	default:
+		modes = append(modes, flashBwdFusedSM90)
+	}
 	for _, sh := range [][5]int{ // B, T, NH, NKV, hs
 		{1, 1, 8, 2, 64}, {1, 1, 2, 2, 128}, {2, 65, 8, 2, 128}, {2, 65, 4, 4, 64}, {1, 200, 8, 8, 64},
 		{1, 200, 8, 2, 128}, {2, 300, 8, 2, 64}, {1, 300, 4, 4, 128},
@@ -97,8 +105,9 @@ func TestFlashBwdFused(t *testing.T) {
 				if flashBwdLaunches.Load() == nb {
 					t.Errorf("%s/%s: the flash backward did not run", name, mode)
 				}
-				variant := isFlashBwdVariant(mode)
-				// Head sizes 80 and 96 have no fused kernel: "fused" takes split.
+				// Head sizes 80 and 96 have no fused kernel: "fused" takes
+				// split, "sm90f" the default (split-smem there).
+				variant := isFlashBwdVariant(mode) || (mode == flashBwdFusedSM90 && flashFusedName(hs, mode) == "")
 				wantFused := mode != flashBwdSplit && !variant && flashFusedName(hs, mode) != ""
 				if fused := flashBwdFusedLaunches.Load() > nf; fused != wantFused {
 					t.Errorf("%s/%s: fused kernels ran: %v", name, mode, fused)
@@ -158,7 +167,7 @@ func TestFlashBwdFused(t *testing.T) {
 // TestFlashBwdModeOf checks the parsing of SPILL_FLASH_BWD.
 func TestFlashBwdModeOf(t *testing.T) {
 	for in, want := range map[string]string{"": flashBwdSM90, "fused": flashBwdFused, "split": flashBwdSplit,
-		"sm90": flashBwdSM90, "sm90p": flashBwdSM90P, "sm90x": flashBwdSM90,
+		"sm90": flashBwdSM90, "sm90p": flashBwdSM90P, "sm90x": flashBwdSM90, "sm90f": flashBwdFusedSM90,
 		"fused-bq32": flashBwdSM90, "nonsense": flashBwdSM90, "split-smem": flashBwdSplitSM, "split-w8": flashBwdSM90} {
 		if got := flashBwdModeOf(in); got != want {
 			t.Errorf("flashBwdModeOf(%q) = %q, want %q", in, got, want)

@@ -127,5 +127,9 @@ mutants=(
   "backward: lse taken in base e|s/lse\[r\] \* F9_LOG2E/lse[r]/"
   "backward: the next query tile loaded into the buffer in use|s/ld_q(it + 1, buf ^ 1);/ld_q(it + 1, buf);/"
   "backward: dP read before its wgmma is done|/^ *f9_wg_wait();$/{N;s/^ *f9_wg_wait();\n\( *f9_regs<NS>(dp);\)/\1/}"
+  "fused backward: dS read K-major for dQ (imm-trans-a 0)|s/<1, 1>(dqa/<1, 0>(dqa/g"
+  "fused backward: no barrier after the dS tile is stored|s/__syncthreads();  \/\/ St is whole//"
+  "fused backward: dS stored without the swizzle|s/((j ^ (t0 \& 7)) << 3)/(j << 3)/;s/((j ^ (t1 \& 7)) << 3)/(j << 3)/"
+  "fused backward: dQ rows one off|s/qr0 = q0 + warp \* 16 + g, qr1/qr0 = q0 + warp * 16 + g + 1, qr1/"
 )
 run_mutants sm90 "$src" flashattn_sm90_body.inc flashattn_sm90_emu.cpp 'emulator:|bad [1-9]|out b|lse b' "$tmp/mutant" quick

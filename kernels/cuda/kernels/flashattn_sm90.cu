@@ -725,23 +725,37 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
 // +inf past T, so that P is 0 there) and D values.
 #define F9_LOG2E 1.4426950408889634f
 
-template <int HS>
+//
+// With DQ (flash_bwd_fused_sm90_*, not with PIPE) the kv kernel is the
+// fused backward: five products per tile instead of the split pair's
+// seven. Each tile's dSᵀ goes as bf16 into the 64x64 shared tile St (key
+// rows, query columns, the swizzled layout), dK += dSᵀ·Q reads it K-major
+// and dQ(tile) = dS·K reads it M-major (imm-trans-a 1) with the block's K
+// tile N-major, in the same commit group as dV and dK; after the wait each
+// thread adds its dQ fragments to the float32 dq(B, NH, T, HS) (zero on
+// entry, unscaled: flash_bwd_dq scales and rounds) with vector atomics, so
+// dQ's float32 sums follow the blocks' schedule (not bitwise
+// reproducible; dK and dV are).
+template <int HS, bool DQ = false>
 constexpr int f9_bwd_smem() {
-    return 6 * F9_BK * HS * 2 + 4 * F9_BK * 4 + 1024;  // + room to align the tiles to 1024 bytes
+    // + St with DQ; + room to align the tiles to 1024 bytes
+    return 6 * F9_BK * HS * 2 + (DQ ? F9_BK * F9_BK * 2 : 0) + 4 * F9_BK * 4 + 1024;
 }
 
-template <int HS, bool PIPE>
+template <int HS, bool PIPE, bool DQ = false>
 __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, const uint16_t* __restrict__ dout,
                                                   const uint16_t* __restrict__ qkv, const float* __restrict__ lse,
                                                   const float* __restrict__ Dd, int T, int NH, int NKV, float scale_log2,
-                                                  float scale, bool set, uint16_t* smem) {
+                                                  float scale, bool set, uint16_t* smem, float* __restrict__ dq = nullptr) {
+    static_assert(!(PIPE && DQ), "the fused backward is not pipelined");
     constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, TILE = F9_BK * HS;
     smem += ((1024u - (f9_smem(smem) & 1023u)) & 1023u) / 2;  // the swizzle's 1024-byte alignment
     uint16_t* Ks = smem;
     uint16_t* Vs = Ks + TILE;
     uint16_t* Qb = Vs + TILE;      // two Q tiles
     uint16_t* Gb = Qb + 2 * TILE;  // two dO tiles
-    float* Lb = reinterpret_cast<float*>(Gb + 2 * TILE);
+    uint16_t* St = Gb + 2 * TILE;  // dSᵀ with DQ
+    float* Lb = reinterpret_cast<float*>(St + (DQ ? F9_BK * F9_BK : 0));
     float* Db = Lb + 2 * F9_BK;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int C = NH * HS, rep = NH / NKV;
@@ -833,10 +847,25 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             pa[kk][1] = fa_pack(s[8 * kk + 2], s[8 * kk + 3]);
             pa[kk][2] = fa_pack(s[8 * kk + 4], s[8 * kk + 5]);
             pa[kk][3] = fa_pack(s[8 * kk + 6], s[8 * kk + 7]);
-            da[kk][0] = fa_pack(dp[8 * kk], dp[8 * kk + 1]);
-            da[kk][1] = fa_pack(dp[8 * kk + 2], dp[8 * kk + 3]);
-            da[kk][2] = fa_pack(dp[8 * kk + 4], dp[8 * kk + 5]);
-            da[kk][3] = fa_pack(dp[8 * kk + 6], dp[8 * kk + 7]);
+            if constexpr (!DQ) {
+                da[kk][0] = fa_pack(dp[8 * kk], dp[8 * kk + 1]);
+                da[kk][1] = fa_pack(dp[8 * kk + 2], dp[8 * kk + 3]);
+                da[kk][2] = fa_pack(dp[8 * kk + 4], dp[8 * kk + 5]);
+                da[kk][3] = fa_pack(dp[8 * kk + 6], dp[8 * kk + 7]);
+            }
+        }
+        if constexpr (DQ) {
+            // dSᵀ into St: key row t, query column q at chunk q/8 of row
+            // t, swizzled (chunk position (q/8) ^ (t % 8)); a warp's 32
+            // words of one j fall in 32 distinct banks.
+            const int t0 = warp * 16 + g, t1 = t0 + 8;
+#pragma unroll
+            for (int j = 0; j < NS / 4; j++) {
+                f9_sts32(St + t0 * 64 + ((j ^ (t0 & 7)) << 3) + 2 * c, fa_pack(dp[4 * j], dp[4 * j + 1]));
+                f9_sts32(St + t1 * 64 + ((j ^ (t1 & 7)) << 3) + 2 * c, fa_pack(dp[4 * j + 2], dp[4 * j + 3]));
+            }
+            f9_fence_proxy();
+            __syncthreads();  // St is whole
         }
         // dV += Pᵀ·dO, dK += dSᵀ·Q: the dO and Q tiles N-major (f9_ndesc).
         f9_wg_fence();
@@ -848,19 +877,51 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             else
                 f9_wgmma_n128<1>(dv, pa[kk], dg, 1);
         }
+        float dqa[DQ ? NO : 1];
+        if constexpr (DQ) {
+            const uint32_t st = f9_smem(St);
 #pragma unroll
-        for (int kk = 0; kk < F9_BK / 16; kk++) {
-            const uint64_t dq = f9_ndesc(qs, kk);
-            if constexpr (HS == 64)
-                f9_wgmma_n64<1>(dk, da[kk], dq, 1);
-            else
-                f9_wgmma_n128<1>(dk, da[kk], dq, 1);
+            for (int kk = 0; kk < F9_BK / 16; kk++) {
+                const uint64_t a = f9_kdesc(st, kk), bq = f9_ndesc(qs, kk);
+                if constexpr (HS == 64)
+                    f9_wgmma_ss_n64<1>(dk, a, bq, 1);
+                else
+                    f9_wgmma_ss_n128<1>(dk, a, bq, 1);
+            }
+            // dQ(tile) = dS·K: A = St read M-major, B = the K tile N-major.
+#pragma unroll
+            for (int kk = 0; kk < F9_BK / 16; kk++) {
+                const uint64_t a = f9_ndesc(st, kk), bk = f9_ndesc(ks, kk);
+                if constexpr (HS == 64)
+                    f9_wgmma_ss_n64<1, 1>(dqa, a, bk, kk);
+                else
+                    f9_wgmma_ss_n128<1, 1>(dqa, a, bk, kk);
+            }
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < F9_BK / 16; kk++) {
+                const uint64_t bq = f9_ndesc(qs, kk);
+                if constexpr (HS == 64)
+                    f9_wgmma_n64<1>(dk, da[kk], bq, 1);
+                else
+                    f9_wgmma_n128<1>(dk, da[kk], bq, 1);
+            }
         }
         f9_wg_commit();
         if (!PIPE) {
             f9_wg_wait();
             f9_regs<NO>(dv);
             f9_regs<NO>(dk);
+        }
+        if constexpr (DQ) {
+            f9_regs<NO>(dqa);
+            const int h = kv * rep + it / nt, qr0 = q0 + warp * 16 + g, qr1 = qr0 + 8;
+            float* dqz = dq + ((i64)b * NH + h) * T * HS + 2 * c;
+#pragma unroll
+            for (int j = 0; j < NO / 4; j++) {
+                if (qr0 < T) f9_red2(dqz + (i64)qr0 * HS + 8 * j, dqa[4 * j], dqa[4 * j + 1]);
+                if (qr1 < T) f9_red2(dqz + (i64)qr1 * HS + 8 * j, dqa[4 * j + 2], dqa[4 * j + 3]);
+            }
         }
     }
     if (PIPE) {
@@ -1135,3 +1196,21 @@ F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90_bf16_hs64, 64, false)
 F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90_bf16_hs128, 128, false)
 F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90p_bf16_hs64, 64, true)
 F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90p_bf16_hs128, 128, true)
+
+// flash_bwd_fused_sm90_*: flash_bwd_fused_bf16_* of flashattn.cu (same
+// arguments and contract: dqkv's key and value columns += (or, with set,
+// =) dK and dV, the float32 dq(B, NH, T, hs) += the unscaled dQ, zero on
+// entry and written into dqkv by flash_bwd_dq; dq 8-byte aligned) on the
+// sm_90a tensor cores: flash_bwd_kv_sm90 with DQ, grid (ceil(T/64),
+// B·NKV), 128 threads, f9_bwd_smem<HS, true>() bytes of dynamic shared
+// memory (flash_sm90.go computes the same).
+#define F9_BWDF(NAME, HS) \
+    extern "C" __global__ void __launch_bounds__(F9_THREADS, 2) \
+        NAME(void* dqkv, float* dq, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH, \
+             int NKV, float scale_log2, float scale, int set) { \
+        extern __shared__ __align__(1024) uint16_t f9_dynb[]; \
+        flash_bwd_kv_sm90<HS, false, true>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, \
+                                           NKV, scale_log2, scale, set != 0, f9_dynb, dq); \
+    }
+F9_BWDF(flash_bwd_fused_sm90_bf16_hs64, 64)
+F9_BWDF(flash_bwd_fused_sm90_bf16_hs128, 128)

@@ -182,25 +182,26 @@ static uint32_t bAddr(uint64_t desc, int trans, int k, int n) {
 // snapshots in wgA by slot (issue count mod 64, the same in every thread
 // of a warpgroup: the ops are warpgroup-collective). The first thread of
 // the warpgroup marks the chunks an op reads pending (chunks).
-struct Op { float* d; int N, trans, acc; uint64_t desc; int sync, group, slot; std::vector<uint32_t> chunks; bool ss; uint64_t adesc; };
+struct Op { float* d; int N, trans, acc; uint64_t desc; int sync, group, slot; std::vector<uint32_t> chunks; bool ss; uint64_t adesc; int transA; };
 thread_local std::vector<Op> ops;
 thread_local bool wgFenced;
 thread_local int wgCommitted, wgIssued;
 uint32_t wgA[64][384][4];
 // wg_issue queues d (64xN) = A·B (+ d): A from the registers a, or with a
-// null a from shared memory through adesc (K-major, imm-trans-a 0: element
-// (m, k) where bAddr puts element (k, n = m) of a K-major B).
-static void wg_issue(float* d, const uint32_t* a, uint64_t desc, int acc, int N, int trans, uint64_t adesc = 0) {
+// null a from shared memory through adesc (transA 0, K-major: element
+// (m, k) where bAddr puts element (k, n = m) of a K-major B; transA 1,
+// M-major: where it puts that of an N-major B).
+static void wg_issue(float* d, const uint32_t* a, uint64_t desc, int acc, int N, int trans, uint64_t adesc = 0, int transA = 0) {
   if (!wgFenced) die("wgmma.mma_async without a wgmma.fence since the last wait");
   if (ops.size() >= 64) die("too many wgmma in flight");
   const int slot = wgIssued++ % 64;
   if (a) memcpy(wgA[slot][threadIdx.x], a, 16);
-  Op op{d, N, trans, acc, desc, nsync, wgCommitted, slot, {}, a == nullptr, adesc};
+  Op op{d, N, trans, acc, desc, nsync, wgCommitted, slot, {}, a == nullptr, adesc, transA};
   if (threadIdx.x % 128 == 0) {
     for (int k = 0; k < 16; k++) {
       for (int n = 0; n < N; n++) op.chunks.push_back(bAddr(desc, trans, k, n) / 16);
       if (!a)
-        for (int m = 0; m < 64; m++) op.chunks.push_back(bAddr(adesc, 0, k, m) / 16);
+        for (int m = 0; m < 64; m++) op.chunks.push_back(bAddr(adesc, transA, k, m) / 16);
     }
     std::sort(op.chunks.begin(), op.chunks.end());
     op.chunks.erase(std::unique(op.chunks.begin(), op.chunks.end()), op.chunks.end());
@@ -216,7 +217,25 @@ static void wg_issue(float* d, const uint32_t* a, uint64_t desc, int acc, int N,
 }
 template <int TB> static void f9_wgmma_n64(float* d, const uint32_t* a, uint64_t desc, int acc) { wg_issue(d, a, desc, acc, 64, TB); }
 template <int TB> static void f9_wgmma_n128(float* d, const uint32_t* a, uint64_t desc, int acc) { wg_issue(d, a, desc, acc, 128, TB); }
-template <int TB> static void f9_wgmma_ss_n64(float* d, uint64_t adesc, uint64_t bdesc, int acc) { wg_issue(d, nullptr, bdesc, acc, 64, TB, adesc); }
+template <int TB, int TA = 0> static void f9_wgmma_ss_n64(float* d, uint64_t adesc, uint64_t bdesc, int acc) { wg_issue(d, nullptr, bdesc, acc, 64, TB, adesc, TA); }
+template <int TB, int TA = 0> static void f9_wgmma_ss_n128(float* d, uint64_t adesc, uint64_t bdesc, int acc) { wg_issue(d, nullptr, bdesc, acc, 128, TB, adesc, TA); }
+// f9_sts32: a generic-proxy store into the shared window; like a landed
+// copy it needs fence.proxy.async and a barrier before a wgmma reads it,
+// and it must not hit a chunk a wgmma in flight reads.
+static void f9_sts32(uint16_t* p, uint32_t v) {
+  if ((uintptr_t)p % 4) die("st.shared.b32: address not 4-byte aligned");
+  const uint32_t a = f9_smem(p);
+  if (pendingReads[a / 16].load() > 0) die("st.shared into shared memory that a wgmma in flight still reads");
+  memcpy(p, &v, 4);
+  chunkSync[a / 16] = nsync;
+  lastUnfencedSync[threadIdx.x] = nsync;
+}
+// f9_red2: the vector reduction, atomic on the host.
+static void f9_red2(float* p, float a, float b) {
+  if ((uintptr_t)p % 8) die("red.global.add.v2.f32: address not 8-byte aligned");
+  std::atomic_ref<float>(p[0]).fetch_add(a);
+  std::atomic_ref<float>(p[1]).fetch_add(b);
+}
 static void f9_wg_fence() { wgFenced = true; }
 static void f9_wg_commit() { wgCommitted++; }
 static float halfOf(uint32_t r, int h) { return bf2f(h ? r >> 16 : r & 0xffff); }
@@ -242,7 +261,7 @@ static void wg_wait(int pending) {
       float acc = op.acc ? op.d[i] : 0.f;
       for (int k = 0; k < 16; k++) {
         const int rr = row % 16, owner = wg0 + 32 * (row / 16) + (rr % 8) * 4 + (k % 8) / 2, reg = rr / 8 + 2 * (k / 8);
-        const float av = op.ss ? bElem(op.adesc, 0, k, row, op.sync) : halfOf(wgA[op.slot][owner][reg], k % 2);
+        const float av = op.ss ? bElem(op.adesc, op.transA, k, row, op.sync) : halfOf(wgA[op.slot][owner][reg], k % 2);
         acc += av * bElem(op.desc, op.trans, k, col, op.sync);
       }
       op.d[i] = acc;
@@ -348,7 +367,11 @@ template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = f
 // NH): dqkv starts at 0.25 and is accumulated into, or with set starts as
 // NaN and is written over. lse and D = rowsum(dO∘O) come from the
 // reference forward.
-template <int HS, bool PIPE> void run_bwd(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0, bool set = false) {
+// run_bwd checks the backward: flash_bwd_kv_sm90 and flash_bwd_q_sm90
+// (PIPE: pipelined), or with FUSED flash_bwd_kv_sm90 with DQ into a
+// float32 dq started at zero, then dqkv's query columns from it as
+// flash_bwd_dq writes them (scale, one rounding).
+template <int HS, bool PIPE, bool FUSED = false> void run_bwd(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0, bool set = false) {
   if (NKV == 0) NKV = NH;
   const int C = NH * HS, rep = NH / NKV;
   const size_t W = (size_t)(NH + 2 * NKV) * HS;
@@ -386,11 +409,21 @@ template <int HS, bool PIPE> void run_bwd(int B, int T, int NH, unsigned seed, i
     }
   }
   const float sl2 = (float)(1.4426950408889634 * sc), scale = (float)sc;
-  const size_t smem = f9_bwd_smem<HS>();
-  gridDim = {(T + 63) / 64, B * NKV};
-  run_grid(1, smem, [&] { flash_bwd_kv_sm90<HS, PIPE>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase); });
-  gridDim = {(T + 63) / 64, B * NH};
-  run_grid(1, smem, [&] { flash_bwd_q_sm90<HS, PIPE>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase); });
+  if constexpr (FUSED) {
+    std::vector<float> dq((size_t)B * NH * T * HS, 0.f);
+    gridDim = {(T + 63) / 64, B * NKV};
+    run_grid(1, f9_bwd_smem<HS, true>(), [&] { flash_bwd_kv_sm90<HS, false, true>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase, dq.data()); });
+    for (int b = 0; b < B; b++) for (int t = 0; t < T; t++) for (int h = 0; h < NH; h++) for (int d = 0; d < HS; d += 2) {
+      const float* q = &dq[(((size_t)b * NH + h) * T + t) * HS + d];
+      fa_acc2(&dqkv[((size_t)b * T + t) * W + (size_t)h * HS + d], scale * q[0], scale * q[1], set);
+    }
+  } else {
+    const size_t smem = f9_bwd_smem<HS>();
+    gridDim = {(T + 63) / 64, B * NKV};
+    run_grid(1, smem, [&] { flash_bwd_kv_sm90<HS, PIPE>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase); });
+    gridDim = {(T + 63) / 64, B * NH};
+    run_grid(1, smem, [&] { flash_bwd_q_sm90<HS, PIPE>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase); });
+  }
   double worst = 0;
   const char* part[] = {"dq", "dk", "dv"};
   for (size_t i = 0; i < dqkv.size(); i++) {
@@ -400,7 +433,7 @@ template <int HS, bool PIPE> void run_bwd(int B, int T, int NH, unsigned seed, i
     worst = std::max(worst, e / tol);
     if (!(e <= tol) && bad++ < 5) printf("%s row %zu col %zu: %g vs %g\n", part[which], i / W, col, g, w);
   }
-  printf("sm90 bwd%s HS%d B%d T%d NH%d NKV%d%s: worst err/tol %.3f, bad %d\n", PIPE ? " (pipelined)" : "", HS, B, T, NH, NKV, set ? " set" : "", worst, bad);
+  printf("sm90 bwd%s HS%d B%d T%d NH%d NKV%d%s: worst err/tol %.3f, bad %d\n", FUSED ? " (fused)" : PIPE ? " (pipelined)" : "", HS, B, T, NH, NKV, set ? " set" : "", worst, bad);
 }
 
 int main(int argc, char** argv) {
@@ -423,6 +456,8 @@ int main(int argc, char** argv) {
     run_bwd<64, true>(1, 130, 2, 8, bad, 1);
     run_bwd<128, false>(1, 130, 2, 9, bad);
     run_bwd<128, true>(1, 70, 2, 10, bad, 0, true);
+    run_bwd<64, false, true>(1, 130, 2, 15, bad, 1);
+    run_bwd<128, false, true>(1, 130, 2, 16, bad, 0, true);
     return bad != 0;
   }
   const int Ts[] = {1, 63, 64, 65, 200, 300, 600};
@@ -469,6 +504,10 @@ int main(int argc, char** argv) {
     run_bwd<128, true>(1, T, 2, seed++, bad);                // pipelined, multi-head
     run_bwd<64, true>(1, T, 2, seed++, bad, 0, true);        // pipelined, written over
     run_bwd<128, true>(1, T, 4, seed++, bad, 2);             // pipelined, groups of 2
+    run_bwd<64, false, true>(T < 100 ? 2 : 1, T, 2, seed++, bad);  // fused, multi-head
+    run_bwd<64, false, true>(1, T, 4, seed++, bad, 2, true);       // fused, groups of 2, written over
+    run_bwd<128, false, true>(1, T, 3, seed++, bad, 1);            // fused, multi-query
+    run_bwd<128, false, true>(1, T, 2, seed++, bad, 0, true);      // fused, written over
   }
   return bad != 0;
 }
