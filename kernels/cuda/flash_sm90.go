@@ -71,19 +71,39 @@ var flashSM90p = flashSM90pOf(os.Getenv("SPILL_FLASH_FWD"))
 // flashSM90pOf reports whether SPILL_FLASH_FWD=v selects the pipelined
 // Hopper forward.
 func flashSM90pOf(v string) bool {
-	return v == "" || v == "sm90p" || v == "sm90px1" || v == "sm90p4" || v == "sm90p4x"
+	return v == "" || v == "sm90p" || v == "sm90px1" || v == "sm90p3" || v == "sm90p4" || v == "sm90p4x"
 }
 
 // flashSM90p4 selects, among the pipelined Hopper kernels of 128 query
-// rows or more per block, those with 128-key tiles (flash_fwd4): 0 none
-// (the 64-key flash_fwd3 kernels), sm90p4Pair (SPILL_FLASH_FWD=sm90p4)
-// or sm90p4Wide (sm90p4x).
-var flashSM90p4 = map[string]int{"sm90p4": sm90p4Pair, "sm90p4x": sm90p4Wide}[os.Getenv("SPILL_FLASH_FWD")]
+// rows or more per block, those with 128-key tiles (flash_fwd4):
+// sm90p4Auto (SPILL_FLASH_FWD unset or sm90p, the default) the ping-pong
+// flash_fwd4p kernel at head size 128 and the 64-key flash_fwd3 kernel at
+// 64, sm90p4None (sm90p3) the flash_fwd3 kernels at both, sm90p4Pair
+// (sm90p4) or sm90p4Wide (sm90p4x) those flash_fwd4 kernels at both. On
+// the H100 (tools/bench/results/attn_fwd4_h100.json) the ping-pong
+// 128-key kernel ran the head-size-128 forward 1.08-1.19x faster than
+// flash_fwd3 at T 1024-8192; at head size 64 every flash_fwd4 kernel ran
+// slower (0.83-0.91x lockstep, 0.63-0.82x three warpgroups, which spill).
+var flashSM90p4 = map[string]int{"sm90p3": sm90p4None, "sm90p4": sm90p4Pair,
+	"sm90p4x": sm90p4Wide}[os.Getenv("SPILL_FLASH_FWD")]
 
 const (
-	sm90p4Pair = 1 + iota // two warpgroups in lockstep, 128 rows per block
-	sm90p4Wide            // three warpgroups (192 rows) at head size 64, ping-pong at 128
+	sm90p4None = -1 // the 64-key kernels
+	sm90p4Auto = 0  // per head size, as above
+	sm90p4Pair = 1  // two warpgroups in lockstep, 128 rows per block
+	sm90p4Wide = 2  // three warpgroups (192 rows) at head size 64, ping-pong at 128
 )
+
+// sm90p4Sel is flashSM90p4 at head size hs, sm90p4Auto resolved.
+func sm90p4Sel(hs int) int {
+	if flashSM90p4 != sm90p4Auto {
+		return flashSM90p4
+	}
+	if hs == 128 {
+		return sm90p4Wide
+	}
+	return sm90p4None
+}
 
 // sm90p4Kernel is a flash_fwd4 kernel of flashattn_sm90.cu: its name,
 // query rows and threads per block and dynamic shared memory (rings of
@@ -261,8 +281,8 @@ func (b *Backend) useFlashSM90(hs int) (kfunc, int, bool) {
 	if !flashSM90 || b.flashSM90Err != nil || (hs != 64 && hs != 128) {
 		return 0, 0, false
 	}
-	if flashSM90p && flashSM90x2 && flashSM90p4 != 0 {
-		k := sm90p4Of(hs, flashSM90p4)
+	if sel := sm90p4Sel(hs); flashSM90p && flashSM90x2 && sel > 0 {
+		k := sm90p4Of(hs, sel)
 		fn, ok := b.fns[k.name]
 		return fn, k.rows, ok
 	}

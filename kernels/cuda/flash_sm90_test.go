@@ -75,15 +75,16 @@ func TestAttentionFlashSM90(t *testing.T) {
 		p.check(name+"/mma/out", outM, 1)
 		p.check(name+"/mma/lse", lseM, 2)
 		// The Hopper kernels against the CPU, then against the mma.sync
-		// kernel: 128 query rows per block (the default), 64, the
-		// pipelined kernels with 128 (sm90p) and 64 (sm90px1), and those
-		// with 128-key tiles (sm90p4, sm90p4x: 192 rows at head size 64).
+		// kernel: 128 query rows per block, 64, the pipelined kernels
+		// with 128 (the default, per head size; sm90p3, 64-key tiles at
+		// both) and 64 (sm90px1), and those with 128-key tiles (sm90p4,
+		// sm90p4x: 192 rows at head size 64).
 		flashSM90 = true
 		for _, v := range []struct {
 			x2, p bool
 			p4    int
-		}{{true, false, 0}, {false, false, 0}, {true, true, 0}, {false, true, 0}, {true, true, sm90p4Pair},
-			{true, true, sm90p4Wide}} {
+		}{{true, false, 0}, {false, false, 0}, {true, true, sm90p4Auto}, {true, true, sm90p4None}, {false, true, 0},
+			{true, true, sm90p4Pair}, {true, true, sm90p4Wide}} {
 			flashSM90x2, flashSM90p, flashSM90p4 = v.x2, v.p, v.p4
 			vname := fmt.Sprintf("%s/sm90-x2=%v-p=%v-p4=%d", name, v.x2, v.p, v.p4)
 			out, lse := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)
