@@ -10,7 +10,8 @@
 #                  tools/cuda/emu/flashattn_sm90_emu.cpp (wgmma through its
 #                  descriptors, A from registers or shared memory, cp.async,
 #                  proxy fences): the forwards and the backward
-#                  (flash_bwd_kv_sm90, flash_bwd_q_sm90, against float64),
+#                  (flash_bwd_kv_sm90, flash_bwd_q_sm90, and the fused
+#                  flash_bwd_kv_sm90 with DQ, against float64),
 #                  then the mutants: deliberately broken copies of the kernels
 #                  (a descriptor, the transpose flag, a mask, a fence, a wait;
 #                  in the pipelined kernels a wait_group count, a buffer, a

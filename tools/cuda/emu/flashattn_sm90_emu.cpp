@@ -52,6 +52,12 @@
 //    and land at the cp.async.wait_group N that completes it (all but the
 //    newest N committed groups; the latest moment allowed), zero-filled
 //    past the source size; destination and source must be 16-byte aligned.
+//  - Shared operands read M-major (imm-trans-a 1, the fused backward's dS
+//    tile) follow the N-major layout with M for N. Plain stores into the
+//    shared window (f9_sts32) count as landed copies: a barrier, and
+//    fence.proxy.async before it, must come between them and a wgmma that
+//    reads them, and they must not hit a chunk a wgmma in flight reads.
+//    red.global.add.v2.f32 (f9_red2) is an atomic add on the host.
 // Not modelled: the exact rounding
 // and summation order of the tensor cores (products are summed in float),
 // the 64/32-byte swizzle modes, bank conflicts and timing.
