@@ -178,7 +178,7 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	}
 	f, _ := b.flashBwdByHead(hs, flashBwdMode)
 	mode := flashBwdMode
-	if mode == flashBwdFusedSM90 && (f.fused == 0 || b.fusedErr(f) != nil) {
+	if isFusedSM90(mode) && (f.fused == 0 || b.fusedErr(f) != nil) {
 		mode = flashBwdSM90 // where the fused Hopper kernel does not apply
 	}
 	switch {
@@ -357,15 +357,17 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // are taken as the default.
 
 // Flash backward implementations (flashBwdMode). flashBwdSM90 and
-// flashBwdSM90P are the Hopper variants, flashBwdFusedSM90 the fused
-// Hopper backward (flash_sm90.go).
+// flashBwdSM90P are the Hopper variants, flashBwdFusedSM90 and
+// flashBwdFused2SM90 the fused Hopper backward (flash_sm90.go; one and two
+// warpgroups per block).
 const (
-	flashBwdFused     = "fused"
-	flashBwdSplit     = "split"
-	flashBwdSplitSM   = "split-smem"
-	flashBwdSM90      = "sm90"
-	flashBwdSM90P     = "sm90p"
-	flashBwdFusedSM90 = "sm90f"
+	flashBwdFused      = "fused"
+	flashBwdSplit      = "split"
+	flashBwdSplitSM    = "split-smem"
+	flashBwdSM90       = "sm90"
+	flashBwdSM90P      = "sm90p"
+	flashBwdFusedSM90  = "sm90f"
+	flashBwdFused2SM90 = "sm90f2"
 )
 
 // flashBwdMode is the implementation the flash backward takes; tests set it.
@@ -373,7 +375,7 @@ var flashBwdMode = flashBwdModeOf(os.Getenv("SPILL_FLASH_BWD"))
 
 func flashBwdModeOf(v string) string {
 	switch v {
-	case flashBwdFused, flashBwdSplit, flashBwdSplitSM, flashBwdSM90, flashBwdSM90P, flashBwdFusedSM90:
+	case flashBwdFused, flashBwdSplit, flashBwdSplitSM, flashBwdSM90, flashBwdSM90P, flashBwdFusedSM90, flashBwdFused2SM90:
 		return v
 	}
 	return flashBwdSM90
@@ -407,13 +409,14 @@ var flashBwdLaunches, flashBwdFusedLaunches, flashBwdVariantLaunches atomic.Int6
 // flashBwd holds the kernels of one head size: the split ones, the prep
 // kernel they share with the fused path, the fused kernel selected by
 // flashBwdMode (0 when missing) with flash_bwd_dq, its dynamic shared
-// memory and whether it is the Hopper one (sm90f), and the split variant
-// it selects (v.kv 0 when none or missing).
+// memory, keys and threads per block (0: flashRows, flashThreads) and
+// whether it is a Hopper one (sm90f, sm90f2), and the split variant it
+// selects (v.kv 0 when none or missing).
 type flashBwd struct {
-	kv, q, prep, fused, dq kfunc
-	fusedSmem              int
-	fusedSM90              bool
-	v                      flashBwdVariant
+	kv, q, prep, fused, dq             kfunc
+	fusedSmem, fusedRows, fusedThreads int
+	fusedSM90                          bool
+	v                                  flashBwdVariant
 }
 
 // fusedErr is the self-check result that gates f's fused kernel.
@@ -481,6 +484,10 @@ func flashFusedName(hs int, mode string) string {
 		return "flash_bwd_fused_sm90_bf16_hs64"
 	case hs == 128 && mode == flashBwdFusedSM90:
 		return "flash_bwd_fused_sm90_bf16_hs128"
+	case hs == 64 && mode == flashBwdFused2SM90:
+		return "flash_bwd_fused2_sm90_bf16_hs64"
+	case hs == 128 && mode == flashBwdFused2SM90:
+		return "flash_bwd_fused2_sm90_bf16_hs128"
 	case hs == 64:
 		return "flash_bwd_fused_bf16_hs64"
 	case hs == 128:
@@ -505,11 +512,11 @@ func (b *Backend) flashBwdByHead(hs int, mode string) (f flashBwd, ok bool) {
 	q, ok2 := b.fns[qName]
 	prep, ok3 := b.fns["flash_bwd_prep"]
 	f = flashBwd{kv: kv, q: q, prep: prep}
-	if mode == flashBwdFusedSM90 {
+	if isFusedSM90(mode) {
 		// The fused Hopper kernel where it applies, with the default's
 		// variant for the calls whose scratch does not fit, and where it
 		// does not apply.
-		f.fused, f.dq, f.fusedSmem, f.fusedSM90 = b.sm90FusedKernels(hs)
+		b.sm90Fused(&f, hs, mode)
 		mode = flashBwdSM90
 	}
 	if v, ok := b.sm90BwdVariant(hs, mode); ok && b.flashBwdSM90Err == nil {
@@ -580,12 +587,16 @@ func flashBwdSplitJobs(prep kfunc, v flashBwdVariant, dqkv, dout, qkv, out, lse,
 // first launch and 5 of the second; dq argument 7 of the first, 1 of the
 // others.
 func flashBwdFusedJobs(f flashBwd, dqkv, dout, qkv, out, lse, D, dq cu.DevicePtr, B, T, NH, NKV, hs int, set bool) [3]job {
-	nx := (T + flashRows - 1) / flashRows // 64 keys per block
+	rows, threads := flashRows, flashThreads // 64 keys per block
+	if f.fusedRows != 0 {
+		rows, threads = f.fusedRows, f.fusedThreads
+	}
+	nx := (T + rows - 1) / rows
 	scale, rscale := aF32(flashScale(hs)), aF32(float32(1/math.Sqrt(float64(hs))))
 	n2 := int64(B) * int64(NH) * int64(T) * int64(hs) / 2
 	return [3]job{
 		prepJob(f.prep, D, dout, out, dq, B, T, NH, hs),
-		launchJob(f.fused, dim3{x: nx, y: B * NKV}, dim3{x: flashThreads}, aPtr(dqkv), aPtr(dq), aPtr(dout), aPtr(qkv),
+		launchJob(f.fused, dim3{x: nx, y: B * NKV}, dim3{x: threads}, aPtr(dqkv), aPtr(dq), aPtr(dout), aPtr(qkv),
 			aPtr(lse), aPtr(D), aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))).withShared(f.fusedSmem),
 		launchJob(f.dq, dim3{x: int(min((n2+255)/256, 132*16))}, dim3{x: 256}, aPtr(dqkv), aPtr(dq), aI64(n2), aI32(T),
 			aI32(NH), aI32(NKV), aI32(hs), rscale, aI32(setFlag(set))),

@@ -473,35 +473,49 @@ func (b *Backend) checkFlashBwdSM90() {
 // shared tile that both dK and dQ read, dQ added to the float32
 // accumulator with vector atomics and written into dqkv by flash_bwd_dq.
 // dQ is not bitwise reproducible (its float32 sums follow the blocks'
-// schedule); dK and dV are. Selected by SPILL_FLASH_BWD=sm90f at head
+// schedule); dK and dV are. SPILL_FLASH_BWD=sm90f2 takes its version
+// with two warpgroups and 128 keys per block, sharing the streamed tiles,
+// each warpgroup computing half of dQ's head dims over all 128 keys: half
+// the atomic adds. Selected by SPILL_FLASH_BWD=sm90f or sm90f2 at head
 // sizes 64 and 128 on a device whose Hopper module loaded and whose
 // self-check at Open passed (checkFlashBwdFusedSM90,
 // Backend.flashBwdFusedSM90Err); elsewhere, and for calls whose
 // accumulator does not fit the scratch share, the default.
 
-// sm90FusedSmem is f9_bwd_smem<hs, true>() of flashattn_sm90.cu: the
-// Hopper backward's shared memory and the 64x64 bf16 tile of dSᵀ.
-func sm90FusedSmem(hs int) int { return sm90BwdSmem(hs) + 64*64*2 }
+// isFusedSM90 says mode is a fused Hopper backward.
+func isFusedSM90(mode string) bool { return mode == flashBwdFusedSM90 || mode == flashBwdFused2SM90 }
 
-// sm90FusedKernels returns the fused Hopper backward of head size hs and
-// flash_bwd_dq, its shared memory and true; zeros when hs is neither 64
-// nor 128 or the kernels are not loaded. Self-check results aside.
-func (b *Backend) sm90FusedKernels(hs int) (fused, dq kfunc, smem int, ok bool) {
-	name := flashFusedName(hs, flashBwdFusedSM90)
+// sm90FusedSmem is f9_bwd_smem<hs, true, wg>() of flashattn_sm90.cu: the
+// Hopper backward's shared memory with wg K and V tiles and wg 64x64 bf16
+// tiles of dSᵀ.
+func sm90FusedSmem(hs, wg int) int { return (2*wg+4)*64*hs*2 + wg*64*64*2 + 4*64*4 + 1024 }
+
+// sm90Fused sets f's fused kernel to the fused Hopper backward of head
+// size hs under mode (sm90f: one warpgroup and 64 keys per block, sm90f2:
+// two and 128) with flash_bwd_dq, its shared memory and block, and
+// reports true; false, f unchanged, when hs is neither 64 nor 128 or the
+// kernels are not loaded. Self-check results aside.
+func (b *Backend) sm90Fused(f *flashBwd, hs int, mode string) bool {
 	if hs != 64 && hs != 128 {
-		return 0, 0, 0, false
+		return false
 	}
-	fused, ok1 := b.fns[name]
+	fused, ok1 := b.fns[flashFusedName(hs, mode)]
 	dq, ok2 := b.fns["flash_bwd_dq"]
 	if !ok1 || !ok2 {
-		return 0, 0, 0, false
+		return false
 	}
-	return fused, dq, sm90FusedSmem(hs), true
+	wg := 1
+	if mode == flashBwdFused2SM90 {
+		wg = 2
+	}
+	f.fused, f.dq, f.fusedSM90 = fused, dq, true
+	f.fusedSmem, f.fusedRows, f.fusedThreads = sm90FusedSmem(hs, wg), wg*flashRows, wg*flashThreads
+	return true
 }
 
-// checkFlashBwdFusedSM90 allows the fused Hopper kernels their dynamic
-// shared memory and checks them beside the row-wise kernels at T 80 and
-// 200, as checkFlashBwdSM90 does the split ones, and sets
+// checkFlashBwdFusedSM90 allows the fused Hopper kernels (both modes)
+// their dynamic shared memory and checks them beside the row-wise kernels
+// at T 80 and 200, as checkFlashBwdSM90 does the split ones, and sets
 // b.flashBwdFusedSM90Err when one is missing or fails. Called on a context
 // goroutine at Open after checkFlashBwd.
 func (b *Backend) checkFlashBwdFusedSM90() {
@@ -510,26 +524,27 @@ func (b *Backend) checkFlashBwdFusedSM90() {
 		return
 	}
 	prep := b.fns["flash_bwd_prep"]
-	for _, hs := range []int{64, 128} {
-		name := flashFusedName(hs, flashBwdFusedSM90)
-		fused, dq, smem, ok := b.sm90FusedKernels(hs)
-		if !ok {
-			b.flashBwdFusedSM90Err = fmt.Errorf("kernel %s or flash_bwd_dq missing from the embedded PTX", name)
-			if b.flashSM90Err != nil {
-				b.flashBwdFusedSM90Err = b.flashSM90Err // the module did not load
-			}
-			return
-		}
-		if err := setMaxDynamicShared(fused, smem); err != nil {
-			b.flashBwdFusedSM90Err = fmt.Errorf("%s: %d bytes of dynamic shared memory: %w", name, smem, err)
-			return
-		}
-		f := flashBwd{prep: prep, fused: fused, dq: dq, fusedSmem: smem, fusedSM90: true}
-		const B, NH = 2, 2
-		for _, T := range []int{80, 200} {
-			if err := b.checkFlashBwdShape(f, true, B, T, NH*hs, NH); err != nil {
-				b.flashBwdFusedSM90Err = fmt.Errorf("%s self-check (B%d T%d C%d NH%d): %w", name, B, T, NH*hs, NH, err)
+	for _, mode := range []string{flashBwdFusedSM90, flashBwdFused2SM90} {
+		for _, hs := range []int{64, 128} {
+			name := flashFusedName(hs, mode)
+			f := flashBwd{prep: prep}
+			if !b.sm90Fused(&f, hs, mode) {
+				b.flashBwdFusedSM90Err = fmt.Errorf("kernel %s or flash_bwd_dq missing from the embedded PTX", name)
+				if b.flashSM90Err != nil {
+					b.flashBwdFusedSM90Err = b.flashSM90Err // the module did not load
+				}
 				return
+			}
+			if err := setMaxDynamicShared(f.fused, f.fusedSmem); err != nil {
+				b.flashBwdFusedSM90Err = fmt.Errorf("%s: %d bytes of dynamic shared memory: %w", name, f.fusedSmem, err)
+				return
+			}
+			const B, NH = 2, 2
+			for _, T := range []int{80, 200} {
+				if err := b.checkFlashBwdShape(f, true, B, T, NH*hs, NH); err != nil {
+					b.flashBwdFusedSM90Err = fmt.Errorf("%s self-check (B%d T%d C%d NH%d): %w", name, B, T, NH*hs, NH, err)
+					return
+				}
 			}
 		}
 	}

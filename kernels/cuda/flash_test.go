@@ -51,7 +51,7 @@ func TestFlashBwdFused(t *testing.T) {
 	case be.flashBwdFusedSM90Err != nil:
 		t.Errorf("flash self-check at Open of the fused Hopper backward: %v", be.flashBwdFusedSM90Err)
 	default:
-		modes = append(modes, flashBwdFusedSM90)
+		modes = append(modes, flashBwdFusedSM90, flashBwdFused2SM90)
 	}
 	for _, sh := range [][5]int{ // B, T, NH, NKV, hs
 		{1, 1, 8, 2, 64}, {1, 1, 2, 2, 128}, {2, 65, 8, 2, 128}, {2, 65, 4, 4, 64}, {1, 200, 8, 8, 64},
@@ -107,7 +107,7 @@ func TestFlashBwdFused(t *testing.T) {
 				}
 				// Head sizes 80 and 96 have no fused kernel: "fused" takes
 				// split, "sm90f" the default (split-smem there).
-				variant := isFlashBwdVariant(mode) || (mode == flashBwdFusedSM90 && flashFusedName(hs, mode) == "")
+				variant := isFlashBwdVariant(mode) || (isFusedSM90(mode) && flashFusedName(hs, mode) == "")
 				wantFused := mode != flashBwdSplit && !variant && flashFusedName(hs, mode) != ""
 				if fused := flashBwdFusedLaunches.Load() > nf; fused != wantFused {
 					t.Errorf("%s/%s: fused kernels ran: %v", name, mode, fused)
@@ -168,6 +168,7 @@ func TestFlashBwdFused(t *testing.T) {
 func TestFlashBwdModeOf(t *testing.T) {
 	for in, want := range map[string]string{"": flashBwdSM90, "fused": flashBwdFused, "split": flashBwdSplit,
 		"sm90": flashBwdSM90, "sm90p": flashBwdSM90P, "sm90x": flashBwdSM90, "sm90f": flashBwdFusedSM90,
+		"sm90f2":     flashBwdFused2SM90,
 		"fused-bq32": flashBwdSM90, "nonsense": flashBwdSM90, "split-smem": flashBwdSplitSM, "split-w8": flashBwdSM90} {
 		if got := flashBwdModeOf(in); got != want {
 			t.Errorf("flashBwdModeOf(%q) = %q, want %q", in, got, want)

@@ -132,5 +132,7 @@ mutants=(
   "fused backward: no barrier after the dS tile is stored|s/__syncthreads();  \/\/ St is whole//"
   "fused backward: dS stored without the swizzle|s/((j ^ (t0 \& 7)) << 3)/(j << 3)/;s/((j ^ (t1 \& 7)) << 3)/(j << 3)/"
   "fused backward: dQ rows one off|s/qr0 = q0 + warp \* 16 + g, qr1/qr0 = q0 + warp * 16 + g + 1, qr1/"
+  "fused backward, two warpgroups: dQ's second 32 dims not offset (head size 64)|s/: wg \* 64;/: 0;/"
+  "fused backward, two warpgroups: dQ reads one warpgroup's dS twice|s/f9_ndesc(st + (kk >> 2) \* (F9_BK \* F9_BK \* 2), kk \& 3)/f9_ndesc(st, kk \& 3)/"
 )
 run_mutants sm90 "$src" flashattn_sm90_body.inc flashattn_sm90_emu.cpp 'emulator:|bad [1-9]|out b|lse b' "$tmp/mutant" quick

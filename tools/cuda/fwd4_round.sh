@@ -20,7 +20,7 @@ R=${OUT:-$(mktemp -d /tmp/spill-fwd4.XXXXXX)}
 OUT=$R SPILL_TEST_RUN=${SPILL_TEST_RUN:-'TestAttentionFlashSM90|TestSM90FwdDepths|TestAttentionKernels|TestAttentionFlash$|TestGQAttention|TestFlashBwdFused|TestFlashBwdModeOf'} \
   SPILL_BENCH_SHAPES=${SPILL_BENCH_SHAPES:-none} SPILL_BENCH_GO= \
   SPILL_ATTN_SWEEP=${SPILL_ATTN_SWEEP:-64:1024,64:2048,64:4096,64:8192,128:1024,128:2048,128:4096,128:8192} \
-  SPILL_ATTN_VARIANTS=${SPILL_ATTN_VARIANTS:-'fwd4:SPILL_FLASH_FWD=sm90p4;fwd4x:SPILL_FLASH_FWD=sm90p4x;bwdf:SPILL_FLASH_BWD=sm90f'} \
+  SPILL_ATTN_VARIANTS=${SPILL_ATTN_VARIANTS:-'fwd4:SPILL_FLASH_FWD=sm90p4;fwd4x:SPILL_FLASH_FWD=sm90p4x;bwdf:SPILL_FLASH_BWD=sm90f;bwdf2:SPILL_FLASH_BWD=sm90f2'} \
   SPILL_DEADLINE=${SPILL_DEADLINE:-400} bash tools/cuda/check_and_bench.sh
 inc=$(dirname "$(command -v nvcc)")/../include
 (cd "$inc" && tar czhf "$R/cuda-include.tgz" --ignore-failed-read cuda.h cublas*.h cuComplex.h vector_types.h \

@@ -145,6 +145,16 @@ __device__ __forceinline__ void f9_wgmma_ss_n64(float* d, uint64_t adesc, uint64
         : "l"(adesc), "l"(bdesc), "r"(acc), "n"(TRANS_B), "n"(TRANS_A));
 }
 
+// f9_wgmma_ss_n32 is f9_wgmma_ss_n64 with N = 32: d(64x32, f32).
+template <int TRANS_B, int TRANS_A = 0>
+__device__ __forceinline__ void f9_wgmma_ss_n32(float* d, uint64_t adesc, uint64_t bdesc, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, %20, %19;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(adesc), "l"(bdesc), "r"(acc), "n"(TRANS_B), "n"(TRANS_A));
+}
+
 // f9_wgmma_ss_n128 is f9_wgmma_ss_n64 with N = 128: d(64x128, f32).
 template <int TRANS_B, int TRANS_A = 0>
 __device__ __forceinline__ void f9_wgmma_ss_n128(float* d, uint64_t adesc, uint64_t bdesc, int acc) {
@@ -735,43 +745,50 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
 // thread adds its dQ fragments to the float32 dq(B, NH, T, HS) (zero on
 // entry, unscaled: flash_bwd_dq scales and rounds) with vector atomics, so
 // dQ's float32 sums follow the blocks' schedule (not bitwise
-// reproducible; dK and dV are).
-template <int HS, bool DQ = false>
+// reproducible; dK and dV are). With WG 2 (DQ only) a block of two
+// warpgroups takes 128 keys, 64 each, sharing the streamed tiles: both
+// St tiles feed each warpgroup's dQ, over all 128 keys (8 k16 steps),
+// warpgroup w computing head dims w·HS/2.. of it (N = HS/2), so that each
+// element of dq takes one atomic add per 128 keys, not per 64.
+template <int HS, bool DQ = false, int WG = 1>
 constexpr int f9_bwd_smem() {
-    // + St with DQ; + room to align the tiles to 1024 bytes
-    return 6 * F9_BK * HS * 2 + (DQ ? F9_BK * F9_BK * 2 : 0) + 4 * F9_BK * 4 + 1024;
+    // WG K and V tiles, two Q and two dO tiles, + WG St with DQ; + room to
+    // align the tiles to 1024 bytes
+    return (2 * WG + 4) * F9_BK * HS * 2 + (DQ ? WG * F9_BK * F9_BK * 2 : 0) + 4 * F9_BK * 4 + 1024;
 }
 
-template <int HS, bool PIPE, bool DQ = false>
+template <int HS, bool PIPE, bool DQ = false, int WG = 1>
 __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, const uint16_t* __restrict__ dout,
                                                   const uint16_t* __restrict__ qkv, const float* __restrict__ lse,
                                                   const float* __restrict__ Dd, int T, int NH, int NKV, float scale_log2,
                                                   float scale, bool set, uint16_t* smem, float* __restrict__ dq = nullptr) {
     static_assert(!(PIPE && DQ), "the fused backward is not pipelined");
-    constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, TILE = F9_BK * HS;
+    static_assert(WG == 1 || (WG == 2 && DQ), "two warpgroups only in the fused backward");
+    constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, TILE = F9_BK * HS, NT = F9_THREADS * WG;
+    constexpr int DN = HS / WG, NQ = DN / 2;  // dQ's columns per warpgroup and their accumulators
     smem += ((1024u - (f9_smem(smem) & 1023u)) & 1023u) / 2;  // the swizzle's 1024-byte alignment
-    uint16_t* Ks = smem;
-    uint16_t* Vs = Ks + TILE;
-    uint16_t* Qb = Vs + TILE;      // two Q tiles
-    uint16_t* Gb = Qb + 2 * TILE;  // two dO tiles
-    uint16_t* St = Gb + 2 * TILE;  // dSᵀ with DQ
-    float* Lb = reinterpret_cast<float*>(St + (DQ ? F9_BK * F9_BK : 0));
+    uint16_t* Ks = smem;            // WG K tiles
+    uint16_t* Vs = Ks + WG * TILE;  // WG V tiles
+    uint16_t* Qb = Vs + WG * TILE;  // two Q tiles
+    uint16_t* Gb = Qb + 2 * TILE;   // two dO tiles
+    uint16_t* St = Gb + 2 * TILE;   // WG dSᵀ tiles with DQ
+    float* Lb = reinterpret_cast<float*>(St + (DQ ? WG * F9_BK * F9_BK : 0));
     float* Db = Lb + 2 * F9_BK;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int C = NH * HS, rep = NH / NKV;
     const int z = blockIdx.y, b = z / NKV, kv = z - b * NKV;  // one key/value head
-    const int k0 = blockIdx.x * F9_BK;
+    const int k0 = blockIdx.x * F9_BK * WG, kw = k0 + wg * F9_BK;  // the block's keys, the warpgroup's
     const i64 W = (i64)(NH + 2 * NKV) * HS;
     const uint16_t* kbase = qkv + (i64)b * T * W + (i64)(NH + kv) * HS;
     const uint16_t* vbase = kbase + (i64)NKV * HS;
-    const int kr0 = k0 + warp * 16 + g, kr1 = kr0 + 8;  // this thread's accumulator rows (keys)
+    const int kr0 = kw + warp * 16 + g, kr1 = kr0 + 8;  // this thread's accumulator rows (keys)
     // The block's query tiles: from k0 to T for each query head of the
     // group in turn, nt per head; dK and dV sum over them in this order.
     const int nt = (T - k0 + F9_BK - 1) / F9_BK, nit = rep * nt;
     auto ld_q = [&](int it, int buf) {  // Q, dO, lse and D of tile it
         const int h = kv * rep + it / nt, q0 = k0 + (it % nt) * F9_BK;
-        f9_load_tile_sw<HS, F9_THREADS>(Qb + buf * TILE, qkv + (i64)b * T * W + (i64)h * HS, W, q0, T);
-        f9_load_tile_sw<HS, F9_THREADS>(Gb + buf * TILE, dout + (i64)b * T * C + (i64)h * HS, C, q0, T);
+        f9_load_tile_sw<HS, NT>(Qb + buf * TILE, qkv + (i64)b * T * W + (i64)h * HS, W, q0, T);
+        f9_load_tile_sw<HS, NT>(Gb + buf * TILE, dout + (i64)b * T * C + (i64)h * HS, C, q0, T);
         fa_cp_commit();
         if (tid < F9_BK) {
             const int q = q0 + tid;
@@ -780,14 +797,17 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             Db[buf * F9_BK + tid] = q < T ? Dd[r] : 0.f;
         }
     };
-    f9_load_tile_sw<HS, F9_THREADS>(Ks, kbase, W, k0, T);
-    f9_load_tile_sw<HS, F9_THREADS>(Vs, vbase, W, k0, T);
+#pragma unroll
+    for (int w = 0; w < WG; w++) {
+        f9_load_tile_sw<HS, NT>(Ks + w * TILE, kbase, W, k0 + w * F9_BK, T);
+        f9_load_tile_sw<HS, NT>(Vs + w * TILE, vbase, W, k0 + w * F9_BK, T);
+    }
     ld_q(0, 0);  // commits K and V with the first tile
     float dk[NO], dv[NO], s[NS], dp[NS];
 #pragma unroll
     for (int i = 0; i < NO; i++) dk[i] = dv[i] = 0.f;
     uint32_t pa[F9_BK / 16][4], da[F9_BK / 16][4];
-    const uint32_t ks = f9_smem(Ks), vs = f9_smem(Vs);
+    const uint32_t ks = f9_smem(Ks + wg * TILE), vs = f9_smem(Vs + wg * TILE);
     for (int it = 0; it < nit; it++) {
         const int buf = it & 1, q0 = k0 + (it % nt) * F9_BK;
         const uint32_t qs = f9_smem(Qb + buf * TILE), gs = f9_smem(Gb + buf * TILE);
@@ -814,7 +834,9 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             __syncthreads();  // every warp is past that wait: the other buffers are free
             if (it + 1 < nit) ld_q(it + 1, buf ^ 1);
         }
-        const bool diag = q0 == k0;  // the only tile with queries before some key
+        // The tiles with queries before some of the warpgroup's keys: its
+        // diagonal and, in the second warpgroup, the block's first tile.
+        const bool diag = q0 < kw + F9_BK;
 #pragma unroll
         for (int j = 0; j < NS / 4; j++) {
             const int qi = 8 * j + 2 * c, q = q0 + qi;
@@ -859,10 +881,11 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             // t, swizzled (chunk position (q/8) ^ (t % 8)); a warp's 32
             // words of one j fall in 32 distinct banks.
             const int t0 = warp * 16 + g, t1 = t0 + 8;
+            uint16_t* sw = St + wg * F9_BK * F9_BK;
 #pragma unroll
             for (int j = 0; j < NS / 4; j++) {
-                f9_sts32(St + t0 * 64 + ((j ^ (t0 & 7)) << 3) + 2 * c, fa_pack(dp[4 * j], dp[4 * j + 1]));
-                f9_sts32(St + t1 * 64 + ((j ^ (t1 & 7)) << 3) + 2 * c, fa_pack(dp[4 * j + 2], dp[4 * j + 3]));
+                f9_sts32(sw + t0 * 64 + ((j ^ (t0 & 7)) << 3) + 2 * c, fa_pack(dp[4 * j], dp[4 * j + 1]));
+                f9_sts32(sw + t1 * 64 + ((j ^ (t1 & 7)) << 3) + 2 * c, fa_pack(dp[4 * j + 2], dp[4 * j + 3]));
             }
             f9_fence_proxy();
             __syncthreads();  // St is whole
@@ -877,22 +900,29 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             else
                 f9_wgmma_n128<1>(dv, pa[kk], dg, 1);
         }
-        float dqa[DQ ? NO : 1];
+        float dqa[DQ ? NQ : 1];
         if constexpr (DQ) {
-            const uint32_t st = f9_smem(St);
+            const uint32_t st = f9_smem(St), sw = st + wg * (F9_BK * F9_BK * 2);
 #pragma unroll
             for (int kk = 0; kk < F9_BK / 16; kk++) {
-                const uint64_t a = f9_kdesc(st, kk), bq = f9_ndesc(qs, kk);
+                const uint64_t a = f9_kdesc(sw, kk), bq = f9_ndesc(qs, kk);
                 if constexpr (HS == 64)
                     f9_wgmma_ss_n64<1>(dk, a, bq, 1);
                 else
                     f9_wgmma_ss_n128<1>(dk, a, bq, 1);
             }
-            // dQ(tile) = dS·K: A = St read M-major, B = the K tile N-major.
+            // dQ(tile) = dS·K over the block's keys, DN head dims from dn
+            // (bytes into the K tiles' rows: the second 64-dim block at
+            // head size 128, the second 32 dims at 64): A = the St tiles
+            // read M-major, B = the K tiles N-major.
+            const uint32_t k0s = f9_smem(Ks), dn = WG == 1 ? 0 : HS == 128 ? wg * (F9_BK * 128) : wg * 64;
 #pragma unroll
-            for (int kk = 0; kk < F9_BK / 16; kk++) {
-                const uint64_t a = f9_ndesc(st, kk), bk = f9_ndesc(ks, kk);
-                if constexpr (HS == 64)
+            for (int kk = 0; kk < WG * F9_BK / 16; kk++) {
+                const uint64_t a = f9_ndesc(st + (kk >> 2) * (F9_BK * F9_BK * 2), kk & 3),
+                               bk = f9_ndesc(k0s + (kk >> 2) * (TILE * 2) + dn, kk & 3);
+                if constexpr (DN == 32)
+                    f9_wgmma_ss_n32<1, 1>(dqa, a, bk, kk);
+                else if constexpr (DN == 64)
                     f9_wgmma_ss_n64<1, 1>(dqa, a, bk, kk);
                 else
                     f9_wgmma_ss_n128<1, 1>(dqa, a, bk, kk);
@@ -914,11 +944,11 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             f9_regs<NO>(dk);
         }
         if constexpr (DQ) {
-            f9_regs<NO>(dqa);
+            f9_regs<NQ>(dqa);
             const int h = kv * rep + it / nt, qr0 = q0 + warp * 16 + g, qr1 = qr0 + 8;
-            float* dqz = dq + ((i64)b * NH + h) * T * HS + 2 * c;
+            float* dqz = dq + ((i64)b * NH + h) * T * HS + wg * DN + 2 * c;
 #pragma unroll
-            for (int j = 0; j < NO / 4; j++) {
+            for (int j = 0; j < NQ / 4; j++) {
                 if (qr0 < T) f9_red2(dqz + (i64)qr0 * HS + 8 * j, dqa[4 * j], dqa[4 * j + 1]);
                 if (qr1 < T) f9_red2(dqz + (i64)qr1 * HS + 8 * j, dqa[4 * j + 2], dqa[4 * j + 3]);
             }
@@ -1214,3 +1244,18 @@ F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90p_bf16_hs128, 128, true)
     }
 F9_BWDF(flash_bwd_fused_sm90_bf16_hs64, 64)
 F9_BWDF(flash_bwd_fused_sm90_bf16_hs128, 128)
+
+// flash_bwd_fused2_sm90_*: the same with two warpgroups and 128 keys per
+// block (WG 2): grid (ceil(T/128), B·NKV), 256 threads,
+// f9_bwd_smem<HS, true, 2>() bytes of dynamic shared memory (82 and 146
+// KB; flash_sm90.go computes the same).
+#define F9_BWDF2(NAME, HS) \
+    extern "C" __global__ void __launch_bounds__(2 * F9_THREADS, 1) \
+        NAME(void* dqkv, float* dq, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH, \
+             int NKV, float scale_log2, float scale, int set) { \
+        extern __shared__ __align__(1024) uint16_t f9_dynb[]; \
+        flash_bwd_kv_sm90<HS, false, true, 2>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, \
+                                              NH, NKV, scale_log2, scale, set != 0, f9_dynb, dq); \
+    }
+F9_BWDF2(flash_bwd_fused2_sm90_bf16_hs64, 64)
+F9_BWDF2(flash_bwd_fused2_sm90_bf16_hs128, 128)

@@ -224,6 +224,7 @@ static void wg_issue(float* d, const uint32_t* a, uint64_t desc, int acc, int N,
 template <int TB> static void f9_wgmma_n64(float* d, const uint32_t* a, uint64_t desc, int acc) { wg_issue(d, a, desc, acc, 64, TB); }
 template <int TB> static void f9_wgmma_n128(float* d, const uint32_t* a, uint64_t desc, int acc) { wg_issue(d, a, desc, acc, 128, TB); }
 template <int TB, int TA = 0> static void f9_wgmma_ss_n64(float* d, uint64_t adesc, uint64_t bdesc, int acc) { wg_issue(d, nullptr, bdesc, acc, 64, TB, adesc, TA); }
+template <int TB, int TA = 0> static void f9_wgmma_ss_n32(float* d, uint64_t adesc, uint64_t bdesc, int acc) { wg_issue(d, nullptr, bdesc, acc, 32, TB, adesc, TA); }
 template <int TB, int TA = 0> static void f9_wgmma_ss_n128(float* d, uint64_t adesc, uint64_t bdesc, int acc) { wg_issue(d, nullptr, bdesc, acc, 128, TB, adesc, TA); }
 // f9_sts32: a generic-proxy store into the shared window; like a landed
 // copy it needs fence.proxy.async and a barrier before a wgmma reads it,
@@ -376,8 +377,9 @@ template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = f
 // run_bwd checks the backward: flash_bwd_kv_sm90 and flash_bwd_q_sm90
 // (PIPE: pipelined), or with FUSED flash_bwd_kv_sm90 with DQ into a
 // float32 dq started at zero, then dqkv's query columns from it as
-// flash_bwd_dq writes them (scale, one rounding).
-template <int HS, bool PIPE, bool FUSED = false> void run_bwd(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0, bool set = false) {
+// flash_bwd_dq writes them (scale, one rounding); WG 2: two warpgroups,
+// 128 keys per block.
+template <int HS, bool PIPE, bool FUSED = false, int WG = 1> void run_bwd(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0, bool set = false) {
   if (NKV == 0) NKV = NH;
   const int C = NH * HS, rep = NH / NKV;
   const size_t W = (size_t)(NH + 2 * NKV) * HS;
@@ -417,8 +419,8 @@ template <int HS, bool PIPE, bool FUSED = false> void run_bwd(int B, int T, int 
   const float sl2 = (float)(1.4426950408889634 * sc), scale = (float)sc;
   if constexpr (FUSED) {
     std::vector<float> dq((size_t)B * NH * T * HS, 0.f);
-    gridDim = {(T + 63) / 64, B * NKV};
-    run_grid(1, f9_bwd_smem<HS, true>(), [&] { flash_bwd_kv_sm90<HS, false, true>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase, dq.data()); });
+    gridDim = {(T + 64 * WG - 1) / (64 * WG), B * NKV};
+    run_grid(WG, f9_bwd_smem<HS, true, WG>(), [&] { flash_bwd_kv_sm90<HS, false, true, WG>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase, dq.data()); });
     for (int b = 0; b < B; b++) for (int t = 0; t < T; t++) for (int h = 0; h < NH; h++) for (int d = 0; d < HS; d += 2) {
       const float* q = &dq[(((size_t)b * NH + h) * T + t) * HS + d];
       fa_acc2(&dqkv[((size_t)b * T + t) * W + (size_t)h * HS + d], scale * q[0], scale * q[1], set);
@@ -439,7 +441,7 @@ template <int HS, bool PIPE, bool FUSED = false> void run_bwd(int B, int T, int 
     worst = std::max(worst, e / tol);
     if (!(e <= tol) && bad++ < 5) printf("%s row %zu col %zu: %g vs %g\n", part[which], i / W, col, g, w);
   }
-  printf("sm90 bwd%s HS%d B%d T%d NH%d NKV%d%s: worst err/tol %.3f, bad %d\n", FUSED ? " (fused)" : PIPE ? " (pipelined)" : "", HS, B, T, NH, NKV, set ? " set" : "", worst, bad);
+  printf("sm90 bwd%s HS%d B%d T%d NH%d NKV%d%s: worst err/tol %.3f, bad %d\n", FUSED ? (WG == 2 ? " (fused, two warpgroups)" : " (fused)") : PIPE ? " (pipelined)" : "", HS, B, T, NH, NKV, set ? " set" : "", worst, bad);
 }
 
 int main(int argc, char** argv) {
@@ -464,6 +466,8 @@ int main(int argc, char** argv) {
     run_bwd<128, true>(1, 70, 2, 10, bad, 0, true);
     run_bwd<64, false, true>(1, 130, 2, 15, bad, 1);
     run_bwd<128, false, true>(1, 130, 2, 16, bad, 0, true);
+    run_bwd<64, false, true, 2>(1, 200, 2, 17, bad, 1);
+    run_bwd<128, false, true, 2>(1, 130, 2, 18, bad, 0, true);
     return bad != 0;
   }
   const int Ts[] = {1, 63, 64, 65, 200, 300, 600};
@@ -514,6 +518,10 @@ int main(int argc, char** argv) {
     run_bwd<64, false, true>(1, T, 4, seed++, bad, 2, true);       // fused, groups of 2, written over
     run_bwd<128, false, true>(1, T, 3, seed++, bad, 1);            // fused, multi-query
     run_bwd<128, false, true>(1, T, 2, seed++, bad, 0, true);      // fused, written over
+    run_bwd<64, false, true, 2>(T < 100 ? 2 : 1, T, 2, seed++, bad);     // fused, two warpgroups, multi-head
+    run_bwd<64, false, true, 2>(1, T, 4, seed++, bad, 2, true);          // groups of 2, written over
+    run_bwd<128, false, true, 2>(1, T, 3, seed++, bad, 1);               // multi-query
+    run_bwd<128, false, true, 2>(1, T, 2, seed++, bad, 0, true);         // written over
   }
   return bad != 0;
 }
