@@ -59,9 +59,10 @@ type Backend struct {
 	// flashBwdSM90Err is the same for the Hopper backward (flash_sm90.go);
 	// without it the modes sm90 (the default) and sm90p take split-smem.
 	flashBwdSM90Err error
-	// flashBwdFusedSM90Err is the same for the fused Hopper backward
-	// (sm90f, flash_sm90.go); without it that mode takes the default.
-	flashBwdFusedSM90Err error
+	// flashBwdFusedSM90Err is the same for each mode of the fused Hopper
+	// backward (sm90f, sm90f2, sm90f2b: flash_sm90.go), set for every one
+	// at Open; a mode whose check failed takes the default.
+	flashBwdFusedSM90Err map[string]error
 	// reducedPrecision lets cuBLAS and cuBLASLt reduce split-K partial
 	// sums in the output type (bf16, f16) instead of float32, as PyTorch
 	// does by default; set at Open from SPILL_CUBLAS_REDUCED_PRECISION=1.

@@ -352,30 +352,37 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // Each is checked at Open like the fused ones (checkFlashBwd); a variant that
 // fails (Backend.flashBwdSMErr) leaves the backward on the split kernels.
 // "sm90" and "sm90p" take the Hopper backward (flash_sm90.go) where it
-// applies, split-smem elsewhere; "sm90f" the fused Hopper backward
-// (flash_sm90.go) where it applies, the default elsewhere. Other values
+// applies, split-smem elsewhere; "sm90f", "sm90f2" and "sm90f2b" the
+// fused Hopper backward (flash_sm90.go) where it applies, the default
+// elsewhere. Other values
 // are taken as the default.
 
 // Flash backward implementations (flashBwdMode). flashBwdSM90 and
-// flashBwdSM90P are the Hopper variants, flashBwdFusedSM90 and
-// flashBwdFused2SM90 the fused Hopper backward (flash_sm90.go; one and two
-// warpgroups per block).
+// flashBwdSM90P are the Hopper variants, flashBwdFusedSM90,
+// flashBwdFused2SM90 and flashBwdFused2BSM90 the fused Hopper backward
+// (flash_sm90.go; one and two warpgroups per block, dQ by vector atomics or
+// by one bulk reduction per tile).
 const (
-	flashBwdFused      = "fused"
-	flashBwdSplit      = "split"
-	flashBwdSplitSM    = "split-smem"
-	flashBwdSM90       = "sm90"
-	flashBwdSM90P      = "sm90p"
-	flashBwdFusedSM90  = "sm90f"
-	flashBwdFused2SM90 = "sm90f2"
+	flashBwdFused       = "fused"
+	flashBwdSplit       = "split"
+	flashBwdSplitSM     = "split-smem"
+	flashBwdSM90        = "sm90"
+	flashBwdSM90P       = "sm90p"
+	flashBwdFusedSM90   = "sm90f"
+	flashBwdFused2SM90  = "sm90f2"
+	flashBwdFused2BSM90 = "sm90f2b"
 )
+
+// flashBwdFusedSM90Modes are the fused Hopper backward's modes.
+var flashBwdFusedSM90Modes = []string{flashBwdFusedSM90, flashBwdFused2SM90, flashBwdFused2BSM90}
 
 // flashBwdMode is the implementation the flash backward takes; tests set it.
 var flashBwdMode = flashBwdModeOf(os.Getenv("SPILL_FLASH_BWD"))
 
 func flashBwdModeOf(v string) string {
 	switch v {
-	case flashBwdFused, flashBwdSplit, flashBwdSplitSM, flashBwdSM90, flashBwdSM90P, flashBwdFusedSM90, flashBwdFused2SM90:
+	case flashBwdFused, flashBwdSplit, flashBwdSplitSM, flashBwdSM90, flashBwdSM90P, flashBwdFusedSM90, flashBwdFused2SM90,
+		flashBwdFused2BSM90:
 		return v
 	}
 	return flashBwdSM90
@@ -410,19 +417,22 @@ var flashBwdLaunches, flashBwdFusedLaunches, flashBwdVariantLaunches atomic.Int6
 // kernel they share with the fused path, the fused kernel selected by
 // flashBwdMode (0 when missing) with flash_bwd_dq, its dynamic shared
 // memory, keys and threads per block (0: flashRows, flashThreads) and
-// whether it is a Hopper one (sm90f, sm90f2), and the split variant it
+// its mode when it is a Hopper one (sm90f, sm90f2, sm90f2b), and the split variant it
 // selects (v.kv 0 when none or missing).
 type flashBwd struct {
 	kv, q, prep, fused, dq             kfunc
 	fusedSmem, fusedRows, fusedThreads int
-	fusedSM90                          bool
+	fusedSM90                          string
 	v                                  flashBwdVariant
 }
 
 // fusedErr is the self-check result that gates f's fused kernel.
 func (b *Backend) fusedErr(f flashBwd) error {
-	if f.fusedSM90 {
-		return b.flashBwdFusedSM90Err
+	if f.fusedSM90 != "" {
+		if err, ok := b.flashBwdFusedSM90Err[f.fusedSM90]; ok {
+			return err
+		}
+		return fmt.Errorf("fused Hopper backward %s: not checked at Open", f.fusedSM90)
 	}
 	return b.flashBwdFusedErr
 }
@@ -488,6 +498,10 @@ func flashFusedName(hs int, mode string) string {
 		return "flash_bwd_fused2_sm90_bf16_hs64"
 	case hs == 128 && mode == flashBwdFused2SM90:
 		return "flash_bwd_fused2_sm90_bf16_hs128"
+	case hs == 64 && mode == flashBwdFused2BSM90:
+		return "flash_bwd_fused2b_sm90_bf16_hs64"
+	case hs == 128 && mode == flashBwdFused2BSM90:
+		return "flash_bwd_fused2b_sm90_bf16_hs128"
 	case hs == 64:
 		return "flash_bwd_fused_bf16_hs64"
 	case hs == 128:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -476,23 +477,32 @@ func (b *Backend) checkFlashBwdSM90() {
 // schedule); dK and dV are. SPILL_FLASH_BWD=sm90f2 takes its version
 // with two warpgroups and 128 keys per block, sharing the streamed tiles,
 // each warpgroup computing half of dQ's head dims over all 128 keys: half
-// the atomic adds. Selected by SPILL_FLASH_BWD=sm90f or sm90f2 at head
-// sizes 64 and 128 on a device whose Hopper module loaded and whose
-// self-check at Open passed (checkFlashBwdFusedSM90,
-// Backend.flashBwdFusedSM90Err); elsewhere, and for calls whose
-// accumulator does not fit the scratch share, the default.
+// the atomic adds; SPILL_FLASH_BWD=sm90f2b that version with the block's
+// dQ of each tile stored as a float32 shared tile and added to the
+// accumulator by one bulk reduction (cp.reduce.async.bulk, the copy
+// engine) instead of per-thread atomics. Selected by SPILL_FLASH_BWD=sm90f,
+// sm90f2 or sm90f2b at head sizes 64 and 128 on a device whose Hopper
+// module loaded and whose self-check of that mode at Open passed
+// (checkFlashBwdFusedSM90, Backend.flashBwdFusedSM90Err); elsewhere, and
+// for calls whose accumulator does not fit the scratch share, the default.
 
 // isFusedSM90 says mode is a fused Hopper backward.
-func isFusedSM90(mode string) bool { return mode == flashBwdFusedSM90 || mode == flashBwdFused2SM90 }
+func isFusedSM90(mode string) bool { return slices.Contains(flashBwdFusedSM90Modes, mode) }
 
-// sm90FusedSmem is f9_bwd_smem<hs, true, wg>() of flashattn_sm90.cu: the
-// Hopper backward's shared memory with wg K and V tiles and wg 64x64 bf16
-// tiles of dSᵀ.
-func sm90FusedSmem(hs, wg int) int { return (2*wg+4)*64*hs*2 + wg*64*64*2 + 4*64*4 + 1024 }
+// sm90FusedSmem is f9_bwd_smem<hs, true, wg, bulk>() of flashattn_sm90.cu:
+// the Hopper backward's shared memory with wg K and V tiles, wg 64x64 bf16
+// tiles of dSᵀ and with bulk the 64 x hs float32 tile of dQ.
+func sm90FusedSmem(hs, wg int, bulk bool) int {
+	n := (2*wg+4)*64*hs*2 + wg*64*64*2 + 4*64*4 + 1024
+	if bulk {
+		n += 64 * hs * 4
+	}
+	return n
+}
 
 // sm90Fused sets f's fused kernel to the fused Hopper backward of head
 // size hs under mode (sm90f: one warpgroup and 64 keys per block, sm90f2:
-// two and 128) with flash_bwd_dq, its shared memory and block, and
+// two and 128, sm90f2b: sm90f2 with dQ by bulk reduction) with flash_bwd_dq, its shared memory and block, and
 // reports true; false, f unchanged, when hs is neither 64 nor 128 or the
 // kernels are not loaded. Self-check results aside.
 func (b *Backend) sm90Fused(f *flashBwd, hs int, mode string) bool {
@@ -504,48 +514,51 @@ func (b *Backend) sm90Fused(f *flashBwd, hs int, mode string) bool {
 	if !ok1 || !ok2 {
 		return false
 	}
-	wg := 1
-	if mode == flashBwdFused2SM90 {
+	wg, bulk := 1, mode == flashBwdFused2BSM90
+	if mode == flashBwdFused2SM90 || bulk {
 		wg = 2
 	}
-	f.fused, f.dq, f.fusedSM90 = fused, dq, true
-	f.fusedSmem, f.fusedRows, f.fusedThreads = sm90FusedSmem(hs, wg), wg*flashRows, wg*flashThreads
+	f.fused, f.dq, f.fusedSM90 = fused, dq, mode
+	f.fusedSmem, f.fusedRows, f.fusedThreads = sm90FusedSmem(hs, wg, bulk), wg*flashRows, wg*flashThreads
 	return true
 }
 
-// checkFlashBwdFusedSM90 allows the fused Hopper kernels (both modes)
+// checkFlashBwdFusedSM90 allows the fused Hopper kernels (each mode)
 // their dynamic shared memory and checks them beside the row-wise kernels
 // at T 80 and 200, as checkFlashBwdSM90 does the split ones, and sets
-// b.flashBwdFusedSM90Err when one is missing or fails. Called on a context
-// goroutine at Open after checkFlashBwd.
+// b.flashBwdFusedSM90Err[mode] for every mode: nil, or why that mode's
+// kernels are missing or failed. Called on a context goroutine at Open
+// after checkFlashBwd.
 func (b *Backend) checkFlashBwdFusedSM90() {
+	b.flashBwdFusedSM90Err = make(map[string]error, len(flashBwdFusedSM90Modes))
+	for _, mode := range flashBwdFusedSM90Modes {
+		b.flashBwdFusedSM90Err[mode] = b.checkFlashBwdFusedMode(mode)
+	}
+}
+
+func (b *Backend) checkFlashBwdFusedMode(mode string) error {
 	if b.flashBwdErr != nil {
-		b.flashBwdFusedSM90Err = b.flashBwdErr
-		return
+		return b.flashBwdErr
 	}
 	prep := b.fns["flash_bwd_prep"]
-	for _, mode := range []string{flashBwdFusedSM90, flashBwdFused2SM90} {
-		for _, hs := range []int{64, 128} {
-			name := flashFusedName(hs, mode)
-			f := flashBwd{prep: prep}
-			if !b.sm90Fused(&f, hs, mode) {
-				b.flashBwdFusedSM90Err = fmt.Errorf("kernel %s or flash_bwd_dq missing from the embedded PTX", name)
-				if b.flashSM90Err != nil {
-					b.flashBwdFusedSM90Err = b.flashSM90Err // the module did not load
-				}
-				return
+	for _, hs := range []int{64, 128} {
+		name := flashFusedName(hs, mode)
+		f := flashBwd{prep: prep}
+		if !b.sm90Fused(&f, hs, mode) {
+			if b.flashSM90Err != nil {
+				return b.flashSM90Err // the module did not load
 			}
-			if err := setMaxDynamicShared(f.fused, f.fusedSmem); err != nil {
-				b.flashBwdFusedSM90Err = fmt.Errorf("%s: %d bytes of dynamic shared memory: %w", name, f.fusedSmem, err)
-				return
-			}
-			const B, NH = 2, 2
-			for _, T := range []int{80, 200} {
-				if err := b.checkFlashBwdShape(f, true, B, T, NH*hs, NH); err != nil {
-					b.flashBwdFusedSM90Err = fmt.Errorf("%s self-check (B%d T%d C%d NH%d): %w", name, B, T, NH*hs, NH, err)
-					return
-				}
+			return fmt.Errorf("kernel %s or flash_bwd_dq missing from the embedded PTX", name)
+		}
+		if err := setMaxDynamicShared(f.fused, f.fusedSmem); err != nil {
+			return fmt.Errorf("%s: %d bytes of dynamic shared memory: %w", name, f.fusedSmem, err)
+		}
+		const B, NH = 2, 2
+		for _, T := range []int{80, 200} {
+			if err := b.checkFlashBwdShape(f, true, B, T, NH*hs, NH); err != nil {
+				return fmt.Errorf("%s self-check (B%d T%d C%d NH%d): %w", name, B, T, NH*hs, NH, err)
 			}
 		}
 	}
+	return nil
 }

@@ -45,13 +45,15 @@ func TestFlashBwdFused(t *testing.T) {
 	default:
 		modes = append(modes, flashBwdSM90, flashBwdSM90P)
 	}
-	switch {
-	case errors.Is(be.flashBwdFusedSM90Err, errNoSM90):
-		t.Logf("fused Hopper backward not checked: %v", be.flashBwdFusedSM90Err)
-	case be.flashBwdFusedSM90Err != nil:
-		t.Errorf("flash self-check at Open of the fused Hopper backward: %v", be.flashBwdFusedSM90Err)
-	default:
-		modes = append(modes, flashBwdFusedSM90, flashBwdFused2SM90)
+	for _, mode := range flashBwdFusedSM90Modes {
+		switch err := be.flashBwdFusedSM90Err[mode]; {
+		case errors.Is(err, errNoSM90):
+			t.Logf("fused Hopper backward %s not checked: %v", mode, err)
+		case err != nil:
+			t.Errorf("flash self-check at Open of the fused Hopper backward %s: %v", mode, err)
+		default:
+			modes = append(modes, mode)
+		}
 	}
 	for _, sh := range [][5]int{ // B, T, NH, NKV, hs
 		{1, 1, 8, 2, 64}, {1, 1, 2, 2, 128}, {2, 65, 8, 2, 128}, {2, 65, 4, 4, 64}, {1, 200, 8, 8, 64},
@@ -168,7 +170,7 @@ func TestFlashBwdFused(t *testing.T) {
 func TestFlashBwdModeOf(t *testing.T) {
 	for in, want := range map[string]string{"": flashBwdSM90, "fused": flashBwdFused, "split": flashBwdSplit,
 		"sm90": flashBwdSM90, "sm90p": flashBwdSM90P, "sm90x": flashBwdSM90, "sm90f": flashBwdFusedSM90,
-		"sm90f2":     flashBwdFused2SM90,
+		"sm90f2": flashBwdFused2SM90, "sm90f2b": flashBwdFused2BSM90,
 		"fused-bq32": flashBwdSM90, "nonsense": flashBwdSM90, "split-smem": flashBwdSplitSM, "split-w8": flashBwdSM90} {
 		if got := flashBwdModeOf(in); got != want {
 			t.Errorf("flashBwdModeOf(%q) = %q, want %q", in, got, want)

@@ -134,5 +134,9 @@ mutants=(
   "fused backward: dQ rows one off|s/qr0 = q0 + warp \* 16 + g, qr1/qr0 = q0 + warp * 16 + g + 1, qr1/"
   "fused backward, two warpgroups: dQ's second 32 dims not offset (head size 64)|s/: wg \* 64;/: 0;/"
   "fused backward, two warpgroups: dQ reads one warpgroup's dS twice|s/f9_ndesc(st + (kk >> 2) \* (F9_BK \* F9_BK \* 2), kk \& 3)/f9_ndesc(st, kk \& 3)/"
+  "fused backward, bulk dQ: no wait for the reduction's reads|s/if (tid == 0) f9_bulk_wait_read();/;/"
+  "fused backward, bulk dQ: no barrier before the last reduction|s/__syncthreads();  \/\/ Dq holds the last tile's//"
+  "fused backward, bulk dQ: stores not rotated back|s/const int col = 8 \* (j ^ (g \& 3));/const int col = 8 * j;/"
+  "fused backward, bulk dQ: the reduction one tile late|s/if (tid == 0 \&\& it > 0) dq_reduce(it - 1);/if (tid == 0 \&\& it > 1) dq_reduce(it - 2);/"
 )
 run_mutants sm90 "$src" flashattn_sm90_body.inc flashattn_sm90_emu.cpp 'emulator:|bad [1-9]|out b|lse b' "$tmp/mutant" quick

@@ -7,7 +7,8 @@
 # sm90f mode against the CPU and the split kernels), no whole steps, and
 # the attention sweep of the defaults beside cuDNN and beside
 # SPILL_FLASH_FWD=sm90p4 (two warpgroups, lockstep), sm90p4x (three
-# warpgroups at head size 64, ping-pong at 128) and SPILL_FLASH_BWD=sm90f. The CUDA headers come back
+# warpgroups at head size 64, ping-pong at 128) and SPILL_FLASH_BWD=sm90f,
+# sm90f2 and sm90f2b. The CUDA headers come back
 # too (cuda-include.tgz), for tools/cuda/vet.sh on a machine without the
 # toolkit. Back under $OUT: run.log, kernels_h200.json, ptx.tgz, k.tgz,
 # cuda-include.tgz.
@@ -20,7 +21,7 @@ R=${OUT:-$(mktemp -d /tmp/spill-fwd4.XXXXXX)}
 OUT=$R SPILL_TEST_RUN=${SPILL_TEST_RUN:-'TestAttentionFlashSM90|TestSM90FwdDepths|TestAttentionKernels|TestAttentionFlash$|TestGQAttention|TestFlashBwdFused|TestFlashBwdModeOf'} \
   SPILL_BENCH_SHAPES=${SPILL_BENCH_SHAPES:-none} SPILL_BENCH_GO= \
   SPILL_ATTN_SWEEP=${SPILL_ATTN_SWEEP:-64:1024,64:2048,64:4096,64:8192,128:1024,128:2048,128:4096,128:8192} \
-  SPILL_ATTN_VARIANTS=${SPILL_ATTN_VARIANTS:-'fwd4:SPILL_FLASH_FWD=sm90p4;fwd4x:SPILL_FLASH_FWD=sm90p4x;bwdf:SPILL_FLASH_BWD=sm90f;bwdf2:SPILL_FLASH_BWD=sm90f2'} \
+  SPILL_ATTN_VARIANTS=${SPILL_ATTN_VARIANTS:-'fwd4:SPILL_FLASH_FWD=sm90p4;fwd4x:SPILL_FLASH_FWD=sm90p4x;bwdf:SPILL_FLASH_BWD=sm90f;bwdf2:SPILL_FLASH_BWD=sm90f2;bwdf2b:SPILL_FLASH_BWD=sm90f2b'} \
   SPILL_DEADLINE=${SPILL_DEADLINE:-400} bash tools/cuda/check_and_bench.sh
 inc=$(dirname "$(command -v nvcc)")/../include
 (cd "$inc" && tar czhf "$R/cuda-include.tgz" --ignore-failed-read cuda.h cublas*.h cuComplex.h vector_types.h \

@@ -174,6 +174,27 @@ __device__ __forceinline__ void f9_sts32(uint16_t* p, uint32_t v) { *reinterpret
 __device__ __forceinline__ void f9_red2(float* p, float a, float b) {
     atomicAdd(reinterpret_cast<float2*>(p), make_float2(a, b));
 }
+// f9_sts64f stores (a, b) as the float32 pair at the shared address p
+// (8-byte aligned): a generic-proxy write, which the bulk copy engine may
+// read only after fence.proxy.async and a barrier.
+__device__ __forceinline__ void f9_sts64f(float* p, float a, float b) {
+    *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+// f9_bulk_red adds the float32 values of bytes bytes (a multiple of 16) at
+// shared address s to those at the global address p (both 16-byte aligned)
+// on the bulk copy engine (cp.reduce.async.bulk ... .add.f32, sm_90), in
+// the issuing thread's current bulk group; f9_bulk_commit closes the group.
+// The shared source must not be written until f9_bulk_wait_read (the
+// thread's committed groups have read their sources) and the barrier after
+// it; f9_bulk_wait (the groups complete) before the block exits.
+__device__ __forceinline__ void f9_bulk_red(float* p, uint32_t s, int bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(p), "r"(s),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void f9_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void f9_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void f9_bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // ---- Device code: tools/cuda/emu.sh sm90 runs everything from here to the
 // entry points on the host (tools/cuda/emu/flashattn_sm90_emu.cpp, with its
@@ -749,21 +770,30 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
 // warpgroups takes 128 keys, 64 each, sharing the streamed tiles: both
 // St tiles feed each warpgroup's dQ, over all 128 keys (8 k16 steps),
 // warpgroup w computing head dims w·HS/2.. of it (N = HS/2), so that each
-// element of dq takes one atomic add per 128 keys, not per 64.
-template <int HS, bool DQ = false, int WG = 1>
+// element of dq takes one atomic add per 128 keys, not per 64. With BULK
+// (DQ only) the block's dQ(tile) goes instead as float32 into the shared
+// 64 x HS tile Dq (row-major, as dq's rows of the tile lie in global
+// memory; each thread's eight-column groups stored in an order rotated by
+// its row, g % 4, so that a warp's stores take two wavefronts, not eight),
+// and thread 0 adds the whole tile to dq with one bulk reduction
+// (f9_bulk_red) after the next tile's first barrier; it waits for the
+// reduction's reads before the barrier that precedes the next stores.
+template <int HS, bool DQ = false, int WG = 1, bool BULK = false>
 constexpr int f9_bwd_smem() {
-    // WG K and V tiles, two Q and two dO tiles, + WG St with DQ; + room to
-    // align the tiles to 1024 bytes
-    return (2 * WG + 4) * F9_BK * HS * 2 + (DQ ? WG * F9_BK * F9_BK * 2 : 0) + 4 * F9_BK * 4 + 1024;
+    // WG K and V tiles, two Q and two dO tiles, + WG St with DQ, + Dq with
+    // BULK; + room to align the tiles to 1024 bytes
+    return (2 * WG + 4) * F9_BK * HS * 2 + (DQ ? WG * F9_BK * F9_BK * 2 : 0) + 4 * F9_BK * 4 +
+           (BULK ? F9_BK * HS * 4 : 0) + 1024;
 }
 
-template <int HS, bool PIPE, bool DQ = false, int WG = 1>
+template <int HS, bool PIPE, bool DQ = false, int WG = 1, bool BULK = false>
 __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, const uint16_t* __restrict__ dout,
                                                   const uint16_t* __restrict__ qkv, const float* __restrict__ lse,
                                                   const float* __restrict__ Dd, int T, int NH, int NKV, float scale_log2,
                                                   float scale, bool set, uint16_t* smem, float* __restrict__ dq = nullptr) {
     static_assert(!(PIPE && DQ), "the fused backward is not pipelined");
     static_assert(WG == 1 || (WG == 2 && DQ), "two warpgroups only in the fused backward");
+    static_assert(!BULK || DQ, "the bulk reduction is the fused backward's");
     constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, TILE = F9_BK * HS, NT = F9_THREADS * WG;
     constexpr int DN = HS / WG, NQ = DN / 2;  // dQ's columns per warpgroup and their accumulators
     smem += ((1024u - (f9_smem(smem) & 1023u)) & 1023u) / 2;  // the swizzle's 1024-byte alignment
@@ -774,6 +804,7 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
     uint16_t* St = Gb + 2 * TILE;   // WG dSᵀ tiles with DQ
     float* Lb = reinterpret_cast<float*>(St + (DQ ? WG * F9_BK * F9_BK : 0));
     float* Db = Lb + 2 * F9_BK;
+    float* Dq = Db + 2 * F9_BK;  // with BULK, 1024-byte aligned
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int C = NH * HS, rep = NH / NKV;
     const int z = blockIdx.y, b = z / NKV, kv = z - b * NKV;  // one key/value head
@@ -797,6 +828,11 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             Db[buf * F9_BK + tid] = q < T ? Dd[r] : 0.f;
         }
     };
+    auto dq_reduce = [&](int it) {  // thread 0: dq's rows of tile it += Dq
+        const int h = kv * rep + it / nt, q0 = k0 + (it % nt) * F9_BK;
+        f9_bulk_red(dq + (((i64)b * NH + h) * T + q0) * HS, f9_smem(Dq), min(F9_BK, T - q0) * HS * 4);
+        f9_bulk_commit();
+    };
 #pragma unroll
     for (int w = 0; w < WG; w++) {
         f9_load_tile_sw<HS, NT>(Ks + w * TILE, kbase, W, k0 + w * F9_BK, T);
@@ -817,6 +853,8 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
         f9_fence_proxy();
         __syncthreads();  // tile it is in; without PIPE, every product of tile it-1 is done
         if (!PIPE && it + 1 < nit) ld_q(it + 1, buf ^ 1);
+        if constexpr (BULK)
+            if (tid == 0 && it > 0) dq_reduce(it - 1);  // Dq holds tile it-1's, fenced before that barrier
         f9_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
@@ -888,6 +926,8 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
                 f9_sts32(sw + t1 * 64 + ((j ^ (t1 & 7)) << 3) + 2 * c, fa_pack(dp[4 * j + 2], dp[4 * j + 3]));
             }
             f9_fence_proxy();
+            if constexpr (BULK)
+                if (tid == 0) f9_bulk_wait_read();  // the previous tile's reduction is past Dq
             __syncthreads();  // St is whole
         }
         // dV += Pᵀ·dO, dK += dSᵀ·Q: the dO and Q tiles N-major (f9_ndesc).
@@ -943,7 +983,39 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             f9_regs<NO>(dv);
             f9_regs<NO>(dk);
         }
-        if constexpr (DQ) {
+        if constexpr (BULK) {
+            f9_regs<NQ>(dqa);
+            // Eight-column group j of rows r and r + 8 (dqa[4j..4j+3]) at
+            // store slot j ^ (g % 4): the groups permuted in registers by
+            // two conditional swaps (by g's bits 0 and 1), the stores' rows
+            // of one bank group then two per slot.
+            static_assert(NQ / 4 >= 4, "the rotation needs four column groups");
+            const bool x1 = g & 1, x2 = g & 2;
+#pragma unroll
+            for (int j = 0; j < NQ / 4; j += 2)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float u = dqa[4 * j + e], v = dqa[4 * j + 4 + e];
+                    dqa[4 * j + e] = x1 ? v : u;
+                    dqa[4 * j + 4 + e] = x1 ? u : v;
+                }
+#pragma unroll
+            for (int j = 0; j < NQ / 4; j++)
+                if ((j & 2) == 0)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float u = dqa[4 * j + e], v = dqa[4 * j + 8 + e];
+                        dqa[4 * j + e] = x2 ? v : u;
+                        dqa[4 * j + 8 + e] = x2 ? u : v;
+                    }
+            float* r0 = Dq + (warp * 16 + g) * HS + wg * DN + 2 * c;
+#pragma unroll
+            for (int j = 0; j < NQ / 4; j++) {
+                const int col = 8 * (j ^ (g & 3));
+                f9_sts64f(r0 + col, dqa[4 * j], dqa[4 * j + 1]);
+                f9_sts64f(r0 + 8 * HS + col, dqa[4 * j + 2], dqa[4 * j + 3]);
+            }
+        } else if constexpr (DQ) {
             f9_regs<NQ>(dqa);
             const int h = kv * rep + it / nt, qr0 = q0 + warp * 16 + g, qr1 = qr0 + 8;
             float* dqz = dq + ((i64)b * NH + h) * T * HS + wg * DN + 2 * c;
@@ -952,6 +1024,14 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
                 if (qr0 < T) f9_red2(dqz + (i64)qr0 * HS + 8 * j, dqa[4 * j], dqa[4 * j + 1]);
                 if (qr1 < T) f9_red2(dqz + (i64)qr1 * HS + 8 * j, dqa[4 * j + 2], dqa[4 * j + 3]);
             }
+        }
+    }
+    if constexpr (BULK) {
+        f9_fence_proxy();
+        __syncthreads();  // Dq holds the last tile's
+        if (tid == 0) {
+            dq_reduce(nit - 1);
+            f9_bulk_wait();
         }
     }
     if (PIPE) {
@@ -1248,14 +1328,18 @@ F9_BWDF(flash_bwd_fused_sm90_bf16_hs128, 128)
 // flash_bwd_fused2_sm90_*: the same with two warpgroups and 128 keys per
 // block (WG 2): grid (ceil(T/128), B·NKV), 256 threads,
 // f9_bwd_smem<HS, true, 2>() bytes of dynamic shared memory (82 and 146
-// KB; flash_sm90.go computes the same).
-#define F9_BWDF2(NAME, HS) \
+// KB; flash_sm90.go computes the same). flash_bwd_fused2b_sm90_*: dQ by
+// one bulk reduction per tile (BULK), f9_bwd_smem<HS, true, 2, true>()
+// bytes (98 and 178 KB), dq 16-byte aligned.
+#define F9_BWDF2(NAME, HS, BULK) \
     extern "C" __global__ void __launch_bounds__(2 * F9_THREADS, 1) \
         NAME(void* dqkv, float* dq, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH, \
              int NKV, float scale_log2, float scale, int set) { \
         extern __shared__ __align__(1024) uint16_t f9_dynb[]; \
-        flash_bwd_kv_sm90<HS, false, true, 2>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, \
-                                              NH, NKV, scale_log2, scale, set != 0, f9_dynb, dq); \
+        flash_bwd_kv_sm90<HS, false, true, 2, BULK>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, \
+                                                    D, T, NH, NKV, scale_log2, scale, set != 0, f9_dynb, dq); \
     }
-F9_BWDF2(flash_bwd_fused2_sm90_bf16_hs64, 64)
-F9_BWDF2(flash_bwd_fused2_sm90_bf16_hs128, 128)
+F9_BWDF2(flash_bwd_fused2_sm90_bf16_hs64, 64, false)
+F9_BWDF2(flash_bwd_fused2_sm90_bf16_hs128, 128, false)
+F9_BWDF2(flash_bwd_fused2b_sm90_bf16_hs64, 64, true)
+F9_BWDF2(flash_bwd_fused2b_sm90_bf16_hs128, 128, true)

@@ -58,6 +58,14 @@
 //    fence.proxy.async before it, must come between them and a wgmma that
 //    reads them, and they must not hit a chunk a wgmma in flight reads.
 //    red.global.add.v2.f32 (f9_red2) is an atomic add on the host.
+//  - cp.reduce.async.bulk .add.f32 (f9_bulk_red, 9.7.9.25.4): queued in
+//    the issuing thread's bulk group, its shared source marked pending
+//    (a store or cp.async into it aborts) until the
+//    cp.async.bulk.wait_group(.read) that completes the group, which is
+//    when the source is read and added to global memory (the latest moment
+//    allowed); the source must have been written before a barrier the
+//    issuer passed, and fenced with fence.proxy.async before it, as a
+//    wgmma's; a group not waited for when the thread exits aborts.
 // Not modelled: the exact rounding
 // and summation order of the tensor cores (products are summed in float),
 // the 64/32-byte swizzle modes, bank conflicts and timing.
@@ -243,6 +251,44 @@ static void f9_red2(float* p, float a, float b) {
   std::atomic_ref<float>(p[0]).fetch_add(a);
   std::atomic_ref<float>(p[1]).fetch_add(b);
 }
+// f9_sts64f: a float32 pair stored into the shared window, as f9_sts32.
+static void f9_sts64f(float* p, float a, float b) {
+  if ((uintptr_t)p % 8) die("st.shared.v2.f32: address not 8-byte aligned");
+  const uint32_t o = f9_smem(p);
+  f9_smem((uint8_t*)p + 7);
+  if (pendingReads[o / 16].load() > 0) die("st.shared into shared memory that a wgmma or bulk reduction in flight still reads");
+  p[0] = a; p[1] = b;
+  chunkSync[o / 16] = nsync;
+  lastUnfencedSync[threadIdx.x] = nsync;
+}
+// The bulk reductions: queued per thread, performed at the wait.
+struct Bulk { float* dst; uint32_t src; int bytes, group, sync; };
+thread_local std::vector<Bulk> bulks;
+thread_local int bulkCommitted;
+static void f9_bulk_red(float* p, uint32_t s, int bytes) {
+  if ((uintptr_t)p % 16 || s % 16 || bytes % 16 || bytes <= 0) die("cp.reduce.async.bulk: address or size not a multiple of 16");
+  if (s + bytes > smemSize) die("cp.reduce.async.bulk reads past the shared window");
+  for (uint32_t c = s / 16; c < (s + bytes) / 16; c++) {
+    if (chunkSync[c] >= nsync) die("cp.reduce.async.bulk reads a chunk written after the issuer's last barrier");
+    if (pendingWrites[c].load() > 0) die("cp.reduce.async.bulk reads shared memory that a cp.async in flight writes");
+    pendingReads[c]++;
+  }
+  bulks.push_back({p, s, bytes, bulkCommitted, nsync});
+}
+static void f9_bulk_commit() { bulkCommitted++; }
+static void bulk_wait() {
+  for (const Bulk& r : bulks) {
+    if (r.group >= bulkCommitted) die("cp.async.bulk.wait_group with a bulk reduction not committed");
+    for (int u = 0; u < (int)lastUnfencedSync.size(); u++)
+      if (lastUnfencedSync[u] >= 0 && lastUnfencedSync[u] < r.sync) die("bulk reduction after a barrier without fence.proxy.async of shared stores");
+    const float* src = (const float*)(smemBase + r.src);
+    for (int i = 0; i < r.bytes / 4; i++) std::atomic_ref<float>(r.dst[i]).fetch_add(src[i]);
+    for (uint32_t c = r.src / 16; c < (r.src + r.bytes) / 16; c++) pendingReads[c]--;
+  }
+  bulks.clear();
+}
+static void f9_bulk_wait_read() { bulk_wait(); }
+static void f9_bulk_wait() { bulk_wait(); }
 static void f9_wg_fence() { wgFenced = true; }
 static void f9_wg_commit() { wgCommitted++; }
 static float halfOf(uint32_t r, int h) { return bf2f(h ? r >> 16 : r & 0xffff); }
@@ -311,9 +357,10 @@ template <class F> void run_grid(int WG, size_t smem, F kernel) {
       for (int t = 0; t < NT; t++)
         th.emplace_back([&, t] {
           threadIdx = {t, 0}; blockIdx = {bx, by}; nsync = 0; wgFenced = false; wgCommitted = wgIssued = cpCommitted = 0;
-          copies.clear(); ops.clear();
+          copies.clear(); ops.clear(); bulks.clear(); bulkCommitted = 0;
           kernel();
           if (!copies.empty()) die("cp.async copies never waited for");
+          if (!bulks.empty()) die("bulk reductions never waited for");
           if (!ops.empty()) die("wgmma never waited for");
         });
       for (auto& x : th) x.join();
@@ -378,8 +425,8 @@ template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = f
 // (PIPE: pipelined), or with FUSED flash_bwd_kv_sm90 with DQ into a
 // float32 dq started at zero, then dqkv's query columns from it as
 // flash_bwd_dq writes them (scale, one rounding); WG 2: two warpgroups,
-// 128 keys per block.
-template <int HS, bool PIPE, bool FUSED = false, int WG = 1> void run_bwd(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0, bool set = false) {
+// 128 keys per block; BULK: dQ by bulk reductions.
+template <int HS, bool PIPE, bool FUSED = false, int WG = 1, bool BULK = false> void run_bwd(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0, bool set = false) {
   if (NKV == 0) NKV = NH;
   const int C = NH * HS, rep = NH / NKV;
   const size_t W = (size_t)(NH + 2 * NKV) * HS;
@@ -420,7 +467,7 @@ template <int HS, bool PIPE, bool FUSED = false, int WG = 1> void run_bwd(int B,
   if constexpr (FUSED) {
     std::vector<float> dq((size_t)B * NH * T * HS, 0.f);
     gridDim = {(T + 64 * WG - 1) / (64 * WG), B * NKV};
-    run_grid(WG, f9_bwd_smem<HS, true, WG>(), [&] { flash_bwd_kv_sm90<HS, false, true, WG>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase, dq.data()); });
+    run_grid(WG, f9_bwd_smem<HS, true, WG, BULK>(), [&] { flash_bwd_kv_sm90<HS, false, true, WG, BULK>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase, dq.data()); });
     for (int b = 0; b < B; b++) for (int t = 0; t < T; t++) for (int h = 0; h < NH; h++) for (int d = 0; d < HS; d += 2) {
       const float* q = &dq[(((size_t)b * NH + h) * T + t) * HS + d];
       fa_acc2(&dqkv[((size_t)b * T + t) * W + (size_t)h * HS + d], scale * q[0], scale * q[1], set);
@@ -441,7 +488,7 @@ template <int HS, bool PIPE, bool FUSED = false, int WG = 1> void run_bwd(int B,
     worst = std::max(worst, e / tol);
     if (!(e <= tol) && bad++ < 5) printf("%s row %zu col %zu: %g vs %g\n", part[which], i / W, col, g, w);
   }
-  printf("sm90 bwd%s HS%d B%d T%d NH%d NKV%d%s: worst err/tol %.3f, bad %d\n", FUSED ? (WG == 2 ? " (fused, two warpgroups)" : " (fused)") : PIPE ? " (pipelined)" : "", HS, B, T, NH, NKV, set ? " set" : "", worst, bad);
+  printf("sm90 bwd%s HS%d B%d T%d NH%d NKV%d%s: worst err/tol %.3f, bad %d\n", FUSED ? (BULK ? " (fused, two warpgroups, bulk dQ)" : WG == 2 ? " (fused, two warpgroups)" : " (fused)") : PIPE ? " (pipelined)" : "", HS, B, T, NH, NKV, set ? " set" : "", worst, bad);
 }
 
 int main(int argc, char** argv) {
@@ -468,6 +515,8 @@ int main(int argc, char** argv) {
     run_bwd<128, false, true>(1, 130, 2, 16, bad, 0, true);
     run_bwd<64, false, true, 2>(1, 200, 2, 17, bad, 1);
     run_bwd<128, false, true, 2>(1, 130, 2, 18, bad, 0, true);
+    run_bwd<64, false, true, 2, true>(1, 200, 2, 19, bad, 1);
+    run_bwd<128, false, true, 2, true>(1, 130, 2, 20, bad, 0, true);
     return bad != 0;
   }
   const int Ts[] = {1, 63, 64, 65, 200, 300, 600};
@@ -522,6 +571,10 @@ int main(int argc, char** argv) {
     run_bwd<64, false, true, 2>(1, T, 4, seed++, bad, 2, true);          // groups of 2, written over
     run_bwd<128, false, true, 2>(1, T, 3, seed++, bad, 1);               // multi-query
     run_bwd<128, false, true, 2>(1, T, 2, seed++, bad, 0, true);         // written over
+    run_bwd<64, false, true, 2, true>(T < 100 ? 2 : 1, T, 2, seed++, bad);  // bulk dQ, multi-head
+    run_bwd<64, false, true, 2, true>(1, T, 4, seed++, bad, 2, true);       // groups of 2, written over
+    run_bwd<128, false, true, 2, true>(1, T, 3, seed++, bad, 1);            // multi-query
+    run_bwd<128, false, true, 2, true>(1, T, 2, seed++, bad, 0, true);      // written over
   }
   return bad != 0;
 }
