@@ -354,8 +354,7 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // "sm90" and "sm90p" take the Hopper backward (flash_sm90.go) where it
 // applies, split-smem elsewhere; "sm90f", "sm90f2" and "sm90f2b" the
 // fused Hopper backward (flash_sm90.go) where it applies, the default
-// elsewhere. Other values
-// are taken as the default.
+// elsewhere. Other values are taken as the default.
 
 // Flash backward implementations (flashBwdMode). flashBwdSM90 and
 // flashBwdSM90P are the Hopper variants, flashBwdFusedSM90,
@@ -416,9 +415,9 @@ var flashBwdLaunches, flashBwdFusedLaunches, flashBwdVariantLaunches atomic.Int6
 // flashBwd holds the kernels of one head size: the split ones, the prep
 // kernel they share with the fused path, the fused kernel selected by
 // flashBwdMode (0 when missing) with flash_bwd_dq, its dynamic shared
-// memory, keys and threads per block (0: flashRows, flashThreads) and
-// its mode when it is a Hopper one (sm90f, sm90f2, sm90f2b), and the split variant it
-// selects (v.kv 0 when none or missing).
+// memory, keys and threads per block (0: flashRows, flashThreads) and its
+// mode when it is a Hopper one (sm90f, sm90f2, sm90f2b), and the split
+// variant it selects (v.kv 0 when none or missing).
 type flashBwd struct {
 	kv, q, prep, fused, dq             kfunc
 	fusedSmem, fusedRows, fusedThreads int
