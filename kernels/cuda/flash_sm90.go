@@ -503,8 +503,9 @@ func sm90FusedSmem(hs, wg int, bulk bool) int {
 // sm90Fused sets f's fused kernel to the fused Hopper backward of head
 // size hs under mode (sm90f: one warpgroup and 64 keys per block, sm90f2:
 // two and 128, sm90f2b: sm90f2 with dQ by bulk reduction) with
-// flash_bwd_dq, its shared memory and block, and reports true; false, f unchanged, when hs is neither 64 nor 128 or the
-// kernels are not loaded. Self-check results aside.
+// flash_bwd_dq, its shared memory and block, and reports true; false, f
+// unchanged, when hs is neither 64 nor 128 or the kernels are not loaded.
+// Self-check results aside.
 func (b *Backend) sm90Fused(f *flashBwd, hs int, mode string) bool {
 	if hs != 64 && hs != 128 {
 		return false
