@@ -372,16 +372,15 @@ const (
 	flashBwdFused2BSM90 = "sm90f2b"
 )
 
-// flashBwdFusedSM90Modes are the fused Hopper backward's modes.
-var flashBwdFusedSM90Modes = []string{flashBwdFusedSM90, flashBwdFused2SM90, flashBwdFused2BSM90}
-
 // flashBwdMode is the implementation the flash backward takes; tests set it.
 var flashBwdMode = flashBwdModeOf(os.Getenv("SPILL_FLASH_BWD"))
 
 func flashBwdModeOf(v string) string {
 	switch v {
-	case flashBwdFused, flashBwdSplit, flashBwdSplitSM, flashBwdSM90, flashBwdSM90P, flashBwdFusedSM90, flashBwdFused2SM90,
-		flashBwdFused2BSM90:
+	case flashBwdFused, flashBwdSplit, flashBwdSplitSM, flashBwdSM90, flashBwdSM90P:
+		return v
+	}
+	if isFusedSM90(v) {
 		return v
 	}
 	return flashBwdSM90
@@ -485,28 +484,17 @@ func (b *Backend) flashBwdFuncs(d, g, x, o operand, B, T, NH, hs int) (flashBwd,
 }
 
 // flashFusedName is the fused backward kernel of head size hs under mode
-// (the Hopper one under sm90f), "" at head sizes 80 and 96, which have
-// none.
+// (the Hopper one of fusedSM90Modes under a fused Hopper mode), "" at head
+// sizes 80 and 96, which have none.
 func flashFusedName(hs int, mode string) string {
-	switch {
-	case hs == 64 && mode == flashBwdFusedSM90:
-		return "flash_bwd_fused_sm90_bf16_hs64"
-	case hs == 128 && mode == flashBwdFusedSM90:
-		return "flash_bwd_fused_sm90_bf16_hs128"
-	case hs == 64 && mode == flashBwdFused2SM90:
-		return "flash_bwd_fused2_sm90_bf16_hs64"
-	case hs == 128 && mode == flashBwdFused2SM90:
-		return "flash_bwd_fused2_sm90_bf16_hs128"
-	case hs == 64 && mode == flashBwdFused2BSM90:
-		return "flash_bwd_fused2b_sm90_bf16_hs64"
-	case hs == 128 && mode == flashBwdFused2BSM90:
-		return "flash_bwd_fused2b_sm90_bf16_hs128"
-	case hs == 64:
-		return "flash_bwd_fused_bf16_hs64"
-	case hs == 128:
-		return "flash_bwd_fused_bf16_hs128"
+	if hs != 64 && hs != 128 {
+		return ""
 	}
-	return ""
+	k := hs/64 - 1 // 0 at 64, 1 at 128
+	if m, ok := fusedSM90ModeOf(mode); ok {
+		return m.names[k]
+	}
+	return [2]string{"flash_bwd_fused_bf16_hs64", "flash_bwd_fused_bf16_hs128"}[k]
 }
 
 // flashBwdByHead returns the kernels of head size hs; ok says the split

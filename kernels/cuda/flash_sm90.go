@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -486,8 +485,40 @@ func (b *Backend) checkFlashBwdSM90() {
 // (checkFlashBwdFusedSM90, Backend.flashBwdFusedSM90Err); elsewhere, and
 // for calls whose accumulator does not fit the scratch share, the default.
 
+// fusedSM90Mode is one mode of the fused Hopper backward: the shape of its
+// kernels, which f9_bwd_smem and the kernels' template arguments in
+// flashattn_sm90.cu must match.
+type fusedSM90Mode struct {
+	mode  string    // the SPILL_FLASH_BWD value
+	names [2]string // the kernels at head sizes 64 and 128
+	wg    int       // warpgroups per block, each 64 keys
+	bulk  bool      // dQ by one bulk reduction per tile, not atomics
+}
+
+// fusedSM90Modes are the fused Hopper backward's modes, the one table of
+// their kernels and shapes.
+var fusedSM90Modes = []fusedSM90Mode{
+	{flashBwdFusedSM90, [2]string{"flash_bwd_fused_sm90_bf16_hs64", "flash_bwd_fused_sm90_bf16_hs128"}, 1, false},
+	{flashBwdFused2SM90, [2]string{"flash_bwd_fused2_sm90_bf16_hs64", "flash_bwd_fused2_sm90_bf16_hs128"}, 2, false},
+	{flashBwdFused2BSM90, [2]string{"flash_bwd_fused2b_sm90_bf16_hs64", "flash_bwd_fused2b_sm90_bf16_hs128"}, 2, true},
+}
+
+// fusedSM90ModeOf is mode's entry of fusedSM90Modes; false when mode is
+// not a fused Hopper backward.
+func fusedSM90ModeOf(mode string) (fusedSM90Mode, bool) {
+	for _, m := range fusedSM90Modes {
+		if m.mode == mode {
+			return m, true
+		}
+	}
+	return fusedSM90Mode{}, false
+}
+
 // isFusedSM90 says mode is a fused Hopper backward.
-func isFusedSM90(mode string) bool { return slices.Contains(flashBwdFusedSM90Modes, mode) }
+func isFusedSM90(mode string) bool {
+	_, ok := fusedSM90ModeOf(mode)
+	return ok
+}
 
 // sm90FusedSmem is f9_bwd_smem<hs, true, wg, bulk>() of flashattn_sm90.cu:
 // the Hopper backward's shared memory with wg K and V tiles, wg 64x64 bf16
@@ -510,17 +541,17 @@ func (b *Backend) sm90Fused(f *flashBwd, hs int, mode string) bool {
 	if hs != 64 && hs != 128 {
 		return false
 	}
+	m, ok := fusedSM90ModeOf(mode)
+	if !ok {
+		return false
+	}
 	fused, ok1 := b.fns[flashFusedName(hs, mode)]
 	dq, ok2 := b.fns["flash_bwd_dq"]
 	if !ok1 || !ok2 {
 		return false
 	}
-	wg, bulk := 1, mode == flashBwdFused2BSM90
-	if mode == flashBwdFused2SM90 || bulk {
-		wg = 2
-	}
 	f.fused, f.dq, f.fusedSM90 = fused, dq, mode
-	f.fusedSmem, f.fusedRows, f.fusedThreads = sm90FusedSmem(hs, wg, bulk), wg*flashRows, wg*flashThreads
+	f.fusedSmem, f.fusedRows, f.fusedThreads = sm90FusedSmem(hs, m.wg, m.bulk), m.wg*flashRows, m.wg*flashThreads
 	return true
 }
 
@@ -531,9 +562,9 @@ func (b *Backend) sm90Fused(f *flashBwd, hs int, mode string) bool {
 // kernels are missing or failed. Called on a context goroutine at Open
 // after checkFlashBwd.
 func (b *Backend) checkFlashBwdFusedSM90() {
-	b.flashBwdFusedSM90Err = make(map[string]error, len(flashBwdFusedSM90Modes))
-	for _, mode := range flashBwdFusedSM90Modes {
-		b.flashBwdFusedSM90Err[mode] = b.checkFlashBwdFusedMode(mode)
+	b.flashBwdFusedSM90Err = make(map[string]error, len(fusedSM90Modes))
+	for _, m := range fusedSM90Modes {
+		b.flashBwdFusedSM90Err[m.mode] = b.checkFlashBwdFusedMode(m.mode)
 	}
 }
 

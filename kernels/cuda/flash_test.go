@@ -45,7 +45,8 @@ func TestFlashBwdFused(t *testing.T) {
 	default:
 		modes = append(modes, flashBwdSM90, flashBwdSM90P)
 	}
-	for _, mode := range flashBwdFusedSM90Modes {
+	for _, m := range fusedSM90Modes {
+		mode := m.mode
 		switch err := be.flashBwdFusedSM90Err[mode]; {
 		case errors.Is(err, errNoSM90):
 			t.Logf("fused Hopper backward %s not checked: %v", mode, err)

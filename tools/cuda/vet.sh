@@ -6,6 +6,14 @@
 # vet, no library to link.
 #
 #   CUDA_HEADERS=/path/to/cuda/include bash tools/cuda/vet.sh [packages]
+#
+# Without a toolkit, Debian's non-free nvidia-cuda-dev (CUDA 11.8, 774 MB)
+# has the headers; it vets clean against them:
+#   echo "deb http://deb.debian.org/debian bookworm non-free" >/tmp/nf.list
+#   o="-oDir::Etc::SourceList=/tmp/nf.list -oDir::Etc::SourceParts=/dev/null -oDir::State::Lists=/tmp/nf"
+#   mkdir -p /tmp/nf/partial && apt-get $o update && apt-get $o download nvidia-cuda-dev
+#   dpkg-deb --fsys-tarfile nvidia-cuda-dev_*.deb | tar -x -C /tmp/cuda --wildcards './usr/include/*'
+#   CUDA_HEADERS=/tmp/cuda/usr/include bash tools/cuda/vet.sh
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
