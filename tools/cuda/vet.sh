@@ -12,7 +12,7 @@
 #   echo "deb http://deb.debian.org/debian bookworm non-free" >/tmp/nf.list
 #   o="-oDir::Etc::SourceList=/tmp/nf.list -oDir::Etc::SourceParts=/dev/null -oDir::State::Lists=/tmp/nf"
 #   mkdir -p /tmp/nf/partial && apt-get $o update && apt-get $o download nvidia-cuda-dev
-#   dpkg-deb --fsys-tarfile nvidia-cuda-dev_*.deb | tar -x -C /tmp/cuda --wildcards './usr/include/*'
+#   mkdir -p /tmp/cuda && dpkg-deb --fsys-tarfile nvidia-cuda-dev_*.deb | tar -x -C /tmp/cuda --wildcards './usr/include/*'
 #   CUDA_HEADERS=/tmp/cuda/usr/include bash tools/cuda/vet.sh
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
