@@ -81,8 +81,10 @@
 // SwiGLU (kernels/llama.cu) and grouped-query attention, on the flash
 // kernels for bf16 with head size 64, 80, 96 or 128 (the key/value gradients summed
 // over each group inside one block, without atomics; the query gradients
-// of the opt-in fused backward, SPILL_FLASH_BWD=fused, with float32
-// atomics, so not bitwise reproducible, see flash.go) and on the
+// of the fused backwards, by default at head size 128 on Hopper and
+// opt-in elsewhere with SPILL_FLASH_BWD=fused, with float32 atomics or
+// bulk reductions, so not bitwise reproducible; SPILL_FLASH_BWD=sm90 keeps
+// every head size on the split kernels, see flash.go) and on the
 // row-wise kernels otherwise; with as many key/value heads as query heads
 // it is AttentionForward and AttentionBackward.
 //

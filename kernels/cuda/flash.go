@@ -176,8 +176,8 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	} else if hs == 128 && flashFwd2x128 != "" && b.flashFwd2x128Err == nil {
 		fwd += " (two 16-row tiles per warp: " + flashFwd2x128 + ")"
 	}
-	f, _ := b.flashBwdByHead(hs, flashBwdMode)
-	mode := flashBwdMode
+	mode := flashBwdModeAt(hs, flashBwdMode)
+	f, _ := b.flashBwdByHead(hs, mode)
 	if isFusedSM90(mode) && (f.fused == 0 || b.fusedErr(f) != nil) {
 		mode = flashBwdSM90 // where the fused Hopper kernel does not apply
 	}
@@ -195,8 +195,12 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	case f.fused == 0 || b.fusedErr(f) != nil:
 		return fmt.Sprintf("%s; backward: split tensor-core flash kernels (fused backward off: %v)", fwd, b.fusedErr(f))
 	}
-	return fmt.Sprintf("%s; backward: fused tensor-core flash kernel %s (dQ by float32 atomics, not bitwise reproducible)", fwd,
-		flashFusedName(hs, mode))
+	how := "float32 atomics"
+	if m, ok := fusedSM90ModeOf(mode); ok && m.bulk {
+		how = "float32 bulk reductions"
+	}
+	return fmt.Sprintf("%s; backward: fused tensor-core flash kernel %s (dQ by %s, not bitwise reproducible)", fwd,
+		flashFusedName(hs, mode), how)
 }
 
 // checkFlash runs the flash kernel of each head size beside the row-wise
@@ -332,11 +336,13 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // flash backward off (flashBwdErr), of the fused ones only the fused path
 // (flashBwdFusedErr).
 //
-// SPILL_FLASH_BWD, read at start-up, selects the implementation: "sm90"
-// (or unset, the default: the Hopper kernels at head sizes 64 and 128 on a
-// 9.x device whose self-check passed, split-smem elsewhere), "split-smem"
-// and "split" the split kernels (all three bitwise reproducible, and
-// bitwise equal), "fused" the fused kernels.
+// SPILL_FLASH_BWD, read at start-up, selects the implementation: unset
+// (or "auto"), the default, is "sm90f2b" at head size 128 and "sm90"
+// elsewhere (flashBwdAuto); "sm90" the Hopper split kernels at head sizes
+// 64 and 128 on a 9.x device whose self-check passed, split-smem
+// elsewhere; "split-smem" and "split" the split kernels (all three bitwise
+// reproducible, and bitwise equal; "sm90" is the choice for bitwise
+// reproducible runs on Hopper), "fused" the fused kernels.
 // split-smem is the split kernels' variant (flash_bwd_kv_v and
 // flash_bwd_q_v in flashattn.cu; the same products and the same order of
 // every sum, so as deterministic, and bit for bit equal to them on the
@@ -362,6 +368,7 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // (flash_sm90.go; one and two warpgroups per block, dQ by vector atomics or
 // by one bulk reduction per tile).
 const (
+	flashBwdAuto        = "auto"
 	flashBwdFused       = "fused"
 	flashBwdSplit       = "split"
 	flashBwdSplitSM     = "split-smem"
@@ -382,6 +389,22 @@ func flashBwdModeOf(v string) string {
 	}
 	if isFusedSM90(v) {
 		return v
+	}
+	return flashBwdAuto
+}
+
+// flashBwdModeAt is mode at head size hs: flashBwdAuto is the fused
+// two-warpgroup Hopper backward with dQ by bulk reduction at head size 128,
+// where it ran 0.99-1.28x as fast as the split Hopper kernels on the H100
+// (T 1k-8k, tools/bench/results/attn_fused2_h100.json), and the split
+// Hopper kernels elsewhere (0.85-1.02x at head size 64); it falls back to
+// them where the fused one does not apply. Other modes are themselves.
+func flashBwdModeAt(hs int, mode string) string {
+	switch {
+	case mode != flashBwdAuto:
+		return mode
+	case hs == 128:
+		return flashBwdFused2BSM90
 	}
 	return flashBwdSM90
 }
@@ -480,7 +503,7 @@ func (b *Backend) flashBwdFuncs(d, g, x, o operand, B, T, NH, hs int) (flashBwd,
 	if !flashHeadSize(hs) || d.p%4 != 0 || o.p%4 != 0 || x.p%16 != 0 || g.p%16 != 0 || B*NH > 65535 || int64(B)*int64(T)*int64(NH) >= 1<<31 {
 		return flashBwd{}, false
 	}
-	return b.flashBwdByHead(hs, flashBwdMode)
+	return b.flashBwdByHead(hs, flashBwdModeAt(hs, flashBwdMode))
 }
 
 // flashFusedName is the fused backward kernel of head size hs under mode

@@ -361,7 +361,7 @@ func (b *Backend) checkFlashSM90() {
 // dPᵀ (S and dP), P and dS from the accumulators as register A fragments
 // of dV and dK (dQ), every shared tile in the 128-byte swizzled layout. It
 // is a split variant (flashBwdVariant) selected by SPILL_FLASH_BWD=sm90 (or
-// unset: the default), or sm90p for the pipelined kernels (each tile's dV
+// unset: the default at head size 64), or sm90p for the pipelined kernels (each tile's dV
 // and dK, or dQ, run while the next tile's S and dP are issued), at head
 // sizes 64 and 128 on a device whose Hopper module loaded and whose
 // self-check at Open passed (checkFlashBwdSM90, Backend.flashBwdSM90Err);
@@ -479,8 +479,13 @@ func (b *Backend) checkFlashBwdSM90() {
 // the atomic adds; SPILL_FLASH_BWD=sm90f2b that version with the block's
 // dQ of each tile stored as a float32 shared tile and added to the
 // accumulator by one bulk reduction (cp.reduce.async.bulk, the copy
-// engine) instead of per-thread atomics. Selected by SPILL_FLASH_BWD=sm90f,
-// sm90f2 or sm90f2b at head sizes 64 and 128 on a device whose Hopper
+// engine) instead of per-thread atomics. On the H100, beside the split
+// Hopper kernels (tools/bench/results/attn_fused2_h100.json, T 1k-8k),
+// sm90f ran at 0.76-0.77x their speed (hs 64) and 0.74-0.80x (hs 128),
+// sm90f2 at 0.81-0.95x and 0.88-1.08x, sm90f2b at 0.85-1.02x and
+// 0.99-1.28x: sm90f2b is the default at head size 128 (flashBwdAuto).
+// Selected by SPILL_FLASH_BWD=sm90f, sm90f2 or sm90f2b (or unset, at head
+// size 128) at head sizes 64 and 128 on a device whose Hopper
 // module loaded and whose self-check of that mode at Open passed
 // (checkFlashBwdFusedSM90, Backend.flashBwdFusedSM90Err); elsewhere, and
 // for calls whose accumulator does not fit the scratch share, the default.

@@ -56,6 +56,9 @@ func TestFlashBwdFused(t *testing.T) {
 			modes = append(modes, mode)
 		}
 	}
+	if be.flashBwdSM90Err == nil && be.flashBwdFusedSM90Err[flashBwdFused2BSM90] == nil {
+		modes = append(modes, flashBwdAuto) // the default: each head size's choice
+	}
 	for _, sh := range [][5]int{ // B, T, NH, NKV, hs
 		{1, 1, 8, 2, 64}, {1, 1, 2, 2, 128}, {2, 65, 8, 2, 128}, {2, 65, 4, 4, 64}, {1, 200, 8, 8, 64},
 		{1, 200, 8, 2, 128}, {2, 300, 8, 2, 64}, {1, 300, 4, 4, 128},
@@ -110,8 +113,9 @@ func TestFlashBwdFused(t *testing.T) {
 				}
 				// Head sizes 80 and 96 have no fused kernel: "fused" takes
 				// split, "sm90f" the default (split-smem there).
-				variant := isFlashBwdVariant(mode) || (isFusedSM90(mode) && flashFusedName(hs, mode) == "")
-				wantFused := mode != flashBwdSplit && !variant && flashFusedName(hs, mode) != ""
+				m := flashBwdModeAt(hs, mode)
+				variant := isFlashBwdVariant(m) || (isFusedSM90(m) && flashFusedName(hs, m) == "")
+				wantFused := m != flashBwdSplit && !variant && flashFusedName(hs, m) != ""
 				if fused := flashBwdFusedLaunches.Load() > nf; fused != wantFused {
 					t.Errorf("%s/%s: fused kernels ran: %v", name, mode, fused)
 				}
@@ -119,7 +123,7 @@ func TestFlashBwdFused(t *testing.T) {
 					t.Errorf("%s/%s: split variant ran: %v", name, mode, ran)
 				}
 				// The Hopper modes at head sizes 64 and 128; split-smem at the others.
-				if ran, want := flashBwdSM90Launches.Load() > n9, isFlashBwdSM90(mode) && (hs == 64 || hs == 128); ran != want {
+				if ran, want := flashBwdSM90Launches.Load() > n9, isFlashBwdSM90(m) && (hs == 64 || hs == 128); ran != want {
 					t.Errorf("%s/%s: Hopper backward ran: %v", name, mode, ran)
 				}
 				p.check(name+"/"+mode+"/dqkv", dqkv, slack)
@@ -169,10 +173,10 @@ func TestFlashBwdFused(t *testing.T) {
 
 // TestFlashBwdModeOf checks the parsing of SPILL_FLASH_BWD.
 func TestFlashBwdModeOf(t *testing.T) {
-	for in, want := range map[string]string{"": flashBwdSM90, "fused": flashBwdFused, "split": flashBwdSplit,
+	for in, want := range map[string]string{"": flashBwdAuto, "auto": flashBwdAuto, "fused": flashBwdFused, "split": flashBwdSplit,
 		"sm90": flashBwdSM90, "sm90p": flashBwdSM90P, "sm90x": flashBwdSM90, "sm90f": flashBwdFusedSM90,
 		"sm90f2": flashBwdFused2SM90, "sm90f2b": flashBwdFused2BSM90,
-		"fused-bq32": flashBwdSM90, "nonsense": flashBwdSM90, "split-smem": flashBwdSplitSM, "split-w8": flashBwdSM90} {
+		"fused-bq32": flashBwdAuto, "nonsense": flashBwdAuto, "split-smem": flashBwdSplitSM, "split-w8": flashBwdAuto} {
 		if got := flashBwdModeOf(in); got != want {
 			t.Errorf("flashBwdModeOf(%q) = %q, want %q", in, got, want)
 		}
