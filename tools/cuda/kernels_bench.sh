@@ -17,7 +17,9 @@
 #   - with SPILL_BENCH_GO=1, the Go benchmarks of the launch path;
 #   - with SPILL_BENCH_ONE_TILE=1, the head-size-64 attention again with the
 #     one-tile forward kernel (SPILL_FLASH_FWD=1) beside the default two-tile one;
-#   - with SPILL_ATTN_VARIANTS, opt-in attention kernels at the same shapes.
+#   - with SPILL_ATTN_VARIANTS, opt-in attention kernels at the same shapes;
+#   - with SPILL_ATTN_BASE_PTX, the Hopper attention kernels of another PTX
+#     file at the same shapes (variant "base").
 #
 # Prepare .gpu/ with tools/cuda/pack.sh, then run with the device tool
 # (carry [".gpu"]): bash tools/cuda/kernels_bench.sh. SPILL_COMMIT names the
@@ -79,6 +81,17 @@ for v in "${variants[@]}"; do
   [ -n "$v" ] || continue
   step "spill_attn_v_${v%%:*}" 60 env "${v#*:}" /tmp/gpubench -attn-sweep "$attn" -out "$out/spill_attn_v_${v%%:*}.json"
 done
+# SPILL_ATTN_BASE_PTX=FILE: the attention sweep again from a gpubench
+# built with FILE as kernels/cuda/ptx/flashattn_sm90.ptx (say the committed
+# PTX of the commit before a kernel change, packed into .gpu/), reported as
+# the variant "base": the old kernels timed beside the new in one call.
+if [ -n "${SPILL_ATTN_BASE_PTX:-}" ]; then
+  cur=$(mktemp)
+  cp kernels/cuda/ptx/flashattn_sm90.ptx "$cur" && cp "$SPILL_ATTN_BASE_PTX" kernels/cuda/ptx/flashattn_sm90.ptx &&
+    step build_base 200 go build -tags cuda -o /tmp/gpubench_base ./tools/gpubench
+  cp "$cur" kernels/cuda/ptx/flashattn_sm90.ptx || status=1
+  [ -x /tmp/gpubench_base ] && step spill_attn_v_base 60 /tmp/gpubench_base -attn-sweep "$attn" -out "$out/spill_attn_v_base.json"
+fi
 python3 tools/cuda/kernels_report.py "$out" "$commit" "SPILL_COMMIT=$commit bash tools/cuda/kernels_bench.sh (attention $attn; shapes $shapes)" >"$out/kernels_h200.json" || status=1
 python3 - "$out/kernels_h200.json" <<'EOF' || status=1
 import json, sys

@@ -507,9 +507,9 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
 // before rescaling O and turning P(j) into A fragments. Shared memory
 // (smem, f9_fwdp_smem<HS, D>() bytes): a ring of D K tiles and one of D V
 // tiles, K(g) in K slot g%D and V(g) in V slot g%D. Copy group g (one
-// cp.async commit group per thread) holds K(g) and V(g-1) (group 0 the
-// zeros that stand for V(-1), in V slot D-1): groups 0..A-1 go out before
-// the loop, group j+A at the start of iteration j. Barrier R_j (named
+// cp.async commit group per thread) holds K(g) and V(g-1) (group 0 K(0)
+// only): groups 0..A-1 go out before the loop, group j+A at the start of
+// iteration j. Barrier R_j (named
 // barrier 1, every thread of the block) ends iteration j; before it each
 // thread lands group j+1 (cp.async.wait_group A-1: K(j+1), V(j)) and
 // fences it, so each copy has A iterations to arrive.
@@ -531,8 +531,12 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
 // lockstep for the same copy distance; with A = D-1 a copy would overwrite
 // V(j-2) while warpgroup 1's P(j-2)·V(j-2) may still read it.
 //
-// Iteration n (n key tiles in the block) only drains the last P·V. Both
-// warpgroups go through all the block's key tiles.
+// Iteration 0 issues S(0) only and iteration n (n key tiles in the block)
+// only the last P·V: both are peeled off the loop (step, with f9_bool
+// flags), where they used to issue both groups every iteration, P·V(-1)
+// on zeros and an S(n) that was dropped (a block of n tiles did the
+// products of n + 1). Both warpgroups go through all the block's key
+// tiles.
 //
 // BK is the keys per tile: 64, or 128 (the flash_fwd4 kernels: S is then
 // HS/16 wgmma m64n128k16 per tile and P·V 8 k16 steps, so that each
@@ -540,6 +544,13 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
 // WG (1 to 3) warpgroups of 64 query rows each share the rings; the
 // block's key tiles run to its last row's, so with 192 rows and 128-key
 // tiles a warpgroup may see a tile wholly past its rows (masked: P zero).
+// f9_bool<B> is a compile-time flag passed as a value (to a generic
+// lambda: decltype(flag)::value).
+template <bool B>
+struct f9_bool {
+    static constexpr bool value = B;
+};
+
 template <int HS, int D, int BK = F9_BK>
 constexpr int f9_fwdp_smem() {
     return 2 * D * BK * HS * 2 + 1024;  // + room to align the tiles to 1024 bytes
@@ -583,53 +594,57 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
     uint32_t pa[BK / 16][4];
 #pragma unroll
     for (int i = 0; i < NO; i++) o[i] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
 
-    // Copy group gi: K(gi) and V(gi-1) where they exist (zeros for V(-1)),
-    // committed even when empty, so that group counts stay uniform.
+    // Copy group gi: K(gi) and V(gi-1) where they exist, committed even
+    // when empty, so that group counts stay uniform.
     auto ld = [&](int gi) {
         if (gi < n) f9_load_tile_sw<HS, NT, BK>(Ks + (gi % D) * TILE, kbase, W, gi * BK, T);
-        if (gi == 0)
-            f9_load_tile_sw<HS, NT, BK>(Vs + (D - 1) * TILE, vbase, W, T, T);  // zeros, for the P·V of iteration 0
-        else if (gi - 1 < n)
-            f9_load_tile_sw<HS, NT, BK>(Vs + ((gi - 1) % D) * TILE, vbase, W, (gi - 1) * BK, T);
+        if (gi >= 1 && gi - 1 < n) f9_load_tile_sw<HS, NT, BK>(Vs + ((gi - 1) % D) * TILE, vbase, W, (gi - 1) * BK, T);
         fa_cp_commit();
     };
-#pragma unroll
-    for (int gi = 0; gi < A; gi++) ld(gi);
-    fa_cp_wait_n<A - 1>();
-    f9_fence_proxy();
-    __syncthreads();  // K(0) and the zeros are in
-    for (int j = 0; j <= n; j++) {
+    // step(j, S, PV) is iteration j: with S (j < n) it issues S(j) =
+    // Q·K(j)ᵀ (K-major B as in flash_fwd_sm90) and does its softmax, with
+    // PV (j > 0) it issues O += P(j-1)·V(j-1) (N-major B) after it, as a
+    // second group. S and PV are compile-time (f9_bool): the loop runs the
+    // steps with both, and the first (S only) and the last (PV only) are
+    // peeled off, so that no wgmma is issued for nothing and none sits
+    // under a runtime branch (ptxas serializes all wgmma of a function
+    // then, C7515). Every step issues its copy group and meets its barrier.
+    auto step = [&](int j, auto withS, auto withPV) {
+        constexpr bool DS = decltype(withS)::value, DPV = decltype(withPV)::value;
         const int k0 = j * BK;
         ld(j + A);  // into the slots of K(j+A-D) and V(j+A-D-1)
-        // S = Q·K(j)ᵀ (K-major B as in flash_fwd_sm90), then O += P(j-1)·V(j-1)
-        // (N-major B), two groups, issued in every iteration (a wgmma under
-        // a branch makes ptxas serialize them all, C7515): S(n) reads
-        // K(n-1) again and is dropped; at j = 0, P is zero and V slot D-1
-        // holds zeros.
-        const uint32_t ks = f9_smem(Ks + (min(j, n - 1) % D) * TILE);
-        const uint32_t vs = f9_smem(Vs + ((j + D - 1) % D) * TILE);  // V(j-1)
         f9_wg_fence();
+        if constexpr (DS) {
+            const uint32_t ks = f9_smem(Ks + (j % D) * TILE);
 #pragma unroll
-        for (int kk = 0; kk < KD; kk++)
-            if constexpr (BK == 64)
-                f9_wgmma_n64<0>(s, qf[kk], f9_kdesc<BK>(ks, kk), kk);
-            else
-                f9_wgmma_n128<0>(s, qf[kk], f9_kdesc<BK>(ks, kk), kk);
-        f9_wg_commit();
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) {
-            const uint64_t dv = f9_ndesc<BK>(vs, kk);
-            if constexpr (HS == 64)
-                f9_wgmma_n64<1>(o, pa[kk], dv, 1);
-            else
-                f9_wgmma_n128<1>(o, pa[kk], dv, 1);
+            for (int kk = 0; kk < KD; kk++)
+                if constexpr (BK == 64)
+                    f9_wgmma_n64<0>(s, qf[kk], f9_kdesc<BK>(ks, kk), kk);
+                else
+                    f9_wgmma_n128<0>(s, qf[kk], f9_kdesc<BK>(ks, kk), kk);
+            f9_wg_commit();
         }
-        f9_wg_commit();
-        f9_wg_wait1();  // S(j) is done; P(j-1)·V(j-1) may still run
-        f9_regs<NS>(s);
+        if constexpr (DPV) {
+            const uint32_t vs = f9_smem(Vs + ((j + D - 1) % D) * TILE);  // V(j-1)
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++) {
+                const uint64_t dv = f9_ndesc<BK>(vs, kk);
+                if constexpr (HS == 64)
+                    f9_wgmma_n64<1>(o, pa[kk], dv, 1);
+                else
+                    f9_wgmma_n128<1>(o, pa[kk], dv, 1);
+            }
+            f9_wg_commit();
+        }
+        if constexpr (DS) {
+            if constexpr (DPV) {
+                f9_wg_wait1();  // S(j) is done; P(j-1)·V(j-1) may still run
+            } else {
+                f9_wg_wait();  // the first step: S(0) is the only group
+            }
+            f9_regs<NS>(s);
+        }
         if (late) {  // warpgroup 1 meets R_j here under ping-pong: see above
             fa_cp_wait_n<A - 1>();  // group j+1, as below
             f9_fence_proxy();
@@ -640,8 +655,7 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
         // before the tile (the first one, at the block's diagonal tile) has
         // it all masked: -inf scores, P zero, m, l and O unchanged.
         float f0 = 1.f, f1 = 1.f;
-        const bool doS = j < n;
-        if (doS) {
+        if constexpr (DS) {
             if (k0 + BK - 1 > w0) {  // causal mask (and keys past T) on the tiles past w0
 #pragma unroll
                 for (int jj = 0; jj < NS / 4; jj++) {
@@ -681,15 +695,19 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
             l0 = l0 * f0 + ps0;
             l1 = l1 * f1 + ps1;
         }
-        f9_wg_wait();  // P(j-1)·V(j-1) is done
-        f9_regs<NO>(o);
-        if (doS) {
+        if constexpr (DPV) {
+            f9_wg_wait();  // P(j-1)·V(j-1) is done
+            f9_regs<NO>(o);
+        }
+        if constexpr (DS) {
+            if constexpr (DPV) {  // before the first P·V, O is zero
 #pragma unroll
-            for (int jj = 0; jj < NO / 4; jj++) {
-                o[4 * jj] *= f0;
-                o[4 * jj + 1] *= f0;
-                o[4 * jj + 2] *= f1;
-                o[4 * jj + 3] *= f1;
+                for (int jj = 0; jj < NO / 4; jj++) {
+                    o[4 * jj] *= f0;
+                    o[4 * jj + 1] *= f0;
+                    o[4 * jj + 2] *= f1;
+                    o[4 * jj + 3] *= f1;
+                }
             }
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++) {
@@ -704,7 +722,16 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
             f9_fence_proxy();
             f9_bar<WG * F9_THREADS>();  // K(j+1) and V(j) are in; see above for what is done
         }
-    }
+    };
+#pragma unroll
+    for (int gi = 0; gi < A; gi++) ld(gi);
+    fa_cp_wait_n<A - 1>();
+    f9_fence_proxy();
+    __syncthreads();  // K(0) is in
+    step(0, f9_bool<true>{}, f9_bool<false>{});
+#pragma unroll 1
+    for (int j = 1; j < n; j++) step(j, f9_bool<true>{}, f9_bool<true>{});
+    step(n, f9_bool<false>{}, f9_bool<true>{});
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
