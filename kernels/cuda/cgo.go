@@ -60,6 +60,13 @@ static int spill_func_max_dynamic_smem(uintptr_t f, int n) {
 	return (int)cuFuncSetAttribute((CUfunction)f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, n);
 }
 
+// spill_func_occupancy sets *n to the blocks of f, of threads threads and
+// smem bytes of dynamic shared memory, that one multiprocessor keeps
+// resident.
+static int spill_func_occupancy(uintptr_t f, int threads, int smem, int *n) {
+	return (int)cuOccupancyMaxActiveBlocksPerMultiprocessor(n, (CUfunction)f, threads, (size_t)smem);
+}
+
 static int spill_host_alloc(void **p, size_t n) {
 	return (int)cuMemHostAlloc(p, n, CU_MEMHOSTALLOC_PORTABLE);
 }
@@ -304,6 +311,16 @@ func setMaxDynamicShared(fn kfunc, n int) error {
 		return driverError(r)
 	}
 	return nil
+}
+
+// blocksPerSM is how many blocks of fn, of threads threads and smem bytes
+// of dynamic shared memory, one multiprocessor keeps resident.
+func blocksPerSM(fn kfunc, threads, smem int) (int, error) {
+	var n C.int
+	if r := C.spill_func_occupancy(C.uintptr_t(fn), C.int(threads), C.int(smem), &n); r != 0 {
+		return 0, driverError(r)
+	}
+	return int(n), nil
 }
 
 // streamHandle is the CUstream of s as an integer for this package's cgo.

@@ -138,11 +138,12 @@ func flashScale(hs int) float32 { return float32(math.Log2E / math.Sqrt(float64(
 
 // flashJob is the launch of fn (rows query rows per block of
 // flashBlockThreads(fn) threads, with the dynamic shared memory
-// flashShared holds for it) for out, lse,
+// flashShared holds for it; flashGridX blocks per head, so that a
+// pipelined Hopper kernel's blocks may take several) for out, lse,
 // qkv with NH query and NKV key/value heads of size hs (NKV = NH for
 // multi-head attention).
 func flashJob(fn kfunc, rows int, o, lse, x cu.DevicePtr, B, T, NH, NKV, hs int) job {
-	j := launchJob(fn, dim3{x: (T + rows - 1) / rows, y: B * NH}, dim3{x: flashBlockThreads(fn)},
+	j := launchJob(fn, dim3{x: flashGridX(fn, rows, T, B*NH), y: B * NH}, dim3{x: flashBlockThreads(fn)},
 		aPtr(o), aPtr(lse), aPtr(x), aI32(T), aI32(NH), aI32(NKV), aF32(flashScale(hs)))
 	if n, ok := flashShared.Load(fn); ok {
 		j = j.withShared(n.(int))
@@ -168,6 +169,9 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 		fwd = "forward: wgmma flash kernel for sm_90a"
 		if flashSM90p {
 			fwd += fmt.Sprintf(" (pipelined, %d query rows per block)", rows)
+			if flashPersistent {
+				fwd += ", persistent"
+			}
 		} else if rows == flashRows2 {
 			fwd += " (128 query rows per block)"
 		}

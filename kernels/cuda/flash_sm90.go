@@ -53,6 +53,13 @@ import (
 // cores' reads of the unswizzled tiles). The unpipelined kernels, which
 // read unswizzled tiles, ran 1.25-1.28x slower than the mma.sync ones on
 // the H200 (attn_variants_h200.json) and stay opt-in.
+// The pipelined kernels are launched persistent where that pays
+// (flashGridX, sm90Grid): fewer blocks per head than query blocks, each
+// taking several in turn with its copies running on from one to the next,
+// so that a query block's first tiles and Q arrive under the previous
+// one's work instead of while the multiprocessor waits (and the launch
+// of a block per query block is gone); SPILL_FLASH_PERSIST=0 launches one
+// block per query block.
 // The backward has Hopper kernels of its own (below), selected apart.
 
 // flashSM90Module is the embedded PTX of the Hopper forward.
@@ -246,19 +253,26 @@ func (b *Backend) loadFlashSM90(f, src string) {
 			flashWide.Store(fn, 2*flashThreads)
 		}
 	}
-	shared := []struct {
-		name string
-		smem int
-	}{{flashSM90pName(64), sm90FwdPSmem(64, sm90FwdPDepth(64))}, {flashSM90pName(128), sm90FwdPSmem(128, sm90FwdPDepth(128))},
-		{flashSM90px1Name(64), sm90FwdPSmem(64, sm90FwdPx1Depth)}, {flashSM90px1Name(128), sm90FwdPSmem(128, sm90FwdPx1Depth)}}
+	sms, err := b.dev.Attribute(cu.MultiprocessorCount)
+	if err != nil {
+		b.flashSM90Err = fmt.Errorf("multiprocessor count: %w", err)
+		return
+	}
+	// The pipelined kernels (flash_fwd_sm90p): dynamic shared memory, and
+	// what sm90Grid needs to launch them persistent.
+	type pipelined struct {
+		name                string
+		smem, threads, keys int
+	}
+	shared := []pipelined{{flashSM90pName(64), sm90FwdPSmem(64, sm90FwdPDepth(64)), 2 * flashThreads, 64},
+		{flashSM90pName(128), sm90FwdPSmem(128, sm90FwdPDepth(128)), 2 * flashThreads, 64},
+		{flashSM90px1Name(64), sm90FwdPSmem(64, sm90FwdPx1Depth), flashThreads, 64},
+		{flashSM90px1Name(128), sm90FwdPSmem(128, sm90FwdPx1Depth), flashThreads, 64}}
 	for _, k := range sm90p4Kernels {
 		if fn, ok := fns[k.name]; ok {
 			flashWide.Store(fn, k.threads)
 		}
-		shared = append(shared, struct {
-			name string
-			smem int
-		}{k.name, k.smem})
+		shared = append(shared, pipelined{k.name, k.smem, k.threads, 128})
 	}
 	for _, k := range shared {
 		fn, ok := fns[k.name]
@@ -270,8 +284,50 @@ func (b *Backend) loadFlashSM90(f, src string) {
 			return
 		}
 		flashShared.Store(fn, k.smem)
+		perSM, err := blocksPerSM(fn, k.threads, k.smem)
+		if err != nil || perSM < 1 {
+			b.flashSM90Err = fmt.Errorf("%s: blocks per multiprocessor (%d threads, %d bytes of shared memory): %d, %v",
+				k.name, k.threads, k.smem, perSM, err)
+			return
+		}
+		flashPipelined.Store(fn, sm90Pipelined{keys: k.keys, sms: sms, perSM: perSM})
 	}
 	maps.Copy(b.fns, fns)
+}
+
+// sm90Pipelined is what sm90Grid needs of a pipelined Hopper forward
+// kernel: its keys per tile, and the device's multiprocessors and how
+// many of its blocks each keeps resident.
+type sm90Pipelined struct{ keys, sms, perSM int }
+
+// flashPipelined holds the sm90Pipelined of each pipelined Hopper forward
+// kernel (kfunc keys; set when a module loads, read by flashGridX).
+var flashPipelined sync.Map
+
+// flashPersistent lets flashGridX launch the pipelined Hopper forward
+// persistent (sm90Grid; SPILL_FLASH_PERSIST=0 clears it: one query block
+// per block, as before).
+var flashPersistent = os.Getenv("SPILL_FLASH_PERSIST") != "0"
+
+// sm90GridSMs, when above 0, stands for the device's multiprocessor count
+// in flashGridX (tests: a small value makes small problems persistent).
+var sm90GridSMs int
+
+// flashGridX is gridDim.x of flash forward kernel fn for T query rows in
+// blocks of rows and z heads: sm90Grid's for a pipelined Hopper kernel
+// while flashPersistent holds, else one block per query block.
+func flashGridX(fn kfunc, rows, T, z int) int {
+	if flashPersistent {
+		if v, ok := flashPipelined.Load(fn); ok {
+			k := v.(sm90Pipelined)
+			sms := k.sms
+			if sm90GridSMs > 0 {
+				sms = sm90GridSMs
+			}
+			return sm90Grid(T, rows, k.keys, z, sms, k.perSM)
+		}
+	}
+	return (T + rows - 1) / rows
 }
 
 // useFlashSM90 returns the Hopper kernel that forward calls of head size

@@ -21,11 +21,13 @@ import (
 // block) against it, and each Hopper kernel and the mma.sync one against each other on the same inputs, with poisoned outputs, at head
 // sizes 64 and 128, multi-head and grouped-query, T of 1, 65, 200 and 1000
 // (partial query blocks and key tiles), asserting that the Hopper kernel
-// ran. Skipped on a device whose compute capability is not 9.x.
+// ran; the default kernel also persistent (several query blocks a block),
+// bit for bit against one query block per block. Skipped on a device whose compute capability is not 9.x.
 func TestAttentionFlashSM90(t *testing.T) {
-	defer func(impl int, h, x2, pp bool, p4 int) {
+	defer func(impl int, h, x2, pp bool, p4 int, pers bool, sms int) {
 		attnImpl, flashSM90, flashSM90x2, flashSM90p, flashSM90p4 = impl, h, x2, pp, p4
-	}(attnImpl, flashSM90, flashSM90x2, flashSM90p, flashSM90p4)
+		flashPersistent, sm90GridSMs = pers, sms
+	}(attnImpl, flashSM90, flashSM90x2, flashSM90p, flashSM90p4, flashPersistent, sm90GridSMs)
 	attnImpl = attnFlash
 	p := openPair(t)
 	gb := p.g.(*Backend)
@@ -110,6 +112,46 @@ func TestAttentionFlashSM90(t *testing.T) {
 				}
 			}
 		}
+		// The default pipelined kernel persistent: with sm90GridSMs 1 and 3
+		// standing for the device, its blocks take several query blocks of
+		// their head in turn (flashGridX below the query blocks, asserted).
+		// Against the CPU, and bit for bit against one query block per
+		// block (each query block's arithmetic is the same either way).
+		flashSM90x2, flashSM90p, flashSM90p4 = true, true, sm90p4Auto
+		fn, rows, ok := gb.useFlashSM90(hs)
+		if !ok {
+			t.Fatalf("%s: no pipelined Hopper kernel", name)
+		}
+		flashPersistent, sm90GridSMs = false, 0
+		ref, refL := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)
+		fwd(ref, refL)
+		flashPersistent = true
+		for _, sms := range []int{1, 3} {
+			sm90GridSMs = sms
+			vname := fmt.Sprintf("%s/persistent-sms%d", name, sms)
+			nq := (T + rows - 1) / rows
+			if X := flashGridX(fn, rows, T, B*NH); nq > 1 && X >= nq {
+				t.Errorf("%s: %d blocks a head for %d query blocks: not persistent", vname, X, nq)
+			}
+			out, lse := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)
+			fwd(out, lse)
+			p.check(vname+"/out", out, 1)
+			p.check(vname+"/lse", lse, 2)
+			for _, c := range []struct {
+				name     string
+				got, one tp
+			}{{"out", out, ref}, {"lse", lse, refL}} {
+				a, _ := p.download(c.got)
+				m, _ := p.download(c.one)
+				for i := range m {
+					if a[i] != m[i] {
+						t.Errorf("%s/%s[%d]: %g persistent, %g one query block per block", vname, c.name, i, a[i], m[i])
+						break
+					}
+				}
+			}
+		}
+		flashPersistent, sm90GridSMs = true, 0
 	}
 }
 

@@ -538,6 +538,16 @@ __device__ __forceinline__ void flash_fwd_sm90(uint16_t* __restrict__ out, float
 // products of n + 1). Both warpgroups go through all the block's key
 // tiles.
 //
+// A block may take several items (query blocks of 64·WG rows of its head
+// blockIdx.y; persistent when gridDim.x is below the query blocks: item_q0
+// gives the order) one after another. The copies and the barriers run as
+// one stream over them: j above counts the block's steps over all its
+// items (n + 1 for an item of n key tiles, with its n + 1 copy groups),
+// and the slots of group g are g%D as above, so the next item's first
+// tiles are copied under the last steps of the one before and its Q loads
+// under the last P·V and the output (flash_sm90.go's sm90Grid picks
+// gridDim.x).
+//
 // BK is the keys per tile: 64, or 128 (the flash_fwd4 kernels: S is then
 // HS/16 wgmma m64n128k16 per tile and P·V 8 k16 steps, so that each
 // barrier, wait and row reduction of the softmax covers twice the keys).
@@ -568,55 +578,85 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
     constexpr int KD = HS / 16, NS = BK / 2, NO = HS / 2, BQ = F9_BQ * WG, NT = F9_THREADS * WG, TILE = BK * HS;
     const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query blocks (most keys) first
     const i64 W = (i64)(NH + 2 * NKV) * HS;
     const uint16_t* base = qkv + (i64)b * T * W + (i64)h * HS;
     const uint16_t* kbase = qkv + (i64)b * T * W + (i64)(NH + kv) * HS;
     const uint16_t* vbase = kbase + (i64)NKV * HS;
-    const int qlast = min(q0 + BQ, T) - 1;
-    const int qw = q0 + F9_BQ * (tid >> 7);  // this warpgroup's first row
-    const int w0 = qw + warp * 16, r0 = w0 + g, r1 = r0 + 8;
-    const int n = qlast / BK + 1;  // key tiles of the block
+    // The block's items are query blocks of head z: in round r, position
+    // p = r·X + x (r even) or r·X + X-1-x (r odd) of the query blocks
+    // sorted longest first (query block nq-1-p), x = blockIdx.x, X =
+    // gridDim.x (1..nq; nq, one item a block, or fewer, persistent): the
+    // snake order evens out the blocks' keys. item_q0 is the first row of
+    // item r, -1 past the block's last.
+    const int nq = (T + BQ - 1) / BQ, X = gridDim.x, x = blockIdx.x;
+    auto item_q0 = [&](int r) {
+        const int p = r * X + ((r & 1) ? X - 1 - x : x);
+        return p < nq ? (nq - 1 - p) * BQ : -1;
+    };
+    auto tiles = [&](int q) { return (min(q + BQ, T) - 1) / BK + 1; };  // key tiles of the item at row q
+    if (item_q0(0) < 0) return;  // the whole block (X > nq)
     smem += ((1024u - (f9_smem(smem) & 1023u)) & 1023u) / 2;  // the swizzle's 1024-byte alignment
     uint16_t* Ks = smem;
     uint16_t* Vs = smem + D * TILE;
 
     uint32_t qf[KD][4];
+    // load_q loads the Q fragments of the item at row q (rows past T zero).
+    auto load_q = [&](int q) {
+        const int q_r0 = q + F9_BQ * (tid >> 7) + warp * 16 + g, q_r1 = q_r0 + 8;
 #pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-        const int d = kk * 16 + 2 * c;
-        qf[kk][0] = r0 < T ? fa_ld32(base + (i64)r0 * W + d) : 0u;
-        qf[kk][1] = r1 < T ? fa_ld32(base + (i64)r1 * W + d) : 0u;
-        qf[kk][2] = r0 < T ? fa_ld32(base + (i64)r0 * W + d + 8) : 0u;
-        qf[kk][3] = r1 < T ? fa_ld32(base + (i64)r1 * W + d + 8) : 0u;
-    }
-    float o[NO], s[NS], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    uint32_t pa[BK / 16][4];
-#pragma unroll
-    for (int i = 0; i < NO; i++) o[i] = 0.f;
-
-    // Copy group gi: K(gi) and V(gi-1) where they exist, committed even
-    // when empty, so that group counts stay uniform.
-    auto ld = [&](int gi) {
-        if (gi < n) f9_load_tile_sw<HS, NT, BK>(Ks + (gi % D) * TILE, kbase, W, gi * BK, T);
-        if (gi >= 1 && gi - 1 < n) f9_load_tile_sw<HS, NT, BK>(Vs + ((gi - 1) % D) * TILE, vbase, W, (gi - 1) * BK, T);
-        fa_cp_commit();
+        for (int kk = 0; kk < KD; kk++) {
+            const int d = kk * 16 + 2 * c;
+            qf[kk][0] = q_r0 < T ? fa_ld32(base + (i64)q_r0 * W + d) : 0u;
+            qf[kk][1] = q_r1 < T ? fa_ld32(base + (i64)q_r1 * W + d) : 0u;
+            qf[kk][2] = q_r0 < T ? fa_ld32(base + (i64)q_r0 * W + d + 8) : 0u;
+            qf[kk][3] = q_r1 < T ? fa_ld32(base + (i64)q_r1 * W + d + 8) : 0u;
+        }
     };
-    // step(j, S, PV) is iteration j: with S (j < n) it issues S(j) =
-    // Q·K(j)ᵀ (K-major B as in flash_fwd_sm90) and does its softmax, with
-    // PV (j > 0) it issues O += P(j-1)·V(j-1) (N-major B) after it, as a
-    // second group. S and PV are compile-time (f9_bool): the loop runs the
-    // steps with both, and the first (S only) and the last (PV only) are
-    // peeled off, so that no wgmma is issued for nothing and none sits
-    // under a runtime branch (ptxas serializes all wgmma of a function
-    // then, C7515). Every step issues its copy group and meets its barrier.
+    float o[NO], s[NS], m0, m1, l0, l1;
+    uint32_t pa[BK / 16][4];
+
+    // The copies run as one stream over the block's items: copy group G
+    // (one cp.async commit group per thread, G counted over all items) is
+    // the group g of its item, which holds K(g) (g < n) in K slot G%D and
+    // V(g-1) (g >= 1) in V slot (G-1)%D, for g = 0..n (n + 1 groups for
+    // the item's n + 1 steps, below); past the last item groups are empty,
+    // committed all the same so that group counts stay uniform. ld issues
+    // the next group (cursor lq, ln, lg: its item's first row, tiles and
+    // g; lr the item, lG the group).
+    int lr = 0, lq = item_q0(0), ln = tiles(lq), lg = 0, lG = 0;
+    auto ld = [&]() {
+        if (lq >= 0) {
+            if (lg < ln) f9_load_tile_sw<HS, NT, BK>(Ks + (lG % D) * TILE, kbase, W, lg * BK, T);
+            if (lg >= 1) f9_load_tile_sw<HS, NT, BK>(Vs + ((lG - 1) % D) * TILE, vbase, W, (lg - 1) * BK, T);
+            if (++lg > ln) {
+                lq = item_q0(++lr);
+                lg = 0;
+                if (lq >= 0) ln = tiles(lq);
+            }
+        }
+        fa_cp_commit();
+        lG++;
+    };
+    // The item in progress: its rows (w0 this warp's first, r0 and r1 this
+    // thread's) and the step's group G.
+    int w0 = 0, r0 = 0, r1 = 0, G = 0;
+    // step(j, S, PV) is iteration j of the item, global step G: with S (j <
+    // n) it issues S(j) = Q·K(j)ᵀ (K slot G%D, K-major B as in
+    // flash_fwd_sm90) and does its softmax, with PV (j > 0) it issues O +=
+    // P(j-1)·V(j-1) (V slot (G-1)%D, N-major B) after it, as a second
+    // group. S and PV are compile-time (f9_bool): the loop runs the steps
+    // with both, and the first (S only) and the last (PV only) are peeled
+    // off, so that no wgmma is issued for nothing and none sits under a
+    // runtime branch (ptxas serializes all wgmma of a function then,
+    // C7515). Every step issues a copy group and meets its barrier: step G
+    // issues group G+A and lands group G+1 (its next step's) before it.
     auto step = [&](int j, auto withS, auto withPV) {
         constexpr bool DS = decltype(withS)::value, DPV = decltype(withPV)::value;
         const int k0 = j * BK;
-        ld(j + A);  // into the slots of K(j+A-D) and V(j+A-D-1)
+        ld();  // group G+A, into the slots of groups G+A-D (K) and G+A-D-1 (V)
         f9_wg_fence();
         if constexpr (DS) {
-            const uint32_t ks = f9_smem(Ks + (j % D) * TILE);
+            const uint32_t ks = f9_smem(Ks + (G % D) * TILE);
 #pragma unroll
             for (int kk = 0; kk < KD; kk++)
                 if constexpr (BK == 64)
@@ -626,7 +666,7 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
             f9_wg_commit();
         }
         if constexpr (DPV) {
-            const uint32_t vs = f9_smem(Vs + ((j + D - 1) % D) * TILE);  // V(j-1)
+            const uint32_t vs = f9_smem(Vs + ((G + D - 1) % D) * TILE);  // V(j-1)
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++) {
                 const uint64_t dv = f9_ndesc<BK>(vs, kk);
@@ -645,8 +685,8 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
             }
             f9_regs<NS>(s);
         }
-        if (late) {  // warpgroup 1 meets R_j here under ping-pong: see above
-            fa_cp_wait_n<A - 1>();  // group j+1, as below
+        if (late) {  // warpgroup 1 meets R_G here under ping-pong: see above
+            fa_cp_wait_n<A - 1>();  // group G+1, as below
             f9_fence_proxy();
             f9_bar<2 * F9_THREADS>();
         }
@@ -722,34 +762,54 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
             f9_fence_proxy();
             f9_bar<WG * F9_THREADS>();  // K(j+1) and V(j) are in; see above for what is done
         }
+        G++;
     };
-#pragma unroll
-    for (int gi = 0; gi < A; gi++) ld(gi);
+    load_q(item_q0(0));
+#pragma unroll 1
+    for (int gi = 0; gi < A; gi++) ld();
     fa_cp_wait_n<A - 1>();
     f9_fence_proxy();
-    __syncthreads();  // K(0) is in
-    step(0, f9_bool<true>{}, f9_bool<false>{});
+    __syncthreads();  // group 0 (K(0) of the first item) is in
 #pragma unroll 1
-    for (int j = 1; j < n; j++) step(j, f9_bool<true>{}, f9_bool<true>{});
-    step(n, f9_bool<false>{}, f9_bool<true>{});
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    uint16_t* ob = out + (i64)b * T * C + (i64)h * HS + 2 * c;
-    if (r0 < T) {
-        const float inv = 1.f / l0;
+    for (int r = 0;; r++) {
+        const int q0 = item_q0(r);
+        if (q0 < 0) break;
+        const int n = tiles(q0), qn = item_q0(r + 1);
+        w0 = q0 + F9_BQ * (tid >> 7) + warp * 16;
+        r0 = w0 + g;
+        r1 = r0 + 8;
+        m0 = m1 = -INFINITY;
+        l0 = l1 = 0.f;
 #pragma unroll
-        for (int jj = 0; jj < NO / 4; jj++)
-            *reinterpret_cast<uint32_t*>(ob + (i64)r0 * C + jj * 8) = fa_pack(o[4 * jj] * inv, o[4 * jj + 1] * inv);
-        if (c == 0) lse[(i64)z * T + r0] = (m0 * scale_log2 + log2f(l0)) * F9_LN2;
-    }
-    if (r1 < T) {
-        const float inv = 1.f / l1;
+        for (int i = 0; i < NO; i++) o[i] = 0.f;
+        step(0, f9_bool<true>{}, f9_bool<false>{});
+#pragma unroll 1
+        for (int j = 1; j < n; j++) step(j, f9_bool<true>{}, f9_bool<true>{});
+        // The next item's Q fragments load under the last P·V and the
+        // output: no S reads qf until the next item's first step.
+        if (qn >= 0) load_q(qn);
+        step(n, f9_bool<false>{}, f9_bool<true>{});
+
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        uint16_t* ob = out + (i64)b * T * C + (i64)h * HS + 2 * c;
+        if (r0 < T) {
+            const float inv = 1.f / l0;
 #pragma unroll
-        for (int jj = 0; jj < NO / 4; jj++)
-            *reinterpret_cast<uint32_t*>(ob + (i64)r1 * C + jj * 8) = fa_pack(o[4 * jj + 2] * inv, o[4 * jj + 3] * inv);
-        if (c == 0) lse[(i64)z * T + r1] = (m1 * scale_log2 + log2f(l1)) * F9_LN2;
+            for (int jj = 0; jj < NO / 4; jj++)
+                *reinterpret_cast<uint32_t*>(ob + (i64)r0 * C + jj * 8) = fa_pack(o[4 * jj] * inv, o[4 * jj + 1] * inv);
+            if (c == 0) lse[(i64)z * T + r0] = (m0 * scale_log2 + log2f(l0)) * F9_LN2;
+        }
+        if (r1 < T) {
+            const float inv = 1.f / l1;
+#pragma unroll
+            for (int jj = 0; jj < NO / 4; jj++)
+                *reinterpret_cast<uint32_t*>(ob + (i64)r1 * C + jj * 8) =
+                    fa_pack(o[4 * jj + 2] * inv, o[4 * jj + 3] * inv);
+            if (c == 0) lse[(i64)z * T + r1] = (m1 * scale_log2 + log2f(l1)) * F9_LN2;
+        }
     }
 }
 

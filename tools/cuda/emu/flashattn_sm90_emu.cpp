@@ -371,7 +371,9 @@ template <class F> void run_grid(int WG, size_t smem, F kernel) {
 // when P: rings of D K and D V tiles of BK keys, PP ping-pong)
 // with NH query heads and NKV key/value heads (0 means NKV = NH) against
 // a float64 reference.
-template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = false, int BK = 64> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0) {
+// GX > 0 launches the pipelined kernels persistent, with gridDim.x =
+// min(GX, query blocks): each block takes several query blocks in turn.
+template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = false, int BK = 64> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0, int GX = 0) {
   if (NKV == 0) NKV = NH;
   int C = NH * HS, rep = NH / NKV;
   size_t W = (size_t)(NH + 2 * NKV) * HS;
@@ -382,6 +384,7 @@ template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = f
   for (auto& x : qkv) x = f2bf(U(rng));
   float sl2 = (float)(1.4426950408889634 / std::sqrt((double)HS));
   gridDim = {(T + 64 * MT * WG - 1) / (64 * MT * WG), B * NH};
+  if (P && GX > 0) gridDim.x = std::min(gridDim.x, GX);
   const size_t tile = (size_t)F9_BK * HS * 2;  // bytes of one K or V tile
   run_grid(WG, P ? (size_t)f9_fwdp_smem<HS, D, BK>() : 2 * tile, [&] {
     uint16_t* Ks = (uint16_t*)smemBase;
@@ -412,7 +415,7 @@ template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = f
       if (!(e <= 2e-2 + 1.6e-2 * std::fabs(o))) { if (bad++ < 5) printf("out b%d h%d t%d d%d: %g vs %g\n", b, h, t, d, g, o); }
     }
   }
-  printf("sm90%s%s D%d BK%d HS%d MT%d WG%d B%d T%d NH%d NKV%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", P ? "p" : "", PP ? " ping-pong" : "", D, BK, HS, MT, WG, B, T, NH, NKV, worst, worstL, bad);
+  printf("sm90%s%s D%d BK%d HS%d MT%d WG%d B%d T%d NH%d NKV%d GX%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", P ? "p" : "", PP ? " ping-pong" : "", D, BK, HS, MT, WG, B, T, NH, NKV, (int)gridDim.x, worst, worstL, bad);
 }
 
 // run_bwd checks flash_bwd_kv_sm90<HS, PIPE> and flash_bwd_q_sm90<HS, PIPE>
@@ -508,6 +511,8 @@ int main(int argc, char** argv) {
     run<128, 1, 2, true, 5, true>(1, 330, 2, 12, bad);
     run<64, 1, 3, true, 4, false, 128>(1, 450, 2, 13, bad, 1);
     run<128, 1, 2, true, 3, true, 128>(1, 330, 2, 14, bad);
+    run<128, 1, 2, true, 3, true, 128>(1, 700, 2, 21, bad, 0, 2);  // persistent: 3 items a block
+    run<64, 1, 2, true, 4>(1, 600, 2, 22, bad, 1, 2);              // persistent, 64-key tiles
     run_bwd<64, true>(1, 130, 2, 8, bad, 1);
     run_bwd<128, false>(1, 130, 2, 9, bad);
     run_bwd<128, true>(1, 70, 2, 10, bad, 0, true);
@@ -531,6 +536,12 @@ int main(int argc, char** argv) {
     run<128, 1, 2, true, 3, false, 128>(1, T, 2, seed++, bad);               // head size 128, multi-head
     run<128, 1, 2, true, 3, true, 128>(1, T, 3, seed++, bad, 1);             // ping-pong, multi-query
     run<128, 1, 1, true, 2, false, 128>(1, T, 2, seed++, bad);               // one warpgroup
+    // Persistent (a block takes several query blocks): one and two blocks a head.
+    run<128, 1, 2, true, 3, true, 128>(T < 150 ? 2 : 1, T, 2, seed++, bad, 1, 1);  // ping-pong
+    run<128, 1, 2, true, 3, true, 128>(1, T, 3, seed++, bad, 1, 2);
+    run<64, 1, 3, true, 4, false, 128>(1, T, 2, seed++, bad, 0, 2);                // three warpgroups
+    run<64, 1, 2, true, 4>(1, T, 2, seed++, bad, 2, 1);                            // 64-key tiles, lockstep
+    run<64, 1, 2, true, 4>(1, T, 4, seed++, bad, 2, 3);
   }
   if (fwd4Only) return bad != 0;
   for (int T : bwdOnly ? std::vector<int>{} : std::vector<int>(std::begin(Ts), std::end(Ts))) {
