@@ -69,7 +69,10 @@ func TestMeasurePinning(t *testing.T) {
 	if p.allocCalls != 8 || p.live != 0 || p.most != 4 {
 		t.Fatalf("%d allocations, %d live after, at most %d at once; want 8, 0, 4", p.allocCalls, p.live, p.most)
 	}
-	if !(serial > 0 && parallel > 2*serial) {
-		t.Errorf("serial %.0f B/s, four at once %.0f B/s: sleeping allocations should overlap", serial, parallel)
+	// The overlap is asserted by p.most above, not by the rates: their
+	// ratio is wall-clock time, which a loaded machine skews (1.94x, not
+	// the > 2x once asserted here, with the CPU emulator beside it).
+	if !(serial > 0 && parallel > 0) {
+		t.Errorf("serial %.0f B/s, four at once %.0f B/s: want both above 0", serial, parallel)
 	}
 }
