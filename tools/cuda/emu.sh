@@ -124,7 +124,7 @@ mutants=(
   "pipelined: the ring's wait one group short (wait_group A)|s/fa_cp_wait_n<A - 1>();/fa_cp_wait_n<A>();/g"
   "pipelined: barrier after the loads land removed|s/^ *f9_bar<WG \* F9_THREADS>();  \/\/ K(j+1) and V(j) are in.*//"
   "ping-pong: copies D-1 ahead, over the V tile warpgroup 1 may still read|s/constexpr int A = PP ? D - 2 : D - 1;/constexpr int A = D - 1;/"
-  "ping-pong: warpgroup 1 meets the barrier without landing its copies|s/fa_cp_wait_n<A - 1>();  \/\/ group j+1, as below/fa_cp_wait_n<A>();/"
+  "ping-pong: warpgroup 1 meets the barrier without landing its copies|s/fa_cp_wait_n<A - 1>();  \/\/ group G+1, as below/fa_cp_wait_n<A>();/"
   "backward: the diagonal query tile unmasked|s/const bool diag = q0 < kw + F9_BK;/const bool diag = false;/"
   "backward: dQ's causal mask off by one|s/if (key > r0) s\[4 \* jj\] = 0.f;/if (key > r0 + 1) s[4 * jj] = 0.f;/"
   "backward: K as the A operand without the swizzle mode|0,/f9_wgmma_ss_n64<0>(s, f9_kdesc(ks, kk)/s/f9_wgmma_ss_n64<0>(s, f9_kdesc(ks, kk)/f9_wgmma_ss_n64<0>(s, f9_desc(ks + kk * 32, 16, 1024)/"
