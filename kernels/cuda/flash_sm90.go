@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -315,12 +316,27 @@ var flashPersistent = os.Getenv("SPILL_FLASH_PERSIST") == "1"
 // in flashGridX (tests: a small value makes small problems persistent).
 var sm90GridSMs int
 
+// flashGridXForce, when above 0, is the blocks a head that a persistent
+// launch takes in place of sm90Grid's choice (at most the query blocks):
+// SPILL_FLASH_GRIDX=N, for measuring the grid's cost model on a device.
+// Values that are not positive integers leave sm90Grid's choice.
+var flashGridXForce = func() int {
+	n, err := strconv.Atoi(os.Getenv("SPILL_FLASH_GRIDX"))
+	if err != nil || n < 1 {
+		return 0
+	}
+	return n
+}()
+
 // flashGridX is gridDim.x of flash forward kernel fn for T query rows in
 // blocks of rows and z heads: sm90Grid's for a pipelined Hopper kernel
 // while flashPersistent holds, else one block per query block.
 func flashGridX(fn kfunc, rows, T, z int) int {
 	if flashPersistent {
 		if v, ok := flashPipelined.Load(fn); ok {
+			if flashGridXForce > 0 {
+				return min(flashGridXForce, (T+rows-1)/rows)
+			}
 			k := v.(sm90Pipelined)
 			sms := k.sms
 			if sm90GridSMs > 0 {

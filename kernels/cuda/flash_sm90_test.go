@@ -114,7 +114,8 @@ func TestAttentionFlashSM90(t *testing.T) {
 		}
 		// The default pipelined kernel persistent: with sm90GridSMs 1 and 3
 		// standing for the device, its blocks take several query blocks of
-		// their head in turn (flashGridX below the query blocks, asserted).
+		// their head in turn (flashGridX below the query blocks with one
+		// multiprocessor, asserted).
 		// Against the CPU, and bit for bit against one query block per
 		// block (each query block's arithmetic is the same either way).
 		flashSM90x2, flashSM90p, flashSM90p4 = true, true, sm90p4Auto
@@ -130,7 +131,10 @@ func TestAttentionFlashSM90(t *testing.T) {
 			sm90GridSMs = sms
 			vname := fmt.Sprintf("%s/persistent-sms%d", name, sms)
 			nq := (T + rows - 1) / rows
-			if X := flashGridX(fn, rows, T, B*NH); nq > 1 && X >= nq {
+			// One multiprocessor always makes a grid of several query
+			// blocks persistent; with three, sm90Grid may keep one query
+			// block a block when fewer would leave slots idle.
+			if X := flashGridX(fn, rows, T, B*NH); nq > 1 && sms == 1 && X >= nq {
 				t.Errorf("%s: %d blocks a head for %d query blocks: not persistent", vname, X, nq)
 			}
 			out, lse := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)
