@@ -74,12 +74,14 @@ if echo ",$shapes," | grep -q ',llama1b,'; then
   SPILL_TORCH_COMPILE=1 step torch_llama 240 bash -c "python3 tools/bench/llama_ref.py bench 4 2048 10 >'$out/torch_llama.json'"
 fi
 # Opt-in attention kernels beside the defaults, at the same shapes:
-# SPILL_ATTN_VARIANTS="NAME:VAR=VALUE;NAME2:VAR=VALUE" (e.g.
-# "sm90:SPILL_FLASH_FWD=sm90;fused:SPILL_FLASH_BWD=fused").
+# SPILL_ATTN_VARIANTS="NAME:VAR=VALUE VAR2=VALUE;NAME2:VAR=VALUE" (e.g.
+# "sm90:SPILL_FLASH_FWD=sm90;gx4:SPILL_FLASH_PERSIST=1 SPILL_FLASH_GRIDX=4"):
+# each variant's settings are separated by spaces.
 IFS=';' read -r -a variants <<<"${SPILL_ATTN_VARIANTS:-}"
 for v in "${variants[@]}"; do
   [ -n "$v" ] || continue
-  step "spill_attn_v_${v%%:*}" 60 env "${v#*:}" /tmp/gpubench -attn-sweep "$attn" -out "$out/spill_attn_v_${v%%:*}.json"
+  read -r -a vars <<<"${v#*:}"
+  step "spill_attn_v_${v%%:*}" 60 env "${vars[@]}" /tmp/gpubench -attn-sweep "$attn" -out "$out/spill_attn_v_${v%%:*}.json"
 done
 # SPILL_ATTN_BASE_PTX=FILE: the attention sweep again from a gpubench
 # built with FILE as kernels/cuda/ptx/flashattn_sm90.ptx (say the committed
