@@ -13,9 +13,13 @@ package cuda
 // first and last steps and its output). Block x of X takes, in round r,
 // the query block at position r·X+x (r even) or r·X+X-1-x (r odd) of the
 // query blocks sorted longest first, as the kernel does. Ties go to the
-// smaller X: more query blocks a block, each one's first copies made
-// under the previous one's work. sms <= 0 gives nq. No allocation;
-// O(nq²) steps.
+// larger X: more of a head's query blocks run at once, sharing its K and
+// V in L2 (on the H100 at head size 128, T 1024, B·NH 256, the three tied
+// X of 1, 2 and 4 took 0.288, 0.251 and 0.243 ms; tools/bench/results/
+// attn_persist_h100.json has the sweep over X that this rule fits at all
+// eight shapes timed). The model overrates one query block a block (X =
+// nq), whose short blocks the hardware packs as they finish. sms <= 0
+// gives nq. No allocation; O(nq²) steps.
 func sm90Grid(T, rows, bk, z, sms, perSM int) int {
 	if T <= 0 || rows <= 0 || bk <= 0 {
 		return 1
@@ -51,7 +55,7 @@ func sm90Grid(T, rows, bk, z, sms, perSM int) int {
 			busiest = max(busiest, w)
 		}
 		cost := (X*z + sms - 1) / sms * busiest
-		if bestCost < 0 || cost < bestCost {
+		if bestCost < 0 || cost <= bestCost {
 			best, bestCost = X, cost
 		}
 	}

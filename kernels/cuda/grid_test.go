@@ -16,13 +16,13 @@ func TestSM90Grid(t *testing.T) {
 		// hs 128, T 1024, B·NH 256 (the attention sweep): 8 query blocks
 		// of 2..9 work; one block a head takes all 8 (work 44) in two
 		// rounds of the multiprocessors (88), as do 2 (4 × 22) and 4 (8 ×
-		// 11): the smallest wins.
-		{1024, 128, 128, 256, 132, 1, 1},
+		// 11): the largest wins (3 is 8 × 12: 96; 8 is 16 × 9: 144).
+		{1024, 128, 128, 256, 132, 1, 4},
 		// gpt2-124m (hs 64, 64-key tiles, B 16 × NH 12, two blocks per
 		// multiprocessor): one block a head leaves 72 slots empty, so X >= 2;
 		// 2 blocks a head (work 40 each, 384 blocks, 3 per multiprocessor):
-		// 120, as 4 (6 × 20); the smallest wins.
-		{1024, 128, 64, 192, 132, 2, 2},
+		// 120, as 4 (6 × 20); the largest wins.
+		{1024, 128, 64, 192, 132, 2, 4},
 		// gpt2-2.7b T 2048 (hs 128, B 4 × NH 20): 80 heads of 16 query
 		// blocks; 8 blocks a head (each 19 work: p and 15-p) in 5 rounds:
 		// 95, where one block per query block (16) needs 10 rounds of 17.
@@ -30,8 +30,12 @@ func TestSM90Grid(t *testing.T) {
 		// Everything in one wave with one query block each: nothing to gain.
 		{1000, 128, 128, 2, 132, 1, 8},
 		{200, 128, 128, 4, 132, 1, 2},
-		// One multiprocessor: one block a head, all in turn.
-		{1000, 128, 128, 2, 1, 1, 1},
+		// One multiprocessor: all blocks in turn, so any X whose blocks
+		// split a head's work evenly ties with one block a head (2 × 44):
+		// 2 (4 × 22) and 4 (8 × 11); 8 is 16 × 9. Two query blocks (3 and
+		// 2): one block a head (2 × 5) beats two (4 × 3).
+		{1000, 128, 128, 2, 1, 1, 4},
+		{200, 128, 128, 2, 1, 1, 1},
 		{1, 128, 64, 3, 132, 2, 1},
 		// No device figures: one block per query block.
 		{1000, 64, 64, 2, 0, 1, 16},
