@@ -60,7 +60,7 @@ import (
 // so that a query block's first tiles and Q arrive under the previous
 // one's work instead of while the multiprocessor waits (and the launch
 // of a block per query block is gone). On the H100 that made the
-// forward 1.03-1.11x faster at head sizes 64 and 128, T 1024-8192
+// forward 1.03-1.09x faster at head sizes 64 and 128, T 1024-8192
 // (attn_persist_h100.json); SPILL_FLASH_PERSIST=0 launches one block per
 // query block (flashPersistent).
 // The backward has Hopper kernels of its own (below), selected apart.
