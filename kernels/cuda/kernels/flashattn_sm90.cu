@@ -623,11 +623,36 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
     // committed all the same so that group counts stay uniform. ld issues
     // the next group (cursor lq, ln, lg: its item's first row, tiles and
     // g; lr the item, lG the group).
+    //
+    // cp_tile is f9_load_tile_sw's copy of the tile of keys r0.. from the
+    // key (src kbase) or value (vbase) rows, with each thread's per-row
+    // work done once, here: it copies rows lkey + it·KS, head dims 8·lc..,
+    // from lth (its first row in K; + vdelta in V) to the swizzled offset
+    // loff + it·KS·64 (KS is a multiple of 8, so each row's swizzle, key %
+    // 8, is lkey's). In the SASS of f9_load_tile_sw here each 16-byte copy
+    // took about 25 instructions (64-bit row products, bounds, shared
+    // addresses), in a loop that issues 4 to 16 of them a step.
+    constexpr int LND = HS / 8, LKS = NT / LND, LIT = (BK + LKS - 1) / LKS;
+    static_assert(NT % LND == 0 && LKS % 8 == 0, "flash_fwd_sm90p: each thread's rows must share their swizzle");
+    const int lkey = tid / LND;
+    const int loff = f9_sw_off<BK>(lkey, tid % LND);
+    const uint16_t* lth = kbase + (i64)lkey * W + (tid % LND) * 8;
+    const i64 lksW = (i64)LKS * W, vdelta = vbase - kbase;
+    auto cp_tile = [&](uint16_t* tile, i64 delta, const uint16_t* src, int r0) {
+        const int rem = T - r0 - lkey;  // this thread's rows left in the tile's source
+        const uint16_t* p = lth + delta + (i64)r0 * W;
+#pragma unroll
+        for (int it = 0; it < LIT; it++) {
+            if (BK % LKS == 0 || lkey + it * LKS < BK)
+                f9_cp16(tile + loff + it * LKS * 64, it * LKS < rem ? p : src, it * LKS < rem ? 16 : 0);
+            p += lksW;
+        }
+    };
     int lr = 0, lq = item_q0(0), ln = tiles(lq), lg = 0, lG = 0;
     auto ld = [&]() {
         if (lq >= 0) {
-            if (lg < ln) f9_load_tile_sw<HS, NT, BK>(Ks + (lG % D) * TILE, kbase, W, lg * BK, T);
-            if (lg >= 1) f9_load_tile_sw<HS, NT, BK>(Vs + ((lG - 1) % D) * TILE, vbase, W, (lg - 1) * BK, T);
+            if (lg < ln) cp_tile(Ks + (lG % D) * TILE, 0, kbase, lg * BK);
+            if (lg >= 1) cp_tile(Vs + ((lG - 1) % D) * TILE, vdelta, vbase, (lg - 1) * BK);
             if (++lg > ln) {
                 lq = item_q0(++lr);
                 lg = 0;
