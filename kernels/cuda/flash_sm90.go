@@ -342,7 +342,7 @@ func flashGridX(fn kfunc, rows, T, z int) int {
 			if sm90GridSMs > 0 {
 				sms = sm90GridSMs
 			}
-			return sm90Grid(T, rows, k.keys, z, sms, k.perSM)
+			return sm90GridMemo(T, rows, k.keys, z, sms, k.perSM)
 		}
 	}
 	return (T + rows - 1) / rows

@@ -1,5 +1,7 @@
 package cuda
 
+import "sync/atomic"
+
 // sm90Grid is gridDim.x for a pipelined Hopper forward (flash_fwd_sm90p of
 // kernels/flashattn_sm90.cu), whose blocks may each take several query
 // blocks of their head in turn: T query rows in blocks of rows, key tiles
@@ -60,4 +62,31 @@ func sm90Grid(T, rows, bk, z, sms, perSM int) int {
 		}
 	}
 	return best
+}
+
+// sm90GridKey is what sm90Grid's choice depends on.
+type sm90GridKey struct{ T, rows, bk, z, sms, perSM int }
+
+// sm90GridLast is a one-entry memo of sm90Grid: a training step launches
+// the forward at one shape per layer, so the last choice is almost always
+// the next one's.
+var sm90GridLast atomic.Pointer[struct {
+	k sm90GridKey
+	x int
+}]
+
+// sm90GridMemo is sm90Grid through sm90GridLast: O(1), no allocation, when
+// the arguments are the last call's (O(nq²) and one small allocation when
+// not). Safe for concurrent use.
+func sm90GridMemo(T, rows, bk, z, sms, perSM int) int {
+	k := sm90GridKey{T, rows, bk, z, sms, perSM}
+	if m := sm90GridLast.Load(); m != nil && m.k == k {
+		return m.x
+	}
+	x := sm90Grid(T, rows, bk, z, sms, perSM)
+	sm90GridLast.Store(&struct {
+		k sm90GridKey
+		x int
+	}{k, x})
+	return x
 }

@@ -71,3 +71,18 @@ func TestSM90GridAllocs(t *testing.T) {
 		t.Errorf("sm90Grid: %v allocations per call", n)
 	}
 }
+
+// TestSM90GridMemo checks that the memo gives sm90Grid's choice whatever
+// the order of the shapes, and allocates nothing for a repeated one.
+func TestSM90GridMemo(t *testing.T) {
+	shapes := [][6]int{{1024, 128, 128, 256, 132, 1}, {8192, 128, 64, 32, 132, 2}, {1024, 128, 128, 256, 132, 1},
+		{200, 128, 128, 2, 1, 1}, {200, 128, 128, 2, 3, 1}, {16384, 128, 128, 8, 132, 1}}
+	for i, c := range append(shapes, shapes...) {
+		if got, want := sm90GridMemo(c[0], c[1], c[2], c[3], c[4], c[5]), sm90Grid(c[0], c[1], c[2], c[3], c[4], c[5]); got != want {
+			t.Errorf("call %d %v: sm90GridMemo = %d, sm90Grid = %d", i, c, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = sm90GridMemo(16384, 128, 128, 8, 132, 1) }); n != 0 {
+		t.Errorf("sm90GridMemo, a repeated shape: %v allocations per call", n)
+	}
+}
