@@ -283,22 +283,39 @@ __device__ __forceinline__ int f9_sw_off(int t, int c) {
     return (c >> 3) * (BK * 64) + t * 64 + (((c & 7) ^ (t & 7)) << 3);
 }
 
-// f9_load_tile_sw is f9_load_tile into the swizzled layout of BK keys (s
-// 1024-byte aligned) with NT threads: HS/8 consecutive threads copy one
-// key's row (HS·2 contiguous global bytes; in shared memory whole 128-byte
-// rows, no bank conflicts). When NT does not divide the tile's chunks (384
-// threads), the last pass leaves some threads out.
+// f9_cp_rows issues this thread's share of a swizzled tile copy of BK keys
+// by NT threads (HS/8 consecutive threads a key row: HS·2 contiguous global
+// bytes, whole 128-byte rows in shared memory, no bank conflicts): rows
+// key0 + it·KS (key0 = threadIdx.x / (HS/8), KS = NT / (HS/8)) from p,
+// p + kstride, ... (kstride = KS rows of the source) to s, s + KS·64, ...
+// (s = the tile plus f9_sw_off(key0, its head dims): KS is a multiple of 8,
+// so every row of the thread has key0's swizzle), zeros for the rows at or
+// past rem (the source's rows left from key0; g, any valid address, read
+// for none of them). When NT does not divide the tile's chunks (384
+// threads), the last pass leaves some threads out. With the rows' products
+// and swizzled offsets out of the loop, a copy takes a handful of
+// instructions; worked out per copy (as before), about 25 in the SASS of
+// flash_fwd3_sm90_bf16_hs64 (attn_cptile_h100.json).
 template <int HS, int NT, int BK = F9_BK>
-__device__ __forceinline__ void f9_load_tile_sw(uint16_t* s, const uint16_t* g, i64 stride, int r0, int T) {
+__device__ __forceinline__ void f9_cp_rows(uint16_t* s, const uint16_t* p, const uint16_t* g, i64 kstride, int rem) {
     constexpr int ND = HS / 8, KS = NT / ND, IT = (BK + KS - 1) / KS;
-    static_assert(NT % ND == 0, "f9_load_tile_sw: NT must cover whole keys");
-    const int c = threadIdx.x % ND, key0 = threadIdx.x / ND;
+    static_assert(NT % ND == 0 && KS % 8 == 0, "f9_cp_rows: NT must cover whole keys, 8 rows a pass");
+    const int key0 = threadIdx.x / ND;
 #pragma unroll
     for (int it = 0; it < IT; it++) {
-        const int key = key0 + it * KS, t = r0 + key;
-        if (BK % KS == 0 || key < BK)
-            f9_cp16(s + f9_sw_off<BK>(key, c), t < T ? g + (i64)t * stride + c * 8 : g, t < T ? 16 : 0);
+        if (BK % KS == 0 || key0 + it * KS < BK) f9_cp16(s + it * KS * 64, it * KS < rem ? p : g, it * KS < rem ? 16 : 0);
+        p += kstride;
     }
+}
+
+// f9_load_tile_sw is f9_load_tile into the swizzled layout of BK keys (s
+// 1024-byte aligned) with NT threads, through f9_cp_rows.
+template <int HS, int NT, int BK = F9_BK>
+__device__ __forceinline__ void f9_load_tile_sw(uint16_t* s, const uint16_t* g, i64 stride, int r0, int T) {
+    constexpr int ND = HS / 8, KS = NT / ND;
+    const int c = threadIdx.x % ND, key0 = threadIdx.x / ND;
+    f9_cp_rows<HS, NT, BK>(s + f9_sw_off<BK>(key0, c), g + (i64)(r0 + key0) * stride + c * 8, g, KS * stride,
+                           T - r0 - key0);
 }
 
 // flash_fwd_sm90 computes the block's 64·MT·WG query rows with WG
@@ -625,28 +642,16 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
     // g; lr the item, lG the group).
     //
     // cp_tile is f9_load_tile_sw's copy of the tile of keys r0.. from the
-    // key (src kbase) or value (vbase) rows, with each thread's per-row
-    // work done once, here: it copies rows lkey + it·KS, head dims 8·lc..,
-    // from lth (its first row in K; + vdelta in V) to the swizzled offset
-    // loff + it·KS·64 (KS is a multiple of 8, so each row's swizzle, key %
-    // 8, is lkey's). In the SASS of f9_load_tile_sw here each 16-byte copy
-    // took about 25 instructions (64-bit row products, bounds, shared
-    // addresses), in a loop that issues 4 to 16 of them a step.
-    constexpr int LND = HS / 8, LKS = NT / LND, LIT = (BK + LKS - 1) / LKS;
-    static_assert(NT % LND == 0 && LKS % 8 == 0, "flash_fwd_sm90p: each thread's rows must share their swizzle");
+    // key (src kbase) or value (vbase) rows, with each thread's first row
+    // (lth, in K; + vdelta in V) and swizzled offset (loff) worked out once
+    // for the kernel, not per tile.
+    constexpr int LND = HS / 8, LKS = NT / LND;
     const int lkey = tid / LND;
     const int loff = f9_sw_off<BK>(lkey, tid % LND);
     const uint16_t* lth = kbase + (i64)lkey * W + (tid % LND) * 8;
     const i64 lksW = (i64)LKS * W, vdelta = vbase - kbase;
     auto cp_tile = [&](uint16_t* tile, i64 delta, const uint16_t* src, int r0) {
-        const int rem = T - r0 - lkey;  // this thread's rows left in the tile's source
-        const uint16_t* p = lth + delta + (i64)r0 * W;
-#pragma unroll
-        for (int it = 0; it < LIT; it++) {
-            if (BK % LKS == 0 || lkey + it * LKS < BK)
-                f9_cp16(tile + loff + it * LKS * 64, it * LKS < rem ? p : src, it * LKS < rem ? 16 : 0);
-            p += lksW;
-        }
+        f9_cp_rows<HS, NT, BK>(tile + loff, lth + delta + (i64)r0 * W, src, lksW, T - r0 - lkey);
     };
     int lr = 0, lq = item_q0(0), ln = tiles(lq), lg = 0, lG = 0;
     auto ld = [&]() {
