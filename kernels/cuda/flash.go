@@ -27,13 +27,6 @@ import (
 // TestAttention reports it. AttentionBackward likewise takes the flash
 // backward kernels below.
 
-// flashRows is the number of query rows per block of the flash kernel;
-// flashThreads its block size.
-const (
-	flashRows    = 64
-	flashThreads = 128
-)
-
 // flashLaunches counts launches of the flash kernel by AttentionForward,
 // not by the self-check (tests check that the variant they select ran).
 var flashLaunches atomic.Int64
@@ -69,10 +62,7 @@ func flashName(hs int) string {
 // at Open passed (Backend.flashFwd2Err). On the H200 it ran 1.09-1.17x
 // faster than the one-tile kernel at T 1024-8192
 // (tools/bench/results/kernels_h200_e4475bd.json).
-const (
-	flashFwd2Name = "flash_fwd2_bf16_hs64"
-	flashRows2    = 128
-)
+const flashFwd2Name = "flash_fwd2_bf16_hs64"
 
 var flashFwd2 = os.Getenv("SPILL_FLASH_FWD") != "1"
 

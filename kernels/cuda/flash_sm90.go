@@ -97,13 +97,6 @@ func flashSM90pOf(v string) bool {
 var flashSM90p4 = map[string]int{"sm90p3": sm90p4None, "sm90p4": sm90p4Pair,
 	"sm90p4x": sm90p4Wide}[os.Getenv("SPILL_FLASH_FWD")]
 
-const (
-	sm90p4None = -1 // the 64-key kernels
-	sm90p4Auto = 0  // per head size, as above
-	sm90p4Pair = 1  // two warpgroups in lockstep, 128 rows per block
-	sm90p4Wide = 2  // three warpgroups (192 rows) at head size 64, ping-pong at 128
-)
-
 // sm90p4Sel is flashSM90p4 at head size hs, sm90p4Auto resolved.
 func sm90p4Sel(hs int) int {
 	if flashSM90p4 != sm90p4Auto {
@@ -114,39 +107,6 @@ func sm90p4Sel(hs int) int {
 	}
 	return sm90p4None
 }
-
-// sm90p4Kernel is a flash_fwd4 kernel of flashattn_sm90.cu: its name,
-// query rows and threads per block and dynamic shared memory (rings of
-// depth 128-key tiles; F9_FWD4_D64 and F9_FWD4_D128 there).
-type sm90p4Kernel struct {
-	name                       string
-	rows, threads, depth, smem int
-}
-
-// sm90p4Of is the flash_fwd4 kernel of head size hs (64 or 128) for
-// selection sel (sm90p4Pair or sm90p4Wide).
-func sm90p4Of(hs, sel int) sm90p4Kernel {
-	depth := 3
-	if hs == 64 {
-		depth = 4
-	}
-	k := sm90p4Kernel{rows: flashRows2, threads: 2 * flashThreads, depth: depth, smem: sm90FwdPSmemBK(hs, depth, 128)}
-	switch {
-	case hs == 64 && sel == sm90p4Wide:
-		k.name, k.rows, k.threads = "flash_fwd4w3_sm90_bf16_hs64", 3*flashRows, 3*flashThreads
-	case hs == 64:
-		k.name = "flash_fwd4_sm90_bf16_hs64"
-	case sel == sm90p4Wide:
-		k.name = "flash_fwd4p_sm90_bf16_hs128"
-	default:
-		k.name = "flash_fwd4_sm90_bf16_hs128"
-	}
-	return k
-}
-
-// sm90p4Kernels are the four flash_fwd4 kernels.
-var sm90p4Kernels = []sm90p4Kernel{sm90p4Of(64, sm90p4Pair), sm90p4Of(128, sm90p4Pair), sm90p4Of(64, sm90p4Wide),
-	sm90p4Of(128, sm90p4Wide)}
 
 // flashSM90pName is the pipelined Hopper forward of head size hs (128
 // query rows per block, 256 threads).
@@ -189,27 +149,6 @@ var flashWide sync.Map
 // forward kernels that take some (kfunc keys, int values; set when a
 // module loads, read by flashJob).
 var flashShared sync.Map
-
-// sm90FwdPDepth is the depth of the key and value rings of
-// flash_fwd3_sm90 at head size hs (F9_FWD3_D64 and F9_FWD3_D128 in
-// flashattn_sm90.cu; a PTX built with smaller depths runs with the same
-// allocation), sm90FwdPx1Depth that of flash_fwd3x1_sm90.
-func sm90FwdPDepth(hs int) int {
-	if hs == 64 {
-		return 4
-	}
-	return 5
-}
-
-const sm90FwdPx1Depth = 2
-
-// sm90FwdPSmem is f9_fwdp_smem<hs, depth>() of flashattn_sm90.cu: two
-// rings of depth tiles of 64 rows of hs bf16, and 1024 bytes of room to
-// align them for the 128-byte swizzle.
-func sm90FwdPSmem(hs, depth int) int { return sm90FwdPSmemBK(hs, depth, 64) }
-
-// sm90FwdPSmemBK is f9_fwdp_smem<hs, depth, bk>(): tiles of bk rows.
-func sm90FwdPSmemBK(hs, depth, bk int) int { return 2*depth*bk*hs*2 + 1024 }
 
 // flashBlockThreads is the block size of flash kernel fn.
 func flashBlockThreads(fn kfunc) int {

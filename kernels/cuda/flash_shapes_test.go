@@ -1,0 +1,48 @@
+package cuda
+
+import (
+	"os"
+	"regexp"
+	"strconv"
+	"testing"
+)
+
+// TestSM90FwdDepths checks that the ring depths the Go side sizes shared
+// memory for (sm90FwdPDepth, sm90FwdPx1Depth, sm90p4Of) are the defaults
+// of kernels/flashattn_sm90.cu (F9_FWD3_D64, F9_FWD3_D128, the depth of
+// the flash_fwd3x1 entry points, F9_FWD4_D64, F9_FWD4_D128): a deeper
+// ring in the .cu alone would overrun the dynamic shared memory. Reads
+// the source; needs no GPU.
+func TestSM90FwdDepths(t *testing.T) {
+	src, err := os.ReadFile("kernels/flashattn_sm90.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := func(name string) int {
+		m := regexp.MustCompile(`(?m)^#define ` + name + ` (\d+)$`).FindSubmatch(src)
+		if m == nil {
+			t.Fatalf("flashattn_sm90.cu: no #define %s N", name)
+		}
+		n, _ := strconv.Atoi(string(m[1]))
+		return n
+	}
+	x1 := regexp.MustCompile(`(?m)^F9_FWD3\(flash_fwd3x1_sm90_bf16_hs(\d+), \d+, 1, (\d+),`).FindAllSubmatch(src, -1)
+	if len(x1) != 2 {
+		t.Fatalf("flashattn_sm90.cu: %d flash_fwd3x1 entry points, want 2", len(x1))
+	}
+	for _, m := range x1 {
+		if d, _ := strconv.Atoi(string(m[2])); d != sm90FwdPx1Depth {
+			t.Errorf("flash_fwd3x1_sm90_bf16_hs%s: depth %d in the .cu, sm90FwdPx1Depth %d", m[1], d, sm90FwdPx1Depth)
+		}
+	}
+	for _, c := range []struct {
+		name    string
+		got, hs int
+	}{{"F9_FWD3_D64", sm90FwdPDepth(64), 64}, {"F9_FWD3_D128", sm90FwdPDepth(128), 128},
+		{"F9_FWD4_D64", sm90p4Of(64, sm90p4Pair).depth, 64}, {"F9_FWD4_D64", sm90p4Of(64, sm90p4Wide).depth, 64},
+		{"F9_FWD4_D128", sm90p4Of(128, sm90p4Pair).depth, 128}, {"F9_FWD4_D128", sm90p4Of(128, sm90p4Wide).depth, 128}} {
+		if want := def(c.name); c.got != want {
+			t.Errorf("%s is %d in flashattn_sm90.cu, the Go side sizes hs %d for %d", c.name, want, c.hs, c.got)
+		}
+	}
+}
