@@ -15,8 +15,8 @@ import "sync/atomic"
 // first and last steps and its output). Block x of X takes, in round r,
 // the query block at position r·X+x (r even) or r·X+X-1-x (r odd) of the
 // query blocks sorted longest first, as the kernel does. Ties go to the
-// larger X: more of a head's query blocks run at once, sharing its K and
-// V in L2 (on the H100 at head size 128, T 1024, B·NH 256, the three tied
+// larger X: more of a head's query blocks run at once (which should let
+// them share its K and V in L2; not measured), and on the H100 at head size 128, T 1024, B·NH 256, the three tied
 // X of 1, 2 and 4 took 0.288, 0.251 and 0.243 ms; tools/bench/results/
 // attn_persist_h100.json has the sweep over X that this rule fits at all
 // eight shapes timed). The model overrates one query block a block (X =
@@ -67,13 +67,16 @@ func sm90Grid(T, rows, bk, z, sms, perSM int) int {
 // sm90GridKey is what sm90Grid's choice depends on.
 type sm90GridKey struct{ T, rows, bk, z, sms, perSM int }
 
+// sm90GridChoice is sm90Grid's choice x for arguments k.
+type sm90GridChoice struct {
+	k sm90GridKey
+	x int
+}
+
 // sm90GridLast is a one-entry memo of sm90Grid: a training step launches
 // the forward at one shape per layer, so the last choice is almost always
 // the next one's.
-var sm90GridLast atomic.Pointer[struct {
-	k sm90GridKey
-	x int
-}]
+var sm90GridLast atomic.Pointer[sm90GridChoice]
 
 // sm90GridMemo is sm90Grid through sm90GridLast: O(1), no allocation, when
 // the arguments are the last call's (O(nq²) and one small allocation when
@@ -84,9 +87,6 @@ func sm90GridMemo(T, rows, bk, z, sms, perSM int) int {
 		return m.x
 	}
 	x := sm90Grid(T, rows, bk, z, sms, perSM)
-	sm90GridLast.Store(&struct {
-		k sm90GridKey
-		x int
-	}{k, x})
+	sm90GridLast.Store(&sm90GridChoice{k, x})
 	return x
 }
