@@ -15,11 +15,11 @@ import "sync/atomic"
 // first and last steps and its output). Block x of X takes, in round r,
 // the query block at position r·X+x (r even) or r·X+X-1-x (r odd) of the
 // query blocks sorted longest first, as the kernel does. Ties go to the
-// larger X: more of a head's query blocks run at once (which should let
-// them share its K and V in L2; not measured), and on the H100 at head size 128, T 1024, B·NH 256, the three tied
-// X of 1, 2 and 4 took 0.288, 0.251 and 0.243 ms; tools/bench/results/
-// attn_persist_h100.json has the sweep over X that this rule fits at all
-// eight shapes timed). The model overrates one query block a block (X =
+// larger X: more of a head's query blocks run at once, which should let
+// them share its K and V in L2 (not measured). On the H100 at head size
+// 128, T 1024, B·NH 256, the three tied X of 1, 2 and 4 took 0.288, 0.251
+// and 0.243 ms; tools/bench/results/attn_persist_h100.json has the sweep
+// over X that this rule fits at all eight shapes timed. The model overrates one query block a block (X =
 // nq), whose short blocks the hardware packs as they finish. sms <= 0
 // gives nq. No allocation; O(nq²) steps.
 func sm90Grid(T, rows, bk, z, sms, perSM int) int {
