@@ -961,7 +961,40 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
     for (int i = 0; i < NO; i++) dk[i] = dv[i] = 0.f;
     uint32_t pa[F9_BK / 16][4], da[F9_BK / 16][4];
     const uint32_t ks = f9_smem(Ks + wg * TILE), vs = f9_smem(Vs + wg * TILE);
-    for (int it = 0; it < nit; it++) {
+    // dv_issue issues dV += Pᵀ·dO from pa, dk_issue (without DQ) dK +=
+    // dSᵀ·Q from da, with the dO tile gs and the Q tile qs N-major
+    // (f9_ndesc); neither commits.
+    auto dv_issue = [&](uint32_t gs) {
+#pragma unroll
+        for (int kk = 0; kk < F9_BK / 16; kk++) {
+            const uint64_t dg = f9_ndesc(gs, kk);
+            if constexpr (HS == 64)
+                f9_wgmma_n64<1>(dv, pa[kk], dg, 1);
+            else
+                f9_wgmma_n128<1>(dv, pa[kk], dg, 1);
+        }
+    };
+    auto dk_issue = [&](uint32_t qs) {
+#pragma unroll
+        for (int kk = 0; kk < F9_BK / 16; kk++) {
+            const uint64_t bq = f9_ndesc(qs, kk);
+            if constexpr (HS == 64)
+                f9_wgmma_n64<1>(dk, da[kk], bq, 1);
+            else
+                f9_wgmma_n128<1>(dk, da[kk], bq, 1);
+        }
+    };
+    // tile(it, prev) is query tile it. With PIPE, prev (f9_bool, compile
+    // time: every tile but the first) issues tile it-1's dV and dK first,
+    // from the pa and da it left, in a commit group of their own; they run
+    // on the tensor cores while S(it) and dP(it) are issued, and the
+    // wait_group 1 that gives S(it) completes them, so that no wgmma group
+    // outlives a call (ptxas serialized every wgmma when the last products
+    // ran across the loop's back edge: C7515). The last tile's dV and dK
+    // follow the loop.
+    auto tile = [&](int it, auto prev) {
+        constexpr bool PV = decltype(prev)::value;
+        static_assert(PIPE || !PV, "only the pipelined backward defers a tile's last products");
         const int buf = it & 1, q0 = k0 + (it % nt) * F9_BK;
         const uint32_t qs = f9_smem(Qb + buf * TILE), gs = f9_smem(Gb + buf * TILE);
         const float* Ls = Lb + buf * F9_BK;
@@ -973,6 +1006,11 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
         if constexpr (BULK)
             if (tid == 0 && it > 0) dq_reduce(it - 1);  // Dq holds tile it-1's, fenced before that barrier
         f9_wg_fence();
+        if constexpr (PV) {  // tile it-1's dV and dK, from the other buffers
+            dv_issue(f9_smem(Gb + (buf ^ 1) * TILE));
+            dk_issue(f9_smem(Qb + (buf ^ 1) * TILE));
+            f9_wg_commit();
+        }
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
             f9_wgmma_ss_n64<0>(s, f9_kdesc(ks, kk),
@@ -983,8 +1021,12 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             f9_wgmma_ss_n64<0>(dp, f9_kdesc(vs, kk),
                                f9_kdesc(gs, kk), kk);
         f9_wg_commit();
-        f9_wg_wait1();  // Sᵀ (and with PIPE the previous tile's dV, dK) done; dPᵀ may run
+        f9_wg_wait1();  // Sᵀ (and with prev the previous tile's dV, dK) done; dPᵀ may run
         f9_regs<NS>(s);
+        if constexpr (PV) {
+            f9_regs<NO>(dv);
+            f9_regs<NO>(dk);
+        }
         if (PIPE) {
             __syncthreads();  // every warp is past that wait: the other buffers are free
             if (it + 1 < nit) ld_q(it + 1, buf ^ 1);
@@ -1047,16 +1089,11 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
                 if (tid == 0) f9_bulk_wait_read();  // the previous tile's reduction is past Dq
             __syncthreads();  // St is whole
         }
-        // dV += Pᵀ·dO, dK += dSᵀ·Q: the dO and Q tiles N-major (f9_ndesc).
+        // dV += Pᵀ·dO, dK += dSᵀ·Q (with PIPE in the next call, or after the
+        // loop).
+        if constexpr (PIPE) return;
         f9_wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < F9_BK / 16; kk++) {
-            const uint64_t dg = f9_ndesc(gs, kk);
-            if constexpr (HS == 64)
-                f9_wgmma_n64<1>(dv, pa[kk], dg, 1);
-            else
-                f9_wgmma_n128<1>(dv, pa[kk], dg, 1);
-        }
+        dv_issue(gs);
         float dqa[DQ ? NQ : 1];
         if constexpr (DQ) {
             const uint32_t st = f9_smem(St), sw = st + wg * (F9_BK * F9_BK * 2);
@@ -1085,21 +1122,12 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
                     f9_wgmma_ss_n128<1, 1>(dqa, a, bk, kk);
             }
         } else {
-#pragma unroll
-            for (int kk = 0; kk < F9_BK / 16; kk++) {
-                const uint64_t bq = f9_ndesc(qs, kk);
-                if constexpr (HS == 64)
-                    f9_wgmma_n64<1>(dk, da[kk], bq, 1);
-                else
-                    f9_wgmma_n128<1>(dk, da[kk], bq, 1);
-            }
+            dk_issue(qs);
         }
         f9_wg_commit();
-        if (!PIPE) {
-            f9_wg_wait();
-            f9_regs<NO>(dv);
-            f9_regs<NO>(dk);
-        }
+        f9_wg_wait();
+        f9_regs<NO>(dv);
+        f9_regs<NO>(dk);
         if constexpr (BULK) {
             f9_regs<NQ>(dqa);
             // Eight-column group j of rows r and r + 8 (dqa[4j..4j+3]) at
@@ -1142,6 +1170,20 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
                 if (qr1 < T) f9_red2(dqz + (i64)qr1 * HS + 8 * j, dqa[4 * j + 2], dqa[4 * j + 3]);
             }
         }
+    };
+    if constexpr (PIPE) {
+        tile(0, f9_bool<false>{});
+        for (int it = 1; it < nit; it++) tile(it, f9_bool<true>{});
+        const int lb = (nit - 1) & 1;  // the last tile's buffers
+        f9_wg_fence();
+        dv_issue(f9_smem(Gb + lb * TILE));
+        dk_issue(f9_smem(Qb + lb * TILE));
+        f9_wg_commit();
+        f9_wg_wait();
+        f9_regs<NO>(dv);
+        f9_regs<NO>(dk);
+    } else {
+        for (int it = 0; it < nit; it++) tile(it, f9_bool<false>{});
     }
     if constexpr (BULK) {
         f9_fence_proxy();
@@ -1150,11 +1192,6 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             dq_reduce(nit - 1);
             f9_bulk_wait();
         }
-    }
-    if (PIPE) {
-        f9_wg_wait();
-        f9_regs<NO>(dv);
-        f9_regs<NO>(dk);
     }
     uint16_t* dkb = dqkv + (i64)b * T * W + (i64)(NH + kv) * HS + 2 * c;
     uint16_t* dvb = dkb + (i64)NKV * HS;
@@ -1212,7 +1249,24 @@ __device__ __forceinline__ void flash_bwd_q_sm90(uint16_t* __restrict__ dqkv, co
     for (int i = 0; i < NO; i++) dq[i] = 0.f;
     uint32_t da[F9_BK / 16][4];
     const uint32_t qs = f9_smem(Qs), gs = f9_smem(Gs);
-    for (int j = 0; j < n; j++) {
+    // dq_issue issues dQ += dS·K from da, the K tile ks N-major
+    // (f9_ndesc); no commit.
+    auto dq_issue = [&](uint32_t ks) {
+#pragma unroll
+        for (int kk = 0; kk < F9_BK / 16; kk++) {
+            const uint64_t dk = f9_ndesc(ks, kk);
+            if constexpr (HS == 64)
+                f9_wgmma_n64<1>(dq, da[kk], dk, 1);
+            else
+                f9_wgmma_n128<1>(dq, da[kk], dk, 1);
+        }
+    };
+    // tile(j, prev) is key tile j; with PIPE and prev (every tile but the
+    // first) it issues tile j-1's dQ first, as flash_bwd_kv_sm90's tile
+    // does its dV and dK; the last tile's follows the loop.
+    auto tile = [&](int j, auto prev) {
+        constexpr bool PV = decltype(prev)::value;
+        static_assert(PIPE || !PV, "only the pipelined backward defers a tile's last product");
         const int buf = j & 1, kk0 = j * F9_BK;
         const uint32_t ks = f9_smem(Kb + buf * TILE), vs = f9_smem(Vb + buf * TILE);
         fa_cp_wait();
@@ -1220,6 +1274,10 @@ __device__ __forceinline__ void flash_bwd_q_sm90(uint16_t* __restrict__ dqkv, co
         __syncthreads();  // tile j is in; without PIPE, every product of tile j-1 is done
         if (!PIPE && j + 1 < n) ld_kv(j + 1, buf ^ 1);
         f9_wg_fence();
+        if constexpr (PV) {  // tile j-1's dQ, from the other K buffer
+            dq_issue(f9_smem(Kb + (buf ^ 1) * TILE));
+            f9_wg_commit();
+        }
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
             f9_wgmma_ss_n64<0>(s, f9_kdesc(qs, kk),
@@ -1230,8 +1288,9 @@ __device__ __forceinline__ void flash_bwd_q_sm90(uint16_t* __restrict__ dqkv, co
             f9_wgmma_ss_n64<0>(dp, f9_kdesc(gs, kk),
                                f9_kdesc(vs, kk), kk);
         f9_wg_commit();
-        f9_wg_wait1();  // S (and with PIPE the previous tile's dQ) done; dP may run
+        f9_wg_wait1();  // S (and with prev the previous tile's dQ) done; dP may run
         f9_regs<NS>(s);
+        if constexpr (PV) f9_regs<NO>(dq);
         if (PIPE) {
             __syncthreads();  // every warp is past that wait: the other buffers are free
             if (j + 1 < n) ld_kv(j + 1, buf ^ 1);
@@ -1267,25 +1326,25 @@ __device__ __forceinline__ void flash_bwd_q_sm90(uint16_t* __restrict__ dqkv, co
             da[kk][2] = fa_pack(dp[8 * kk + 4], dp[8 * kk + 5]);
             da[kk][3] = fa_pack(dp[8 * kk + 6], dp[8 * kk + 7]);
         }
-        // dQ += dS·K: the K tile N-major (f9_ndesc).
-        f9_wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < F9_BK / 16; kk++) {
-            const uint64_t dk = f9_ndesc(ks, kk);
-            if constexpr (HS == 64)
-                f9_wgmma_n64<1>(dq, da[kk], dk, 1);
-            else
-                f9_wgmma_n128<1>(dq, da[kk], dk, 1);
-        }
-        f9_wg_commit();
-        if (!PIPE) {
+        // dQ += dS·K (with PIPE in the next call, or after the loop).
+        if constexpr (!PIPE) {
+            f9_wg_fence();
+            dq_issue(ks);
+            f9_wg_commit();
             f9_wg_wait();
             f9_regs<NO>(dq);
         }
-    }
-    if (PIPE) {
+    };
+    if constexpr (PIPE) {
+        tile(0, f9_bool<false>{});
+        for (int j = 1; j < n; j++) tile(j, f9_bool<true>{});
+        f9_wg_fence();
+        dq_issue(f9_smem(Kb + ((n - 1) & 1) * TILE));  // the last tile's
+        f9_wg_commit();
         f9_wg_wait();
         f9_regs<NO>(dq);
+    } else {
+        for (int j = 0; j < n; j++) tile(j, f9_bool<false>{});
     }
     uint16_t* dqb = dqkv + (i64)b * T * W + (i64)h * HS + 2 * c;
     if (r0 < T) {
