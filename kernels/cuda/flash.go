@@ -142,9 +142,10 @@ func flashJob(fn kfunc, rows int, o, lse, x cu.DevicePtr, B, T, NH, NKV, hs int)
 }
 
 // AttentionKernels describes, for diagnostics and benchmarks, the
-// attention kernels this backend runs for dtype dt and C, NH under the
-// default selection (operand alignment aside; workspace permitting).
-func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
+// attention kernels this backend runs for dtype dt, sequence length T and
+// C, NH under the default selection (operand alignment aside; workspace
+// permitting).
+func (b *Backend) AttentionKernels(dt kernels.DType, T, C, NH int) string {
 	hs := C / NH
 	switch {
 	case dt != kernels.BF16 || !flashHeadSize(hs):
@@ -170,7 +171,7 @@ func (b *Backend) AttentionKernels(dt kernels.DType, C, NH int) string {
 	} else if hs == 128 && flashFwd2x128 != "" && b.flashFwd2x128Err == nil {
 		fwd += " (two 16-row tiles per warp: " + flashFwd2x128 + ")"
 	}
-	mode := flashBwdModeAt(hs, flashBwdMode)
+	mode := flashBwdModeAt(hs, T, flashBwdMode)
 	f, _ := b.flashBwdByHead(hs, mode)
 	if isFusedSM90(mode) && (f.fused == 0 || b.fusedErr(f) != nil) {
 		mode = flashBwdSM90 // where the fused Hopper kernel does not apply
@@ -387,21 +388,30 @@ func flashBwdModeOf(v string) string {
 	return flashBwdAuto
 }
 
-// flashBwdModeAt is mode at head size hs: flashBwdAuto is the fused
-// two-warpgroup Hopper backward with dQ by bulk reduction at head size 128,
-// where it ran 0.99-1.28x as fast as the split Hopper kernels on the H100
-// (T 1k-8k, tools/bench/results/attn_fused2_h100.json), and the split
-// Hopper kernels elsewhere (0.85-1.02x at head size 64); it falls back to
-// them where the fused one does not apply. Other modes are themselves.
-func flashBwdModeAt(hs int, mode string) string {
+// flashBwdModeAt is mode at head size hs and sequence length T:
+// flashBwdAuto is the fused two-warpgroup Hopper backward with dQ by bulk
+// reduction at head size 128 and T above flashFused128MinT, and the split
+// Hopper kernels elsewhere; it falls back to them where the fused one does
+// not apply. Other modes are themselves. On the H100, at 2789f45
+// (tools/bench/results/attn_bwdpipe_h100.json, one call), the split
+// kernels took 0.692 ms at hs128 T1024 against the fused one's 0.762 and
+// the fused one 0.96-0.99x the split kernels' time at T 2048 and 0.82-0.90x
+// at 4096-8192; at head size 64 the split kernels were faster at every T
+// 1k-8k (the fused one 0.81-0.97x their speed).
+func flashBwdModeAt(hs, T int, mode string) string {
 	switch {
 	case mode != flashBwdAuto:
 		return mode
-	case hs == 128:
+	case hs == 128 && T > flashFused128MinT:
 		return flashBwdFused2BSM90
 	}
 	return flashBwdSM90
 }
+
+// flashFused128MinT is the sequence length up to which the default
+// backward at head size 128 takes the split Hopper kernels
+// (flashBwdModeAt).
+const flashFused128MinT = 1024
 
 // isFlashBwdVariant says mode takes a split variant: split-smem, or a
 // Hopper one (which falls back to split-smem where it has no kernels).
@@ -497,7 +507,7 @@ func (b *Backend) flashBwdFuncs(d, g, x, o operand, B, T, NH, hs int) (flashBwd,
 	if !flashHeadSize(hs) || d.p%4 != 0 || o.p%4 != 0 || x.p%16 != 0 || g.p%16 != 0 || B*NH > 65535 || int64(B)*int64(T)*int64(NH) >= 1<<31 {
 		return flashBwd{}, false
 	}
-	return b.flashBwdByHead(hs, flashBwdModeAt(hs, flashBwdMode))
+	return b.flashBwdByHead(hs, flashBwdModeAt(hs, T, flashBwdMode))
 }
 
 // flashFusedName is the fused backward kernel of head size hs under mode

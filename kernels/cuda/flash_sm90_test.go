@@ -169,11 +169,11 @@ func TestAttentionKernelsSM90(t *testing.T) {
 	const prefix = "forward: wgmma flash kernel for sm_90a"
 	for _, hs := range []int{64, 128} {
 		flashSM90 = true
-		if s := gb.AttentionKernels(kernels.BF16, 4*hs, 4); !strings.HasPrefix(s, prefix) {
+		if s := gb.AttentionKernels(kernels.BF16, 1024, 4*hs, 4); !strings.HasPrefix(s, prefix) {
 			t.Errorf("hs %d: AttentionKernels = %q", hs, s)
 		}
 		flashSM90 = false
-		if s := gb.AttentionKernels(kernels.BF16, 4*hs, 4); strings.HasPrefix(s, prefix) {
+		if s := gb.AttentionKernels(kernels.BF16, 1024, 4*hs, 4); strings.HasPrefix(s, prefix) {
 			t.Errorf("hs %d, flashSM90 off: AttentionKernels = %q", hs, s)
 		}
 	}

@@ -113,7 +113,7 @@ func TestFlashBwdFused(t *testing.T) {
 				}
 				// Head sizes 80 and 96 have no fused kernel: "fused" takes
 				// split, "sm90f" the default (split-smem there).
-				m := flashBwdModeAt(hs, mode)
+				m := flashBwdModeAt(hs, T, mode)
 				variant := isFlashBwdVariant(m) || (isFusedSM90(m) && flashFusedName(hs, m) == "")
 				wantFused := m != flashBwdSplit && !variant && flashFusedName(hs, m) != ""
 				if fused := flashBwdFusedLaunches.Load() > nf; fused != wantFused {
@@ -179,6 +179,30 @@ func TestFlashBwdModeOf(t *testing.T) {
 		"fused-bq32": flashBwdAuto, "nonsense": flashBwdAuto, "split-smem": flashBwdSplitSM, "split-w8": flashBwdAuto} {
 		if got := flashBwdModeOf(in); got != want {
 			t.Errorf("flashBwdModeOf(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestFlashBwdModeAt checks the default backward's choice by head size and
+// sequence length, and that an explicit mode is kept at every shape.
+func TestFlashBwdModeAt(t *testing.T) {
+	for _, c := range []struct {
+		hs, T int
+		mode  string
+		want  string
+	}{
+		{64, 1024, flashBwdAuto, flashBwdSM90},
+		{64, 8192, flashBwdAuto, flashBwdSM90},
+		{128, 1, flashBwdAuto, flashBwdSM90},
+		{128, flashFused128MinT, flashBwdAuto, flashBwdSM90},
+		{128, flashFused128MinT + 1, flashBwdAuto, flashBwdFused2BSM90},
+		{128, 8192, flashBwdAuto, flashBwdFused2BSM90},
+		{80, 8192, flashBwdAuto, flashBwdSM90},
+		{128, 8192, flashBwdSM90P, flashBwdSM90P},
+		{64, 1024, flashBwdFused2BSM90, flashBwdFused2BSM90},
+	} {
+		if got := flashBwdModeAt(c.hs, c.T, c.mode); got != c.want {
+			t.Errorf("flashBwdModeAt(%d, %d, %q) = %q, want %q", c.hs, c.T, c.mode, got, c.want)
 		}
 	}
 }

@@ -497,9 +497,9 @@ func kernelBench(device string, s shape) ([]gemmResult, []attnResult, error) {
 	fl := 3.5 * 4 * float64(B) * float64(NH) * float64(T) * float64(T) / 2 * float64(C/NH)
 	a := attnResult{Name: s.Name, B: B, T: T, C: C, NH: NH, FwdMs: fwd, BwdMs: bwd, TFLOPs: fl / ((fwd + bwd) / 1e3) / 1e12}
 	if ak, ok := be.(interface {
-		AttentionKernels(dt kernels.DType, C, NH int) string
+		AttentionKernels(dt kernels.DType, T, C, NH int) string
 	}); ok {
-		a.Kernels = ak.AttentionKernels(kernels.BF16, C, NH)
+		a.Kernels = ak.AttentionKernels(kernels.BF16, T, C, NH)
 	}
 	fmt.Printf("   attention %s B%d T%d C%d NH%d: fwd %.3f ms, bwd %.3f ms, %.0f TFLOP/s (causal); %s\n", s.Name, B, T, C, NH, fwd, bwd, a.TFLOPs, a.Kernels)
 	return gs, []attnResult{a}, nil
@@ -630,9 +630,9 @@ func sweepAttention(ctx context.Context, device, spec string, tokens, heads int,
 		fl := 3.5 * 4 * float64(B) * float64(NH) * float64(T) * float64(T) / 2 * float64(hs)
 		r := sweepResult{HS: hs, T: T, B: B, NH: NH, FwdMs: fwd, BwdMs: bwd, TFLOPs: fl / ((fwd + bwd) / 1e3) / 1e12}
 		if ak, ok := be.(interface {
-			AttentionKernels(dt kernels.DType, C, NH int) string
+			AttentionKernels(dt kernels.DType, T, C, NH int) string
 		}); ok {
-			r.Kernels = ak.AttentionKernels(kernels.BF16, C, NH)
+			r.Kernels = ak.AttentionKernels(kernels.BF16, T, C, NH)
 		}
 		fmt.Printf("   spill attention hs%d T%d B%d NH%d: fwd %.3f ms, bwd %.3f ms, %.0f TFLOP/s (causal)\n", hs, T, B, NH, fwd, bwd, r.TFLOPs)
 		res = append(res, r)

@@ -1465,23 +1465,25 @@ F9_FWD4(flash_fwd4p_sm90_bf16_hs128, 128, 2, F9_FWD4_D128, true)
 // or with set =, the gradients; qkv and dout 16-byte, dqkv 4-byte aligned)
 // on the sm_90a tensor cores: grids (ceil(T/64), B·NKV) and (ceil(T/64),
 // B·NH), 128 threads, f9_bwd_smem<HS>() bytes of dynamic shared memory
-// (flash_sm90.go computes the same). sm90p: the pipelined kernels (PIPE).
-#define F9_BWD(KIND, NAME, HS, PIPE) \
-    extern "C" __global__ void __launch_bounds__(F9_THREADS, 2) \
+// (flash_sm90.go computes the same). sm90p: the pipelined kernels (PIPE),
+// flash_bwd_kv_sm90p_bf16_hs64 held to 168 registers (three blocks per SM,
+// as flash_bwd_kv_sm90_bf16_hs64 at its 158; unbounded it took 186 and two).
+#define F9_BWD(KIND, NAME, HS, PIPE, MINB) \
+    extern "C" __global__ void __launch_bounds__(F9_THREADS, MINB) \
         NAME(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH, int NKV, \
              float scale_log2, float scale, int set) { \
         extern __shared__ __align__(1024) uint16_t f9_dynb[]; \
         KIND<HS, PIPE>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, \
                        scale, set != 0, f9_dynb); \
     }
-F9_BWD(flash_bwd_kv_sm90, flash_bwd_kv_sm90_bf16_hs64, 64, false)
-F9_BWD(flash_bwd_kv_sm90, flash_bwd_kv_sm90_bf16_hs128, 128, false)
-F9_BWD(flash_bwd_kv_sm90, flash_bwd_kv_sm90p_bf16_hs64, 64, true)
-F9_BWD(flash_bwd_kv_sm90, flash_bwd_kv_sm90p_bf16_hs128, 128, true)
-F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90_bf16_hs64, 64, false)
-F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90_bf16_hs128, 128, false)
-F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90p_bf16_hs64, 64, true)
-F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90p_bf16_hs128, 128, true)
+F9_BWD(flash_bwd_kv_sm90, flash_bwd_kv_sm90_bf16_hs64, 64, false, 2)
+F9_BWD(flash_bwd_kv_sm90, flash_bwd_kv_sm90_bf16_hs128, 128, false, 2)
+F9_BWD(flash_bwd_kv_sm90, flash_bwd_kv_sm90p_bf16_hs64, 64, true, 3)
+F9_BWD(flash_bwd_kv_sm90, flash_bwd_kv_sm90p_bf16_hs128, 128, true, 2)
+F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90_bf16_hs64, 64, false, 2)
+F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90_bf16_hs128, 128, false, 2)
+F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90p_bf16_hs64, 64, true, 2)
+F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90p_bf16_hs128, 128, true, 2)
 
 // flash_bwd_fused_sm90_*: flash_bwd_fused_bf16_* of flashattn.cu (same
 // arguments and contract: dqkv's key and value columns += (or, with set,
