@@ -353,15 +353,15 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // Each is checked at Open like the fused ones (checkFlashBwd); a variant that
 // fails (Backend.flashBwdSMErr) leaves the backward on the split kernels.
 // "sm90" and "sm90p" take the Hopper backward (flash_sm90.go) where it
-// applies, split-smem elsewhere; "sm90f", "sm90f2" and "sm90f2b" the
-// fused Hopper backward (flash_sm90.go) where it applies, the default
-// elsewhere. Other values are taken as the default.
+// applies, split-smem elsewhere; "sm90f", "sm90f2", "sm90f2b" and
+// "sm90f1b" the fused Hopper backward (flash_sm90.go) where it applies,
+// the default elsewhere. Other values are taken as the default.
 
 // Flash backward implementations (flashBwdMode). flashBwdSM90 and
 // flashBwdSM90P are the Hopper variants, flashBwdFusedSM90,
-// flashBwdFused2SM90 and flashBwdFused2BSM90 the fused Hopper backward
-// (flash_sm90.go; one and two warpgroups per block, dQ by vector atomics or
-// by one bulk reduction per tile).
+// flashBwdFused2SM90, flashBwdFused2BSM90 and flashBwdFused1BSM90 the
+// fused Hopper backward (flash_sm90.go; one and two warpgroups per block,
+// dQ by vector atomics or by one bulk reduction per tile).
 const (
 	flashBwdAuto        = "auto"
 	flashBwdFused       = "fused"
@@ -372,6 +372,7 @@ const (
 	flashBwdFusedSM90   = "sm90f"
 	flashBwdFused2SM90  = "sm90f2"
 	flashBwdFused2BSM90 = "sm90f2b"
+	flashBwdFused1BSM90 = "sm90f1b"
 )
 
 // flashBwdMode is the implementation the flash backward takes; tests set it.

@@ -496,9 +496,11 @@ func (b *Backend) checkFlashBwdSM90() {
 // Hopper kernels (tools/bench/results/attn_fused2_h100.json, T 1k-8k),
 // sm90f ran at 0.76-0.77x their speed (hs 64) and 0.74-0.80x (hs 128),
 // sm90f2 at 0.81-0.95x and 0.88-1.08x, sm90f2b at 0.85-1.02x and
-// 0.99-1.28x: sm90f2b is the default at head size 128 (flashBwdAuto).
-// Selected by SPILL_FLASH_BWD=sm90f, sm90f2 or sm90f2b (or unset, at head
-// size 128) at head sizes 64 and 128 on a device whose Hopper
+// 0.99-1.28x: sm90f2b is the default at head size 128 above T 1024
+// (flashBwdAuto). SPILL_FLASH_BWD=sm90f1b is sm90f with dQ by bulk
+// reduction, three blocks per SM at head size 64. Selected by
+// SPILL_FLASH_BWD=sm90f, sm90f2, sm90f2b or sm90f1b (or unset, at head
+// size 128 above T 1024) at head sizes 64 and 128 on a device whose Hopper
 // module loaded and whose self-check of that mode at Open passed
 // (checkFlashBwdFusedSM90, Backend.flashBwdFusedSM90Err); elsewhere, and
 // for calls whose accumulator does not fit the scratch share, the default.
@@ -519,6 +521,7 @@ var fusedSM90Modes = []fusedSM90Mode{
 	{flashBwdFusedSM90, [2]string{"flash_bwd_fused_sm90_bf16_hs64", "flash_bwd_fused_sm90_bf16_hs128"}, 1, false},
 	{flashBwdFused2SM90, [2]string{"flash_bwd_fused2_sm90_bf16_hs64", "flash_bwd_fused2_sm90_bf16_hs128"}, 2, false},
 	{flashBwdFused2BSM90, [2]string{"flash_bwd_fused2b_sm90_bf16_hs64", "flash_bwd_fused2b_sm90_bf16_hs128"}, 2, true},
+	{flashBwdFused1BSM90, [2]string{"flash_bwd_fused1b_sm90_bf16_hs64", "flash_bwd_fused1b_sm90_bf16_hs128"}, 1, true},
 }
 
 // fusedSM90ModeOf is mode's entry of fusedSM90Modes; false when mode is
@@ -551,7 +554,8 @@ func sm90FusedSmem(hs, wg int, bulk bool) int {
 
 // sm90Fused sets f's fused kernel to the fused Hopper backward of head
 // size hs under mode (sm90f: one warpgroup and 64 keys per block, sm90f2:
-// two and 128, sm90f2b: sm90f2 with dQ by bulk reduction) with
+// two and 128, sm90f2b and sm90f1b: sm90f2 and sm90f with dQ by bulk
+// reduction) with
 // flash_bwd_dq, its shared memory and block, and reports true; false, f
 // unchanged, when hs is neither 64 nor 128 or the kernels are not loaded.
 // Self-check results aside.

@@ -175,7 +175,7 @@ func TestFlashBwdFused(t *testing.T) {
 func TestFlashBwdModeOf(t *testing.T) {
 	for in, want := range map[string]string{"": flashBwdAuto, "auto": flashBwdAuto, "fused": flashBwdFused, "split": flashBwdSplit,
 		"sm90": flashBwdSM90, "sm90p": flashBwdSM90P, "sm90x": flashBwdAuto, "sm90f": flashBwdFusedSM90,
-		"sm90f2": flashBwdFused2SM90, "sm90f2b": flashBwdFused2BSM90,
+		"sm90f2": flashBwdFused2SM90, "sm90f2b": flashBwdFused2BSM90, "sm90f1b": flashBwdFused1BSM90,
 		"fused-bq32": flashBwdAuto, "nonsense": flashBwdAuto, "split-smem": flashBwdSplitSM, "split-w8": flashBwdAuto} {
 		if got := flashBwdModeOf(in); got != want {
 			t.Errorf("flashBwdModeOf(%q) = %q, want %q", in, got, want)

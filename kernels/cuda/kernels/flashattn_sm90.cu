@@ -1491,17 +1491,23 @@ F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90p_bf16_hs128, 128, true, 2)
 // entry and written into dqkv by flash_bwd_dq; dq 8-byte aligned) on the
 // sm_90a tensor cores: flash_bwd_kv_sm90 with DQ, grid (ceil(T/64),
 // B·NKV), 128 threads, f9_bwd_smem<HS, true>() bytes of dynamic shared
-// memory (flash_sm90.go computes the same).
-#define F9_BWDF(NAME, HS) \
-    extern "C" __global__ void __launch_bounds__(F9_THREADS, 2) \
+// memory (flash_sm90.go computes the same). flash_bwd_fused1b_sm90_*: dQ
+// by one bulk reduction per tile (BULK, as flash_bwd_fused2b_sm90_*),
+// f9_bwd_smem<HS, true, 1, true>() bytes (74 and 138 KB), dq 16-byte
+// aligned; at head size 64 held to 168 registers, so that three blocks
+// share an SM (as the split flash_bwd_kv_sm90_bf16_hs64 does).
+#define F9_BWDF(NAME, HS, BULK, MINB) \
+    extern "C" __global__ void __launch_bounds__(F9_THREADS, MINB) \
         NAME(void* dqkv, float* dq, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH, \
              int NKV, float scale_log2, float scale, int set) { \
         extern __shared__ __align__(1024) uint16_t f9_dynb[]; \
-        flash_bwd_kv_sm90<HS, false, true>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, D, T, NH, \
-                                           NKV, scale_log2, scale, set != 0, f9_dynb, dq); \
+        flash_bwd_kv_sm90<HS, false, true, 1, BULK>((uint16_t*)dqkv, (const uint16_t*)dout, (const uint16_t*)qkv, lse, \
+                                                    D, T, NH, NKV, scale_log2, scale, set != 0, f9_dynb, dq); \
     }
-F9_BWDF(flash_bwd_fused_sm90_bf16_hs64, 64)
-F9_BWDF(flash_bwd_fused_sm90_bf16_hs128, 128)
+F9_BWDF(flash_bwd_fused_sm90_bf16_hs64, 64, false, 2)
+F9_BWDF(flash_bwd_fused_sm90_bf16_hs128, 128, false, 2)
+F9_BWDF(flash_bwd_fused1b_sm90_bf16_hs64, 64, true, 3)
+F9_BWDF(flash_bwd_fused1b_sm90_bf16_hs128, 128, true, 1)
 
 // flash_bwd_fused2_sm90_*: the same with two warpgroups and 128 keys per
 // block (WG 2): grid (ceil(T/128), B·NKV), 256 threads,

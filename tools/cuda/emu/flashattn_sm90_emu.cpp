@@ -491,7 +491,7 @@ template <int HS, bool PIPE, bool FUSED = false, int WG = 1, bool BULK = false> 
     worst = std::max(worst, e / tol);
     if (!(e <= tol) && bad++ < 5) printf("%s row %zu col %zu: %g vs %g\n", part[which], i / W, col, g, w);
   }
-  printf("sm90 bwd%s HS%d B%d T%d NH%d NKV%d%s: worst err/tol %.3f, bad %d\n", FUSED ? (BULK ? " (fused, two warpgroups, bulk dQ)" : WG == 2 ? " (fused, two warpgroups)" : " (fused)") : PIPE ? " (pipelined)" : "", HS, B, T, NH, NKV, set ? " set" : "", worst, bad);
+  printf("sm90 bwd%s HS%d B%d T%d NH%d NKV%d%s: worst err/tol %.3f, bad %d\n", FUSED ? (BULK ? (WG == 2 ? " (fused, two warpgroups, bulk dQ)" : " (fused, bulk dQ)") : WG == 2 ? " (fused, two warpgroups)" : " (fused)") : PIPE ? " (pipelined)" : "", HS, B, T, NH, NKV, set ? " set" : "", worst, bad);
 }
 
 int main(int argc, char** argv) {
@@ -522,6 +522,7 @@ int main(int argc, char** argv) {
     run_bwd<128, false, true, 2>(1, 130, 2, 18, bad, 0, true);
     run_bwd<64, false, true, 2, true>(1, 200, 2, 19, bad, 1);
     run_bwd<128, false, true, 2, true>(1, 130, 2, 20, bad, 0, true);
+    run_bwd<64, false, true, 1, true>(1, 130, 2, 23, bad, 1);
     return bad != 0;
   }
   const int Ts[] = {1, 63, 64, 65, 200, 300, 600};
@@ -586,6 +587,9 @@ int main(int argc, char** argv) {
     run_bwd<64, false, true, 2, true>(1, T, 4, seed++, bad, 2, true);       // groups of 2, written over
     run_bwd<128, false, true, 2, true>(1, T, 3, seed++, bad, 1);            // multi-query
     run_bwd<128, false, true, 2, true>(1, T, 2, seed++, bad, 0, true);      // written over
+    run_bwd<64, false, true, 1, true>(T < 100 ? 2 : 1, T, 2, seed++, bad);  // one warpgroup, bulk dQ, multi-head
+    run_bwd<64, false, true, 1, true>(1, T, 4, seed++, bad, 2, true);       // groups of 2, written over
+    run_bwd<128, false, true, 1, true>(1, T, 3, seed++, bad, 1);            // multi-query
   }
   return bad != 0;
 }
