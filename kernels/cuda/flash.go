@@ -390,29 +390,37 @@ func flashBwdModeOf(v string) string {
 }
 
 // flashBwdModeAt is mode at head size hs and sequence length T:
-// flashBwdAuto is the fused two-warpgroup Hopper backward with dQ by bulk
-// reduction at head size 128 and T above flashFused128MinT, and the split
-// Hopper kernels elsewhere; it falls back to them where the fused one does
-// not apply. Other modes are themselves. On the H100, at 2789f45
-// (tools/bench/results/attn_bwdpipe_h100.json, one call), the split
-// kernels took 0.692 ms at hs128 T1024 against the fused one's 0.762 and
-// the fused one 0.96-0.99x the split kernels' time at T 2048 and 0.82-0.90x
-// at 4096-8192; at head size 64 the split kernels were faster at every T
-// 1k-8k (the fused one 0.81-0.97x their speed).
+// flashBwdAuto is a fused Hopper backward with dQ by bulk reduction (not
+// bitwise reproducible) at the long sequences, where it beat the split
+// Hopper kernels, and those (deterministic) elsewhere: at head size 128
+// above flashFused128MinT the two-warpgroup one (sm90f2b), at head size 64
+// above flashFused64MinT the one-warpgroup one (sm90f1b). It falls back to
+// the split kernels where the fused one does not apply. Other modes are
+// themselves. On the H100 (tools/bench/results/attn_bwdpipe_h100.json):
+// at 2789f45 the split kernels took 0.692 ms at hs128 T1024 against
+// sm90f2b's 0.762, and sm90f2b 0.97x the split kernels' time at T 2048 and
+// 0.82-0.90x at 4096-8192; at f6cc900 sm90f1b took 1.08x and 1.02x the
+// split kernels' time at hs64 T 1024 and 2048, 0.97x and 0.95x at 4096
+// and 8192.
 func flashBwdModeAt(hs, T int, mode string) string {
 	switch {
 	case mode != flashBwdAuto:
 		return mode
 	case hs == 128 && T > flashFused128MinT:
 		return flashBwdFused2BSM90
+	case hs == 64 && T > flashFused64MinT:
+		return flashBwdFused1BSM90
 	}
 	return flashBwdSM90
 }
 
-// flashFused128MinT is the sequence length up to which the default
-// backward at head size 128 takes the split Hopper kernels
-// (flashBwdModeAt).
-const flashFused128MinT = 1024
+// flashFused128MinT and flashFused64MinT are the sequence lengths up to
+// which the default backward takes the split Hopper kernels at head sizes
+// 128 and 64 (flashBwdModeAt).
+const (
+	flashFused128MinT = 1024
+	flashFused64MinT  = 2048
+)
 
 // isFlashBwdVariant says mode takes a split variant: split-smem, or a
 // Hopper one (which falls back to split-smem where it has no kernels).

@@ -497,10 +497,12 @@ func (b *Backend) checkFlashBwdSM90() {
 // sm90f ran at 0.76-0.77x their speed (hs 64) and 0.74-0.80x (hs 128),
 // sm90f2 at 0.81-0.95x and 0.88-1.08x, sm90f2b at 0.85-1.02x and
 // 0.99-1.28x: sm90f2b is the default at head size 128 above T 1024
-// (flashBwdAuto). SPILL_FLASH_BWD=sm90f1b is sm90f with dQ by bulk
-// reduction, three blocks per SM at head size 64. Selected by
-// SPILL_FLASH_BWD=sm90f, sm90f2, sm90f2b or sm90f1b (or unset, at head
-// size 128 above T 1024) at head sizes 64 and 128 on a device whose Hopper
+// (flashBwdAuto). sm90f1b is sm90f with dQ by bulk reduction, three
+// blocks per SM at head size 64, where it ran at 0.92-1.05x the split
+// kernels' speed (T 1k-8k, attn_bwdpipe_h100.json) and is the default
+// above T 2048. Selected by SPILL_FLASH_BWD=sm90f, sm90f2, sm90f2b or
+// sm90f1b (or unset, at head size 128 above T 1024 and 64 above T 2048)
+// at head sizes 64 and 128 on a device whose Hopper
 // module loaded and whose self-check of that mode at Open passed
 // (checkFlashBwdFusedSM90, Backend.flashBwdFusedSM90Err); elsewhere, and
 // for calls whose accumulator does not fit the scratch share, the default.

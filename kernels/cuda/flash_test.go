@@ -56,7 +56,8 @@ func TestFlashBwdFused(t *testing.T) {
 			modes = append(modes, mode)
 		}
 	}
-	if be.flashBwdSM90Err == nil && be.flashBwdFusedSM90Err[flashBwdFused2BSM90] == nil {
+	if be.flashBwdSM90Err == nil && be.flashBwdFusedSM90Err[flashBwdFused2BSM90] == nil &&
+		be.flashBwdFusedSM90Err[flashBwdFused1BSM90] == nil {
 		modes = append(modes, flashBwdAuto) // the default: each head size's choice
 	}
 	for _, sh := range [][5]int{ // B, T, NH, NKV, hs
@@ -192,7 +193,9 @@ func TestFlashBwdModeAt(t *testing.T) {
 		want  string
 	}{
 		{64, 1024, flashBwdAuto, flashBwdSM90},
-		{64, 8192, flashBwdAuto, flashBwdSM90},
+		{64, flashFused64MinT, flashBwdAuto, flashBwdSM90},
+		{64, flashFused64MinT + 1, flashBwdAuto, flashBwdFused1BSM90},
+		{64, 8192, flashBwdAuto, flashBwdFused1BSM90},
 		{128, 1, flashBwdAuto, flashBwdSM90},
 		{128, flashFused128MinT, flashBwdAuto, flashBwdSM90},
 		{128, flashFused128MinT + 1, flashBwdAuto, flashBwdFused2BSM90},
