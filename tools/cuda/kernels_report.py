@@ -40,8 +40,8 @@ def main():
                    "kept; both timed over >= 50 ms after warm-up on random data (spill: host clock around a "
                    "synchronised run; torch: CUDA events)",
                    "ratio_torch_over_spill >= 1 means spill is as fast or faster",
-                   "spill_*: the default kernels (head size 64: the forward with two 16-row tiles per warp, "
-                   "flash_fwd2_bf16_hs64); spill_one_tile_*: the same calls with SPILL_FLASH_FWD=1 (flash_fwd_bf16_hs64); "
+                   "spill_*: the default kernels, named in spill_kernels (AttentionKernels); spill_one_tile_*: "
+                   "the same calls with SPILL_FLASH_FWD=1 (flash_fwd_bf16_hs64, the mma.sync one-tile forward); "
                    "the backward kernels are the same",
                    "gpt: whole training steps in VRAM, bf16, fp32 master weights, AdamW, grad clip; torch.compile "
                    "regional (each block and the head+loss compiled, torch_ref.py with SPILL_TORCH_COMPILE=1); "
