@@ -332,10 +332,11 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // (flashBwdFusedErr).
 //
 // SPILL_FLASH_BWD, read at start-up, selects the implementation: unset
-// (or "auto"), the default, is "sm90f2b" at head size 128 and "sm90"
-// elsewhere (flashBwdAuto); "sm90" the Hopper split kernels at head sizes
-// 64 and 128 on a 9.x device whose self-check passed, split-smem
-// elsewhere; "split-smem" and "split" the split kernels (all three bitwise
+// (or "auto"), the default, is by head size and T (flashBwdAuto,
+// flashBwdModeAt in flash_modes.go: "sm90f2b" at head size 128 above T
+// 1024, "sm90f1b" at 64 above T 2048, "sm90" elsewhere); "sm90" the
+// Hopper split kernels at head sizes 64 and 128 on a 9.x device whose
+// self-check passed, split-smem elsewhere; "split-smem" and "split" the split kernels (all three bitwise
 // reproducible, and bitwise equal; "sm90" is the choice for bitwise
 // reproducible runs on Hopper), "fused" the fused kernels.
 // split-smem is the split kernels' variant (flash_bwd_kv_v and
@@ -357,74 +358,8 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // "sm90f1b" the fused Hopper backward (flash_sm90.go) where it applies,
 // the default elsewhere. Other values are taken as the default.
 
-// Flash backward implementations (flashBwdMode). flashBwdSM90 and
-// flashBwdSM90P are the Hopper variants, flashBwdFusedSM90,
-// flashBwdFused2SM90, flashBwdFused2BSM90 and flashBwdFused1BSM90 the
-// fused Hopper backward (flash_sm90.go; one and two warpgroups per block,
-// dQ by vector atomics or by one bulk reduction per tile).
-const (
-	flashBwdAuto        = "auto"
-	flashBwdFused       = "fused"
-	flashBwdSplit       = "split"
-	flashBwdSplitSM     = "split-smem"
-	flashBwdSM90        = "sm90"
-	flashBwdSM90P       = "sm90p"
-	flashBwdFusedSM90   = "sm90f"
-	flashBwdFused2SM90  = "sm90f2"
-	flashBwdFused2BSM90 = "sm90f2b"
-	flashBwdFused1BSM90 = "sm90f1b"
-)
-
 // flashBwdMode is the implementation the flash backward takes; tests set it.
 var flashBwdMode = flashBwdModeOf(os.Getenv("SPILL_FLASH_BWD"))
-
-func flashBwdModeOf(v string) string {
-	switch v {
-	case flashBwdFused, flashBwdSplit, flashBwdSplitSM, flashBwdSM90, flashBwdSM90P:
-		return v
-	}
-	if isFusedSM90(v) {
-		return v
-	}
-	return flashBwdAuto
-}
-
-// flashBwdModeAt is mode at head size hs and sequence length T:
-// flashBwdAuto is a fused Hopper backward with dQ by bulk reduction (not
-// bitwise reproducible) at the long sequences, where it beat the split
-// Hopper kernels, and those (deterministic) elsewhere: at head size 128
-// above flashFused128MinT the two-warpgroup one (sm90f2b), at head size 64
-// above flashFused64MinT the one-warpgroup one (sm90f1b). It falls back to
-// the split kernels where the fused one does not apply. Other modes are
-// themselves. On the H100 (tools/bench/results/attn_bwdpipe_h100.json):
-// at 2789f45 the split kernels took 0.692 ms at hs128 T1024 against
-// sm90f2b's 0.762, and sm90f2b 0.97x the split kernels' time at T 2048 and
-// 0.82-0.90x at 4096-8192; at f6cc900 sm90f1b took 1.08x and 1.02x the
-// split kernels' time at hs64 T 1024 and 2048, 0.97x and 0.95x at 4096
-// and 8192.
-func flashBwdModeAt(hs, T int, mode string) string {
-	switch {
-	case mode != flashBwdAuto:
-		return mode
-	case hs == 128 && T > flashFused128MinT:
-		return flashBwdFused2BSM90
-	case hs == 64 && T > flashFused64MinT:
-		return flashBwdFused1BSM90
-	}
-	return flashBwdSM90
-}
-
-// flashFused128MinT and flashFused64MinT are the sequence lengths up to
-// which the default backward takes the split Hopper kernels at head sizes
-// 128 and 64 (flashBwdModeAt).
-const (
-	flashFused128MinT = 1024
-	flashFused64MinT  = 2048
-)
-
-// isFlashBwdVariant says mode takes a split variant: split-smem, or a
-// Hopper one (which falls back to split-smem where it has no kernels).
-func isFlashBwdVariant(mode string) bool { return mode == flashBwdSplitSM || isFlashBwdSM90(mode) }
 
 // variantErr is the self-check result that gates the split variant v.
 func (b *Backend) variantErr(v flashBwdVariant) error {

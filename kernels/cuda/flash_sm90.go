@@ -393,9 +393,6 @@ func (b *Backend) checkFlashSM90() {
 // kernels.
 var flashBwdSM90Launches atomic.Int64
 
-// isFlashBwdSM90 says mode is a Hopper backward.
-func isFlashBwdSM90(mode string) bool { return mode == flashBwdSM90 || mode == flashBwdSM90P }
-
 // sm90BwdSmem is f9_bwd_smem<hs>() of flashattn_sm90.cu: the dynamic
 // shared memory of both Hopper backward kernels, six tiles of 64 rows of
 // hs bf16, four rows of 64 floats and 1024 bytes of room to align the
@@ -506,42 +503,6 @@ func (b *Backend) checkFlashBwdSM90() {
 // module loaded and whose self-check of that mode at Open passed
 // (checkFlashBwdFusedSM90, Backend.flashBwdFusedSM90Err); elsewhere, and
 // for calls whose accumulator does not fit the scratch share, the default.
-
-// fusedSM90Mode is one mode of the fused Hopper backward: the shape of its
-// kernels, which f9_bwd_smem and the kernels' template arguments in
-// flashattn_sm90.cu must match.
-type fusedSM90Mode struct {
-	mode  string    // the SPILL_FLASH_BWD value
-	names [2]string // the kernels at head sizes 64 and 128
-	wg    int       // warpgroups per block, each 64 keys
-	bulk  bool      // dQ by one bulk reduction per tile, not atomics
-}
-
-// fusedSM90Modes are the fused Hopper backward's modes, the one table of
-// their kernels and shapes.
-var fusedSM90Modes = []fusedSM90Mode{
-	{flashBwdFusedSM90, [2]string{"flash_bwd_fused_sm90_bf16_hs64", "flash_bwd_fused_sm90_bf16_hs128"}, 1, false},
-	{flashBwdFused2SM90, [2]string{"flash_bwd_fused2_sm90_bf16_hs64", "flash_bwd_fused2_sm90_bf16_hs128"}, 2, false},
-	{flashBwdFused2BSM90, [2]string{"flash_bwd_fused2b_sm90_bf16_hs64", "flash_bwd_fused2b_sm90_bf16_hs128"}, 2, true},
-	{flashBwdFused1BSM90, [2]string{"flash_bwd_fused1b_sm90_bf16_hs64", "flash_bwd_fused1b_sm90_bf16_hs128"}, 1, true},
-}
-
-// fusedSM90ModeOf is mode's entry of fusedSM90Modes; false when mode is
-// not a fused Hopper backward.
-func fusedSM90ModeOf(mode string) (fusedSM90Mode, bool) {
-	for _, m := range fusedSM90Modes {
-		if m.mode == mode {
-			return m, true
-		}
-	}
-	return fusedSM90Mode{}, false
-}
-
-// isFusedSM90 says mode is a fused Hopper backward.
-func isFusedSM90(mode string) bool {
-	_, ok := fusedSM90ModeOf(mode)
-	return ok
-}
 
 // sm90FusedSmem is f9_bwd_smem<hs, true, wg, bulk>() of flashattn_sm90.cu:
 // the Hopper backward's shared memory with wg K and V tiles, wg 64x64 bf16

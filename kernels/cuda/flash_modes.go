@@ -1,0 +1,112 @@
+package cuda
+
+// The flash backward's modes (SPILL_FLASH_BWD, flash.go) and the default's
+// choice among them by head size and sequence length. Untagged, so that
+// their tests run in every build, CI's included.
+
+// Flash backward implementations (flashBwdMode). flashBwdSM90 and
+// flashBwdSM90P are the Hopper variants, flashBwdFusedSM90,
+// flashBwdFused2SM90, flashBwdFused2BSM90 and flashBwdFused1BSM90 the
+// fused Hopper backward (flash_sm90.go; one and two warpgroups per block,
+// dQ by vector atomics or by one bulk reduction per tile).
+const (
+	flashBwdAuto        = "auto"
+	flashBwdFused       = "fused"
+	flashBwdSplit       = "split"
+	flashBwdSplitSM     = "split-smem"
+	flashBwdSM90        = "sm90"
+	flashBwdSM90P       = "sm90p"
+	flashBwdFusedSM90   = "sm90f"
+	flashBwdFused2SM90  = "sm90f2"
+	flashBwdFused2BSM90 = "sm90f2b"
+	flashBwdFused1BSM90 = "sm90f1b"
+)
+
+// flashBwdModeOf is the mode SPILL_FLASH_BWD=v selects: v itself when it
+// names one, flashBwdAuto otherwise.
+func flashBwdModeOf(v string) string {
+	switch v {
+	case flashBwdFused, flashBwdSplit, flashBwdSplitSM, flashBwdSM90, flashBwdSM90P:
+		return v
+	}
+	if isFusedSM90(v) {
+		return v
+	}
+	return flashBwdAuto
+}
+
+// flashBwdModeAt is mode at head size hs and sequence length T:
+// flashBwdAuto is a fused Hopper backward with dQ by bulk reduction (not
+// bitwise reproducible) at the long sequences, where it beat the split
+// Hopper kernels, and those (deterministic) elsewhere: at head size 128
+// above flashFused128MinT the two-warpgroup one (sm90f2b), at head size 64
+// above flashFused64MinT the one-warpgroup one (sm90f1b). It falls back to
+// the split kernels where the fused one does not apply. Other modes are
+// themselves. On the H100 (tools/bench/results/attn_bwdpipe_h100.json):
+// at 2789f45 the split kernels took 0.692 ms at hs128 T1024 against
+// sm90f2b's 0.762, and sm90f2b 0.97x the split kernels' time at T 2048 and
+// 0.82-0.90x at 4096-8192; at f6cc900 sm90f1b took 1.08x and 1.02x the
+// split kernels' time at hs64 T 1024 and 2048, 0.97x and 0.95x at 4096
+// and 8192.
+func flashBwdModeAt(hs, T int, mode string) string {
+	switch {
+	case mode != flashBwdAuto:
+		return mode
+	case hs == 128 && T > flashFused128MinT:
+		return flashBwdFused2BSM90
+	case hs == 64 && T > flashFused64MinT:
+		return flashBwdFused1BSM90
+	}
+	return flashBwdSM90
+}
+
+// flashFused128MinT and flashFused64MinT are the sequence lengths up to
+// which the default backward takes the split Hopper kernels at head sizes
+// 128 and 64 (flashBwdModeAt).
+const (
+	flashFused128MinT = 1024
+	flashFused64MinT  = 2048
+)
+
+// isFlashBwdVariant says mode takes a split variant: split-smem, or a
+// Hopper one (which falls back to split-smem where it has no kernels).
+func isFlashBwdVariant(mode string) bool { return mode == flashBwdSplitSM || isFlashBwdSM90(mode) }
+
+// isFlashBwdSM90 says mode is a Hopper backward.
+func isFlashBwdSM90(mode string) bool { return mode == flashBwdSM90 || mode == flashBwdSM90P }
+
+// fusedSM90Mode is one mode of the fused Hopper backward: the shape of its
+// kernels, which f9_bwd_smem and the kernels' template arguments in
+// flashattn_sm90.cu must match.
+type fusedSM90Mode struct {
+	mode  string    // the SPILL_FLASH_BWD value
+	names [2]string // the kernels at head sizes 64 and 128
+	wg    int       // warpgroups per block, each 64 keys
+	bulk  bool      // dQ by one bulk reduction per tile, not atomics
+}
+
+// fusedSM90Modes are the fused Hopper backward's modes, the one table of
+// their kernels and shapes.
+var fusedSM90Modes = []fusedSM90Mode{
+	{flashBwdFusedSM90, [2]string{"flash_bwd_fused_sm90_bf16_hs64", "flash_bwd_fused_sm90_bf16_hs128"}, 1, false},
+	{flashBwdFused2SM90, [2]string{"flash_bwd_fused2_sm90_bf16_hs64", "flash_bwd_fused2_sm90_bf16_hs128"}, 2, false},
+	{flashBwdFused2BSM90, [2]string{"flash_bwd_fused2b_sm90_bf16_hs64", "flash_bwd_fused2b_sm90_bf16_hs128"}, 2, true},
+	{flashBwdFused1BSM90, [2]string{"flash_bwd_fused1b_sm90_bf16_hs64", "flash_bwd_fused1b_sm90_bf16_hs128"}, 1, true},
+}
+
+// fusedSM90ModeOf is mode's entry of fusedSM90Modes; false when mode is
+// not a fused Hopper backward.
+func fusedSM90ModeOf(mode string) (fusedSM90Mode, bool) {
+	for _, m := range fusedSM90Modes {
+		if m.mode == mode {
+			return m, true
+		}
+	}
+	return fusedSM90Mode{}, false
+}
+
+// isFusedSM90 says mode is a fused Hopper backward.
+func isFusedSM90(mode string) bool {
+	_, ok := fusedSM90ModeOf(mode)
+	return ok
+}
