@@ -336,9 +336,10 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // flashBwdModeAt in flash_modes.go: "sm90f2b" at head size 128 above T
 // 1024, "sm90f1b" at 64 above T 2048, "sm90" elsewhere); "sm90" the
 // Hopper split kernels at head sizes 64 and 128 on a 9.x device whose
-// self-check passed, split-smem elsewhere; "split-smem" and "split" the split kernels (all three bitwise
-// reproducible, and bitwise equal; "sm90" is the choice for bitwise
-// reproducible runs on Hopper), "fused" the fused kernels.
+// self-check passed, split-smem elsewhere; "split-smem" and "split" the
+// split kernels (all three bitwise reproducible, and bitwise equal; "sm90"
+// is the choice for bitwise reproducible runs on Hopper), "fused" the
+// fused kernels.
 // split-smem is the split kernels' variant (flash_bwd_kv_v and
 // flash_bwd_q_v in flashattn.cu; the same products and the same order of
 // every sum, so as deterministic, and bit for bit equal to them on the
