@@ -60,19 +60,6 @@ step spill_attn 120 /tmp/gpubench -attn-sweep "$attn" -out "$out/spill_attn.json
 # default two-tile one at the head-size-64 shapes.
 attn64=$(echo "$attn" | tr ',' '\n' | grep '^64:' | paste -sd, -)
 [ -z "$attn64" ] || [ -z "${SPILL_BENCH_ONE_TILE:-}" ] || SPILL_FLASH_FWD=1 step spill_attn1 90 /tmp/gpubench -attn-sweep "$attn64" -out "$out/spill_attn1.json"
-PYTHONUNBUFFERED=1 step torch_attn 120 python3 tools/cuda/kernels_ref.py "$out/torch_attn.json" "$attn"
-if [ -n "${SPILL_BENCH_GEMM:-}" ]; then
-  SPILL_KERNELS_ONLY=1 PYTHONUNBUFFERED=1 step torch_gemm 90 python3 tools/gpubench/torch_ref.py "$out/torch_gemm.json" 124m
-  step gemm_default 90 /tmp/gpubench -kernels-only -shapes 124m -torch "$out/torch_gemm.json" -out "$out/gemm_default.json"
-  SPILL_CUBLAS_REDUCED_PRECISION=1 step gemm_reduced 90 /tmp/gpubench -kernels-only -shapes 124m -torch "$out/torch_gemm.json" -out "$out/gemm_reduced.json"
-fi
-gpts=$(echo "$shapes" | tr ',' '\n' | grep -v '^llama' | paste -sd, -)
-[ -z "$gpts" ] || SPILL_TORCH_COMPILE=1 SPILL_TRAIN_ONLY=1 PYTHONUNBUFFERED=1 step torch_gpt 300 python3 tools/gpubench/torch_ref.py "$out/torch_compile.json" "$gpts"
-# The Llama preset against transformers' LlamaForCausalLM under torch.compile
-# (tools/bench/llama_ref.py bench: the same B and T as gpubench's llama1b).
-if echo ",$shapes," | grep -q ',llama1b,'; then
-  SPILL_TORCH_COMPILE=1 step torch_llama 240 bash -c "python3 tools/bench/llama_ref.py bench 4 2048 10 >'$out/torch_llama.json'"
-fi
 # Opt-in attention kernels beside the defaults, at the same shapes:
 # SPILL_ATTN_VARIANTS="NAME:VAR=VALUE VAR2=VALUE;NAME2:VAR=VALUE" (e.g.
 # "sm90:SPILL_FLASH_FWD=sm90;gx4:SPILL_FLASH_PERSIST=1 SPILL_FLASH_GRIDX=4"):
@@ -93,6 +80,19 @@ if [ -n "${SPILL_ATTN_BASE_PTX:-}" ]; then
     step build_base 200 go build -tags cuda -o /tmp/gpubench_base ./tools/gpubench
   cp "$cur" kernels/cuda/ptx/flashattn_sm90.ptx || status=1
   [ -x /tmp/gpubench_base ] && step spill_attn_v_base 60 /tmp/gpubench_base -attn-sweep "$attn" -out "$out/spill_attn_v_base.json"
+fi
+PYTHONUNBUFFERED=1 step torch_attn 120 python3 tools/cuda/kernels_ref.py "$out/torch_attn.json" "$attn"
+if [ -n "${SPILL_BENCH_GEMM:-}" ]; then
+  SPILL_KERNELS_ONLY=1 PYTHONUNBUFFERED=1 step torch_gemm 90 python3 tools/gpubench/torch_ref.py "$out/torch_gemm.json" 124m
+  step gemm_default 90 /tmp/gpubench -kernels-only -shapes 124m -torch "$out/torch_gemm.json" -out "$out/gemm_default.json"
+  SPILL_CUBLAS_REDUCED_PRECISION=1 step gemm_reduced 90 /tmp/gpubench -kernels-only -shapes 124m -torch "$out/torch_gemm.json" -out "$out/gemm_reduced.json"
+fi
+gpts=$(echo "$shapes" | tr ',' '\n' | grep -v '^llama' | paste -sd, -)
+[ -z "$gpts" ] || SPILL_TORCH_COMPILE=1 SPILL_TRAIN_ONLY=1 PYTHONUNBUFFERED=1 step torch_gpt 300 python3 tools/gpubench/torch_ref.py "$out/torch_compile.json" "$gpts"
+# The Llama preset against transformers' LlamaForCausalLM under torch.compile
+# (tools/bench/llama_ref.py bench: the same B and T as gpubench's llama1b).
+if echo ",$shapes," | grep -q ',llama1b,'; then
+  SPILL_TORCH_COMPILE=1 step torch_llama 240 bash -c "python3 tools/bench/llama_ref.py bench 4 2048 10 >'$out/torch_llama.json'"
 fi
 python3 tools/cuda/kernels_report.py "$out" "$commit" "SPILL_COMMIT=$commit bash tools/cuda/kernels_bench.sh (attention $attn; shapes $shapes)" >"$out/kernels_h200.json" || status=1
 python3 - "$out/kernels_h200.json" <<'EOF' || status=1
