@@ -386,8 +386,12 @@ func (b *Backend) checkFlashSM90() {
 // split-smem's backward; swizzled, on the H100
 // (tools/bench/results/attn_swizzle_h100.json), 1.56-1.80x at head sizes 64
 // and 128, T 1024-8192, hence the default. sm90p ran slower than sm90 in
-// both (ptxas serializes its wgmma, C7515: the last products' group
-// outlives the loop iteration) and stays opt-in.
+// both while ptxas serialized its wgmma (C7515: the last products' group
+// outlived the loop iteration); with those products issued at the start
+// of the next iteration instead (2789f45) ptxas no longer does, but at
+// head size 64 it still ran 0.90-0.97x sm90's speed on the H100 (186
+// registers and two blocks per SM, then 162 and three:
+// tools/bench/results/attn_bwdpipe_h100.json), so it stays opt-in.
 
 // flashBwdSM90Launches counts the backward calls that took the Hopper
 // kernels.
