@@ -19,9 +19,10 @@ import "sync/atomic"
 // them share its K and V in L2 (not measured). On the H100 at head size
 // 128, T 1024, B·NH 256, the three tied X of 1, 2 and 4 took 0.288, 0.251
 // and 0.243 ms; tools/bench/results/attn_persist_h100.json has the sweep
-// over X that this rule fits at all eight shapes timed. The model overrates one query block a block (X =
-// nq), whose short blocks the hardware packs as they finish. sms <= 0
-// gives nq. No allocation; O(nq²) steps.
+// over X that this rule fits at all eight shapes timed. The model
+// overrates one query block a block (X = nq), whose short blocks the
+// hardware packs as they finish. sms <= 0 gives nq. No allocation; O(nq²)
+// steps.
 func sm90Grid(T, rows, bk, z, sms, perSM int) int {
 	if T <= 0 || rows <= 0 || bk <= 0 {
 		return 1
