@@ -56,6 +56,11 @@ type Backend struct {
 	flashBwdSMErr error
 	// flashSM90Err is the same for the Hopper forward (flash_sm90.go).
 	flashSM90Err error
+	// flashSM90WSErr is the same for the Hopper forwards with a producer
+	// warp (flash_fwd5, SPILL_FLASH_FWD=sm90ws or sm90wsk): apart, so that
+	// a driver or build without tensor maps keeps the other Hopper
+	// forwards.
+	flashSM90WSErr error
 	// flashBwdSM90Err is the same for the Hopper backward (flash_sm90.go);
 	// without it the modes sm90 (the default) and sm90p take split-smem.
 	flashBwdSM90Err error

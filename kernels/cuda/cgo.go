@@ -9,6 +9,7 @@ package cuda
 #cgo nocallback spill_launch
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <cuda.h>
 #include <cublas_v2.h>
 #include <cublasLt.h>
@@ -235,6 +236,31 @@ static int spill_lt_matmul(cublasLtHandle_t h, spill_lt_plan *p, uint64_t A, uin
 static size_t spill_lt_plan_ws(spill_lt_plan *p) { return p->ws; }
 
 static int spill_cuda_version(void) { return CUDA_VERSION; }
+
+// spill_tmap_qkv encodes into out (128 bytes) the tensor map of the flash
+// forward's packed qkv at ptr (bf16, 16-byte aligned): a 3-D tensor of w
+// columns (contiguous), t rows (w·2 bytes apart) and b batches (t·w·2
+// bytes apart), copied in boxes of 64 columns by rows rows in the 128-byte
+// swizzle, elements outside it read as zeros (flashattn_sm90.cu's
+// flash_fwd5 kernels). The driver entry point is CUDA 12's: built against
+// older headers it reports CUDA_ERROR_NOT_SUPPORTED.
+static int spill_tmap_qkv(void *out, uint64_t ptr, uint64_t w, uint64_t t, uint64_t b, unsigned rows) {
+#if CUDA_VERSION >= 12000
+	CUtensorMap m;
+	cuuint64_t dims[3] = {w, t, b};
+	cuuint64_t strides[2] = {w * 2, t * w * 2};
+	cuuint32_t box[3] = {64, rows, 1};
+	cuuint32_t es[3] = {1, 1, 1};
+	CUresult r = cuTensorMapEncodeTiled(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)(uintptr_t)ptr, dims, strides,
+		box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+		CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	if (r == CUDA_SUCCESS) memcpy(out, &m, sizeof m);
+	return (int)r;
+#else
+	(void)out; (void)ptr; (void)w; (void)t; (void)b; (void)rows;
+	return (int)CUDA_ERROR_NOT_SUPPORTED;
+#endif
+}
 
 static int spill_blas_version(cublasHandle_t h) {
 	int v = 0;
@@ -521,6 +547,18 @@ func hostRegister(p unsafe.Pointer, n int) error {
 func hostUnregister(p unsafe.Pointer) error {
 	if r := C.spill_host_unregister(p); r != 0 {
 		return fmt.Errorf("kernels/cuda: cuMemHostUnregister: %w", driverError(r))
+	}
+	return nil
+}
+
+// qkvTensorMap encodes into out the tensor map of the flash forward's
+// packed qkv at x (w bf16 columns, t rows, b batches; boxes of 64 columns
+// and rows rows) for the flash_fwd5 kernels: spill_tmap_qkv. It allocates
+// nothing: the driver writes a map on the C stack, copied into out.
+func qkvTensorMap(out *[16]uint64, x cu.DevicePtr, w, t, b, rows int) error {
+	if r := C.spill_tmap_qkv(unsafe.Pointer(&out[0]), C.uint64_t(x), C.uint64_t(w), C.uint64_t(t), C.uint64_t(b),
+		C.uint(rows)); r != 0 {
+		return driverError(r)
 	}
 	return nil
 }

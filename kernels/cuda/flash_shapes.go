@@ -79,3 +79,45 @@ func sm90FwdPSmem(hs, depth int) int { return sm90FwdPSmemBK(hs, depth, 64) }
 
 // sm90FwdPSmemBK is f9_fwdp_smem<hs, depth, bk>(): tiles of bk rows.
 func sm90FwdPSmemBK(hs, depth, bk int) int { return 2*depth*bk*hs*2 + 1024 }
+
+// sm90wsKernel is a flash_fwd5 kernel of flashattn_sm90.cu (the Hopper
+// forward with a producer warp copying the tiles on the bulk copy engine):
+// its name, head size, query rows and threads per block, ring depth, keys
+// per tile and dynamic shared memory (f9_fwdws_smem: the rings and 256
+// bytes of mbarriers). The F9_FWD5 lines of the .cu hold the same
+// (TestSM90WSKernels).
+type sm90wsKernel struct {
+	name                               string
+	hs, rows, threads, depth, bk, smem int
+}
+
+func newSM90WS(name string, hs, wg, depth, bk int) sm90wsKernel {
+	return sm90wsKernel{name: name, hs: hs, rows: wg * flashRows, threads: wg*flashThreads + 32, depth: depth, bk: bk,
+		smem: sm90FwdPSmemBK(hs, depth, bk) + 256}
+}
+
+// sm90wsKernels are the flash_fwd5 kernels: at each head size the
+// SPILL_FLASH_FWD=sm90ws one first, then the sm90wsk one.
+var sm90wsKernels = []sm90wsKernel{
+	newSM90WS("flash_fwd5_sm90_bf16_hs64", 64, 2, 4, 128),
+	newSM90WS("flash_fwd5w3_sm90_bf16_hs64", 64, 3, 6, 64),
+	newSM90WS("flash_fwd5_sm90_bf16_hs128", 128, 2, 3, 128),
+	newSM90WS("flash_fwd5k_sm90_bf16_hs128", 128, 2, 5, 64),
+}
+
+// sm90wsOf is the flash_fwd5 kernel of head size hs (64 or 128) for
+// SPILL_FLASH_FWD=v (sm90ws or sm90wsk); false for other values.
+func sm90wsOf(hs int, v string) (sm90wsKernel, bool) {
+	i := 0
+	switch v {
+	case "sm90ws":
+	case "sm90wsk":
+		i = 1
+	default:
+		return sm90wsKernel{}, false
+	}
+	if hs == 128 {
+		i += 2
+	}
+	return sm90wsKernels[i], true
+}

@@ -45,6 +45,16 @@ import (
 //     "sm90p4x" (the pipelined kernels with 128-key tiles, flash_fwd4:
 //     two warpgroups in lockstep at both head sizes, or three warpgroups
 //     and 192 query rows per block at head size 64 and ping-pong at 128).
+//     SPILL_FLASH_FWD=sm90ws or sm90wsk takes the warp-specialised
+//     kernels (flash_fwd5, sm90wsKernels: flash_fwd_sm90p with a producer
+//     warp beside two or three warpgroups, which copies the K and V
+//     tiles on the bulk copy engine through a tensor map of qkv and hands
+//     them over through mbarriers, so that the warpgroups neither copy
+//     nor meet a block barrier in the loop; sm90ws 128-key tiles, sm90wsk
+//     64-key tiles and three warpgroups at head size 64). They need a
+//     CUDA 12 build (cuTensorMapEncodeTiled) and their own self-check
+//     (Backend.flashSM90WSErr, run at Open only when SPILL_FLASH_FWD
+//     selects them); without either those values take the default.
 //     SPILL_FLASH_FWD=mma (or 1) keeps the mma.sync kernels.
 // The pipelined kernels are the default since their tiles are swizzled:
 // on the H100 (tools/bench/results/attn_swizzle_h100.json) they ran
@@ -71,6 +81,11 @@ const flashSM90Module = "ptx/flashattn_sm90.ptx"
 // errNoSM90 is flashSM90Err on a device whose compute capability is not 9.x.
 var errNoSM90 = errors.New("not a compute capability 9.x device")
 
+// errWSUnselected is flashSM90WSErr when SPILL_FLASH_FWD did not select
+// the kernels with a producer warp at start-up: opt-in, they are
+// self-checked at Open only then.
+var errWSUnselected = errors.New("not selected at start-up (SPILL_FLASH_FWD=sm90ws or sm90wsk), so not self-checked")
+
 var flashSM90 = os.Getenv("SPILL_FLASH_FWD") == "sm90" || os.Getenv("SPILL_FLASH_FWD") == "sm90x1" || flashSM90p
 
 // flashSM90p selects the pipelined Hopper kernels (the default:
@@ -81,8 +96,17 @@ var flashSM90p = flashSM90pOf(os.Getenv("SPILL_FLASH_FWD"))
 // flashSM90pOf reports whether SPILL_FLASH_FWD=v selects the pipelined
 // Hopper forward.
 func flashSM90pOf(v string) bool {
-	return v == "" || v == "sm90p" || v == "sm90px1" || v == "sm90p3" || v == "sm90p4" || v == "sm90p4x"
+	return v == "" || v == "sm90p" || v == "sm90px1" || v == "sm90p3" || v == "sm90p4" || v == "sm90p4x" ||
+		v == "sm90ws" || v == "sm90wsk"
 }
+
+// flashFwdEnv is SPILL_FLASH_FWD at start-up.
+var flashFwdEnv = os.Getenv("SPILL_FLASH_FWD")
+
+// flashTMA holds the keys per tile of each flash_fwd5 kernel (kfunc keys,
+// int values; set when a module loads, read by flashJob, which passes
+// those kernels the tensor map of qkv).
+var flashTMA sync.Map
 
 // flashSM90p4 selects, among the pipelined Hopper kernels of 128 query
 // rows or more per block, those with 128-key tiles (flash_fwd4):
@@ -216,6 +240,13 @@ func (b *Backend) loadFlashSM90(f, src string) {
 		}
 		shared = append(shared, pipelined{k.name, k.smem, k.threads, 128})
 	}
+	for _, k := range sm90wsKernels {
+		if fn, ok := fns[k.name]; ok {
+			flashWide.Store(fn, k.threads)
+			flashTMA.Store(fn, k.bk)
+		}
+		shared = append(shared, pipelined{k.name, k.smem, k.threads, k.bk})
+	}
 	for _, k := range shared {
 		fn, ok := fns[k.name]
 		if !ok {
@@ -294,6 +325,10 @@ func (b *Backend) useFlashSM90(hs int) (kfunc, int, bool) {
 	if !flashSM90 || b.flashSM90Err != nil || (hs != 64 && hs != 128) {
 		return 0, 0, false
 	}
+	if k, ok := sm90wsOf(hs, flashFwdEnv); ok && b.flashSM90WSErr == nil {
+		fn, ok := b.fns[k.name]
+		return fn, k.rows, ok
+	}
 	if sel := sm90p4Sel(hs); flashSM90p && flashSM90x2 && sel > 0 {
 		k := sm90p4Of(hs, sel)
 		fn, ok := b.fns[k.name]
@@ -320,7 +355,8 @@ func (b *Backend) useFlashSM90(hs int) (kfunc, int, bool) {
 func (b *Backend) countFlashSM90(fn kfunc) bool {
 	for _, name := range []string{flashSM90Name(64), flashSM90Name(128), flashSM90x2Name(64), flashSM90x2Name(128),
 		flashSM90pName(64), flashSM90pName(128), flashSM90px1Name(64), flashSM90px1Name(128),
-		sm90p4Kernels[0].name, sm90p4Kernels[1].name, sm90p4Kernels[2].name, sm90p4Kernels[3].name} {
+		sm90p4Kernels[0].name, sm90p4Kernels[1].name, sm90p4Kernels[2].name, sm90p4Kernels[3].name,
+		sm90wsKernels[0].name, sm90wsKernels[1].name, sm90wsKernels[2].name, sm90wsKernels[3].name} {
 		if f, ok := b.fns[name]; ok && f == fn {
 			flashSM90Launches.Add(1)
 			return true
@@ -352,17 +388,32 @@ func (b *Backend) checkFlashSM90() {
 			all = append(all, checked{k.name, hs, k.rows})
 		}
 	}
-	for _, k := range all {
+	check := func(k checked) error {
 		fn, ok := b.fns[k.name]
 		if !ok {
-			b.flashSM90Err = fmt.Errorf("kernel %s missing from the embedded PTX", k.name)
-			return
+			return fmt.Errorf("kernel %s missing from the embedded PTX", k.name)
 		}
 		for _, T := range []int{80, 200} {
 			if err := b.checkFlashShape(fn, k.rows, B, T, NH*k.hs, NH); err != nil {
-				b.flashSM90Err = fmt.Errorf("%s self-check (B%d T%d C%d NH%d): %w", k.name, B, T, NH*k.hs, NH, err)
-				return
+				return fmt.Errorf("%s self-check (B%d T%d C%d NH%d): %w", k.name, B, T, NH*k.hs, NH, err)
 			}
+		}
+		return nil
+	}
+	for _, k := range all {
+		if err := check(k); err != nil {
+			b.flashSM90Err = err
+			return
+		}
+	}
+	if _, ok := sm90wsOf(64, flashFwdEnv); !ok {
+		b.flashSM90WSErr = errWSUnselected
+		return
+	}
+	for _, k := range sm90wsKernels {
+		if err := check(checked{k.name, k.hs, k.rows}); err != nil {
+			b.flashSM90WSErr = err
+			return
 		}
 	}
 }

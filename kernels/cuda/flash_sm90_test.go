@@ -19,12 +19,14 @@ import (
 // sizes 64 and 128, multi-head and grouped-query, T of 1, 65, 200 and 1000
 // (partial query blocks and key tiles), asserting that the Hopper kernel
 // ran; the default kernel also persistent (several query blocks a block),
-// bit for bit against one query block per block. Skipped on a device whose compute capability is not 9.x.
+// bit for bit against one query block per block; the same for the kernels
+// with a producer warp (sm90ws, sm90wsk), which must have passed their
+// self-check. Skipped on a device whose compute capability is not 9.x.
 func TestAttentionFlashSM90(t *testing.T) {
-	defer func(impl int, h, x2, pp bool, p4 int, pers bool, sms int) {
+	defer func(impl int, h, x2, pp bool, p4 int, pers bool, sms int, env string) {
 		attnImpl, flashSM90, flashSM90x2, flashSM90p, flashSM90p4 = impl, h, x2, pp, p4
-		flashPersistent, sm90GridSMs = pers, sms
-	}(attnImpl, flashSM90, flashSM90x2, flashSM90p, flashSM90p4, flashPersistent, sm90GridSMs)
+		flashPersistent, sm90GridSMs, flashFwdEnv = pers, sms, env
+	}(attnImpl, flashSM90, flashSM90x2, flashSM90p, flashSM90p4, flashPersistent, sm90GridSMs, flashFwdEnv)
 	attnImpl = attnFlash
 	p := openPair(t)
 	gb := p.g.(*Backend)
@@ -37,6 +39,15 @@ func TestAttentionFlashSM90(t *testing.T) {
 	if gb.flashErr != nil {
 		t.Fatalf("flash self-check at Open: %v", gb.flashErr)
 	}
+	wsEnvs := []string{"sm90ws", "sm90wsk"}
+	switch err := gb.flashSM90WSErr; {
+	case errors.Is(err, errWSUnselected):
+		t.Logf("Hopper forwards with a producer warp not checked: %v", err)
+		wsEnvs = nil
+	case err != nil:
+		t.Fatalf("Hopper forward with a producer warp off: %v", err)
+	}
+	flashFwdEnv = ""
 	type shape struct{ B, T, NH, NKV, hs int }
 	var shapes []shape
 	for _, hs := range []int{64, 128} {
@@ -79,13 +90,24 @@ func TestAttentionFlashSM90(t *testing.T) {
 		// both) and 64 (sm90px1), and those with 128-key tiles (sm90p4,
 		// sm90p4x: 192 rows at head size 64).
 		flashSM90 = true
-		for _, v := range []struct {
+		type variant struct {
 			x2, p bool
 			p4    int
-		}{{true, false, 0}, {false, false, 0}, {true, true, sm90p4Auto}, {true, true, sm90p4None}, {false, true, 0},
-			{true, true, sm90p4Pair}, {true, true, sm90p4Wide}} {
-			flashSM90x2, flashSM90p, flashSM90p4 = v.x2, v.p, v.p4
-			vname := fmt.Sprintf("%s/sm90-x2=%v-p=%v-p4=%d", name, v.x2, v.p, v.p4)
+			env   string
+		}
+		variants := []variant{{true, false, 0, ""}, {false, false, 0, ""}, {true, true, sm90p4Auto, ""},
+			{true, true, sm90p4None, ""}, {false, true, 0, ""}, {true, true, sm90p4Pair, ""}, {true, true, sm90p4Wide, ""}}
+		for _, env := range wsEnvs {
+			variants = append(variants, variant{true, true, sm90p4Auto, env})
+		}
+		for _, v := range variants {
+			flashSM90x2, flashSM90p, flashSM90p4, flashFwdEnv = v.x2, v.p, v.p4, v.env
+			vname := fmt.Sprintf("%s/sm90-x2=%v-p=%v-p4=%d%s", name, v.x2, v.p, v.p4, v.env)
+			if k, ok := sm90wsOf(hs, v.env); ok {
+				if fn, _, _ := gb.useFlashSM90(hs); fn != gb.fns[k.name] {
+					t.Fatalf("%s: SPILL_FLASH_FWD=%s does not take %s", vname, v.env, k.name)
+				}
+			}
 			out, lse := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)
 			n0 = flashSM90Launches.Load()
 			fwd(out, lse)
@@ -116,43 +138,47 @@ func TestAttentionFlashSM90(t *testing.T) {
 		// Against the CPU, and bit for bit against one query block per
 		// block (each query block's arithmetic is the same either way).
 		flashSM90x2, flashSM90p, flashSM90p4 = true, true, sm90p4Auto
-		fn, rows, ok := gb.useFlashSM90(hs)
-		if !ok {
-			t.Fatalf("%s: no pipelined Hopper kernel", name)
-		}
-		flashPersistent, sm90GridSMs = false, 0
-		ref, refL := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)
-		fwd(ref, refL)
-		flashPersistent = true
-		for _, sms := range []int{1, 3} {
-			sm90GridSMs = sms
-			vname := fmt.Sprintf("%s/persistent-sms%d", name, sms)
-			nq := (T + rows - 1) / rows
-			// One multiprocessor always makes a grid of several query
-			// blocks persistent; with three, sm90Grid may keep one query
-			// block a block when fewer would leave slots idle.
-			if X := flashGridX(fn, rows, T, B*NH); nq > 1 && sms == 1 && X >= nq {
-				t.Errorf("%s: %d blocks a head for %d query blocks: not persistent", vname, X, nq)
+		for _, env := range append([]string{""}, wsEnvs...) {
+			flashFwdEnv = env
+			fn, rows, ok := gb.useFlashSM90(hs)
+			if !ok {
+				t.Fatalf("%s: no pipelined Hopper kernel", name)
 			}
-			out, lse := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)
-			fwd(out, lse)
-			p.check(vname+"/out", out, 1)
-			p.check(vname+"/lse", lse, 2)
-			for _, c := range []struct {
-				name     string
-				got, one tp
-			}{{"out", out, ref}, {"lse", lse, refL}} {
-				a, _ := p.download(c.got)
-				m, _ := p.download(c.one)
-				for i := range m {
-					if a[i] != m[i] {
-						t.Errorf("%s/%s[%d]: %g persistent, %g one query block per block", vname, c.name, i, a[i], m[i])
-						break
+			flashPersistent, sm90GridSMs = false, 0
+			ref, refL := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)
+			fwd(ref, refL)
+			flashPersistent = true
+			for _, sms := range []int{1, 3} {
+				sm90GridSMs = sms
+				vname := fmt.Sprintf("%s/persistent-sms%d%s", name, sms, env)
+				nq := (T + rows - 1) / rows
+				// One multiprocessor always makes a grid of several query
+				// blocks persistent; with three, sm90Grid may keep one query
+				// block a block when fewer would leave slots idle.
+				if X := flashGridX(fn, rows, T, B*NH); nq > 1 && sms == 1 && X >= nq {
+					t.Errorf("%s: %d blocks a head for %d query blocks: not persistent", vname, X, nq)
+				}
+				out, lse := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)
+				fwd(out, lse)
+				p.check(vname+"/out", out, 1)
+				p.check(vname+"/lse", lse, 2)
+				for _, c := range []struct {
+					name     string
+					got, one tp
+				}{{"out", out, ref}, {"lse", lse, refL}} {
+					a, _ := p.download(c.got)
+					m, _ := p.download(c.one)
+					for i := range m {
+						if a[i] != m[i] {
+							t.Errorf("%s/%s[%d]: %g persistent, %g one query block per block", vname, c.name, i, a[i], m[i])
+							break
+						}
 					}
 				}
 			}
+			flashPersistent, sm90GridSMs = true, 0
 		}
-		flashPersistent, sm90GridSMs = true, 0
+		flashFwdEnv = ""
 	}
 }
 

@@ -42,7 +42,7 @@ deadline=${SPILL_DEADLINE:-300}
   wait
   # Registers, spills and shared memory of the flash kernels on sm_90.
   grep -E "Compiling entry|registers|spill" "$OUT/ptxas.log" | grep -A2 "flash_" | grep -v "^--" | head -n 40
-  grep -E "Compiling entry|registers|spill" "$OUT/ptxas_sm90.log" | grep -A2 "flash_fwd3\|flash_fwd4\|flash_bwd" | grep -v "^--" | head -n 60
+  grep -E "Compiling entry|registers|spill" "$OUT/ptxas_sm90.log" | grep -A2 "flash_fwd3\|flash_fwd4\|flash_fwd5\|flash_bwd" | grep -v "^--" | head -n 60
   SPILL_BENCH_GO=${SPILL_BENCH_GO-1} SPILL_DEADLINE=$((deadline - SECONDS - 5)) bash tools/cuda/kernels_bench.sh
 } 2>&1 | tee "$R/run.log"
 cp "$OUT/kernels_h200.json" "$R/" 2>/dev/null

@@ -19,6 +19,9 @@
 #   emu.sh sm90bwd only the Hopper backward, no mutants.
 #   emu.sh sm90fwd4 only the forwards with 128-key tiles (flash_fwd4), no
 #                  mutants.
+#   emu.sh sm90ws  only the forwards with a producer warp (flash_fwd5:
+#                  mbarriers, bulk tensor copies), then their mutants
+#                  (also among emu.sh sm90's).
 #   emu.sh fwdmt   only the two-tile forwards at head size 128 (64 and 32
 #                  keys per tile);
 #   emu.sh bwdv    only the split backward's variants of flashattn.cu
@@ -61,6 +64,17 @@ run_mutants() {
   done
   return $failed
 }
+# The mutants of the forwards with a producer warp (flash_fwd5: mbarriers
+# and bulk tensor copies); emu.sh sm90 runs them with the others.
+ws_mutants=(
+  "producer warp: a slot refilled without waiting for it to be emptied|s/f9_mbar_wait(\&e\[slot\], ((i \/ D) \& 1) ^ 1);//"
+  "producer warp: S issued without waiting for its K tile|s/if constexpr (DS) f9_mbar_wait(\&kfull\[kc % D\], (kc \/ D) \& 1);//"
+  "producer warp: the V tile's full barrier waited on the wrong parity|s/f9_mbar_wait(\&vfull\[vc % D\], (vc \/ D) \& 1)/f9_mbar_wait(\&vfull[vc % D], ((vc \/ D) \& 1) ^ 1)/"
+  "producer warp: the empty barriers expect one arrival per warpgroup|s/f9_mbar_init(\&kempty\[i\], 4 \* WG);/f9_mbar_init(\&kempty[i], WG);/"
+  "producer warp: V copied from K's columns|s/vcol = (NH + NKV + kv) \* HS/vcol = (NH + kv) * HS/"
+  "producer warp: no fence.mbarrier_init|s/^ *f9_mbar_init_fence();//"
+  "producer warp: K slot released before S is done|s/if (lane == 0) f9_mbar_arrive(\&kempty\[kc % D\]);/;/;s/if constexpr (DS) f9_mbar_wait(\&kfull/if constexpr (DS) { if (lane == 0) f9_mbar_arrive(\&kempty[kc % D]); } if constexpr (DS) f9_mbar_wait(\&kfull/"
+)
 if [ "${1:-}" = bwdv ]; then
   src=$root/kernels/cuda/kernels/flashattn.cu
   cp "$root/tools/cuda/emu/flashattn_emu.cpp" "$tmp/"
@@ -75,11 +89,21 @@ if [ "${1:-}" = bwdv ]; then
   run_mutants bwdv "$src" flashattn_body.inc flashattn_emu.cpp 'differs|bad [1-9]' env EMU_BWD_VARIANTS=1 "$tmp/mutant"
   exit
 fi
-if [ "${1:-}" = sm90bwd ] || [ "${1:-}" = sm90fwd4 ]; then
+if [ "${1:-}" = sm90bwd ] || [ "${1:-}" = sm90fwd4 ] || [ "${1:-}" = sm90ws ]; then
+  src=$root/kernels/cuda/kernels/flashattn_sm90.cu
   cp "$root/tools/cuda/emu/flashattn_sm90_emu.cpp" "$tmp/"
-  body "$root/kernels/cuda/kernels/flashattn_sm90.cu" >"$tmp/flashattn_sm90_body.inc"
+  body "$src" >"$tmp/flashattn_sm90_body.inc"
   cxx -o "$tmp/emu" "$tmp/flashattn_sm90_emu.cpp"
-  if [ "$1" = sm90bwd ]; then "$tmp/emu" bwd; else "$tmp/emu" fwd4; fi
+  case $1 in
+  sm90bwd) "$tmp/emu" bwd ;;
+  sm90fwd4) "$tmp/emu" fwd4 ;;
+  sm90ws)
+    "$tmp/emu" ws
+    echo "emu.sh sm90ws: the kernels passed; now their mutants, each of which must fail"
+    mutants=("${ws_mutants[@]}")
+    run_mutants sm90ws "$src" flashattn_sm90_body.inc flashattn_sm90_emu.cpp 'emulator:|bad [1-9]|out b|lse b' "$tmp/mutant" quick
+    ;;
+  esac
   exit
 fi
 if [ "${1:-}" != sm90 ]; then
@@ -147,4 +171,5 @@ mutants=(
   "fused backward, bulk dQ: stores not rotated back|s/const int col = 8 \* (j ^ (g \& 3));/const int col = 8 * j;/"
   "fused backward, bulk dQ: the reduction one tile late|s/if (tid == 0 \&\& it > 0) dq_reduce(it - 1);/if (tid == 0 \&\& it > 1) dq_reduce(it - 2);/"
 )
+mutants+=("${ws_mutants[@]}")
 run_mutants sm90 "$src" flashattn_sm90_body.inc flashattn_sm90_emu.cpp 'emulator:|bad [1-9]|out b|lse b' "$tmp/mutant" quick

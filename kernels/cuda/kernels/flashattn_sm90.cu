@@ -196,6 +196,56 @@ __device__ __forceinline__ void f9_bulk_commit() { asm volatile("cp.async.bulk.c
 __device__ __forceinline__ void f9_bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void f9_bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
+// f9_tmap is a tensor map (CUtensorMap: 128 opaque bytes, 64-byte
+// aligned), encoded on the host by cuTensorMapEncodeTiled (cgo.go,
+// spill_tmap_qkv) and passed to a kernel by value as a __grid_constant__
+// parameter, so that its address is one the bulk tensor copies may name.
+struct __align__(64) f9_tmap {
+    unsigned long long w[16];
+};
+// The mbarriers (PTX ISA 9.7.13.15, 64-bit objects in shared memory, 8-byte
+// aligned): f9_mbar_init sets the barrier's expected arrivals to count
+// (phase 0 in progress); f9_mbar_init_fence makes the initialisations
+// visible to the async proxy (the bulk tensor copies that complete
+// transactions on them) before the barrier that publishes them to the
+// block; f9_mbar_expect_tx arrives once and raises the phase's expected
+// transaction bytes by bytes (mbarrier.arrive.expect_tx); f9_mbar_arrive
+// arrives once (release); f9_mbar_wait spins until the phase of the given
+// parity has completed (try_wait.parity, acquire): phase k of a barrier
+// has parity k & 1, and a fresh barrier counts its phase -1 (parity 1) as
+// completed.
+__device__ __forceinline__ void f9_mbar_init(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(f9_smem(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void f9_mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void f9_mbar_expect_tx(uint64_t* bar, int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(f9_smem(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void f9_mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(f9_smem(bar)) : "memory");
+}
+__device__ __forceinline__ void f9_mbar_wait(uint64_t* bar, int parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nF9_WAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra F9_WAIT;\n}\n" ::"r"(
+            f9_smem(bar)),
+        "r"(parity)
+        : "memory");
+}
+// f9_tma_load3 copies the box at coordinates (c0, c1, c2) (innermost
+// first, in elements) of the tensor that tm maps into shared memory at dst
+// on the bulk copy engine (cp.async.bulk.tensor.3d, tile mode), in the
+// layout tm names (here the 128-byte swizzle; dst 1024-byte aligned), with
+// elements outside the tensor written as zeros; the copy completes its
+// bytes as transactions on bar, whose phase must expect them.
+__device__ __forceinline__ void f9_tma_load3(uint16_t* dst, const f9_tmap* tm, int c0, int c1, int c2,
+                                             uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];\n" ::"r"(f9_smem(dst)),
+        "l"(tm), "r"(c0), "r"(c1), "r"(c2), "r"(f9_smem(bar))
+        : "memory");
+}
+
 // ---- Device code: tools/cuda/emu.sh sm90 runs everything from here to the
 // entry points on the host (tools/cuda/emu/flashattn_sm90_emu.cpp, with its
 // own versions of the helpers above: fa_pack, fa_exp2, fa_ld32, f9_smem,
@@ -578,17 +628,41 @@ struct f9_bool {
     static constexpr bool value = B;
 };
 
+//
+// With WS (warp specialised, the flash_fwd5 kernels; not with PP) the
+// block has one more warp, after the WG warpgroups: its first lane is the
+// producer, which copies every K and V tile of the block's items on the
+// bulk copy engine (f9_tma_load3 through the tensor map tm of qkv, rows
+// past T zero, straight into the swizzled layout), and the warpgroups
+// neither copy nor meet any barrier in the loop. The rings are handed
+// over through mbarriers, four per slot: K tile i (counted over the
+// block's items, in the order the warpgroups use them) goes into K slot
+// i%D once the slot's empty barrier completed phase i/D - 1 (every warp
+// of every warpgroup arrived on it after the wgmma that read tile i - D
+// was done: S(j) after wait_group 1, or 0 in a first step), its full
+// barrier expecting the tile's bytes; the warpgroups wait on the full
+// barrier's phase i/D before the tile's first wgmma. V tiles alike, with
+// P·V's wait_group 0. The producer copies K(j) and then V(j-1) for each
+// step j of each item, as the warpgroups use them, and at the end waits
+// until every slot it filled was emptied, so that no copy outlives it.
 template <int HS, int D, int BK = F9_BK>
 constexpr int f9_fwdp_smem() {
     return 2 * D * BK * HS * 2 + 1024;  // + room to align the tiles to 1024 bytes
 }
+// f9_fwdws_smem is the WS kernels' shared memory: the rings, then the
+// 4·D mbarriers (256 bytes, D <= 8).
+template <int HS, int D, int BK = F9_BK>
+constexpr int f9_fwdws_smem() {
+    return f9_fwdp_smem<HS, D, BK>() + 256;
+}
 
-template <int HS, int WG, int D, bool PP, int BK = F9_BK>
+template <int HS, int WG, int D, bool PP, int BK = F9_BK, bool WS = false>
 __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, float* __restrict__ lse,
                                                 const uint16_t* __restrict__ qkv, int T, int NH, int NKV,
-                                                float scale_log2, uint16_t* smem) {
+                                                float scale_log2, uint16_t* smem, const f9_tmap* tm = nullptr) {
     static_assert(D >= 2 && D <= 8, "flash_fwd_sm90p: ring depth 2..8");
     static_assert(!PP || (WG == 2 && D >= 3), "flash_fwd_sm90p: ping-pong needs two warpgroups and depth 3 or more");
+    static_assert(!(WS && PP), "flash_fwd_sm90p: no ping-pong with a producer warp");
     static_assert(WG >= 1 && WG <= 3 && (BK == 64 || BK == 128), "flash_fwd_sm90p: 1 to 3 warpgroups, 64 or 128 keys a tile");
     constexpr int A = PP ? D - 2 : D - 1;  // copy groups in flight ahead of the tile in use
     const bool late = PP && (threadIdx.x >> 7) == 1;  // the warpgroup whose barrier comes before its softmax
@@ -615,6 +689,12 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
     smem += ((1024u - (f9_smem(smem) & 1023u)) & 1023u) / 2;  // the swizzle's 1024-byte alignment
     uint16_t* Ks = smem;
     uint16_t* Vs = smem + D * TILE;
+    // WS: the full and empty barriers of the K and V slots.
+    uint64_t* kfull = reinterpret_cast<uint64_t*>(smem + 2 * D * TILE);
+    uint64_t* kempty = kfull + D;
+    uint64_t* vfull = kfull + 2 * D;
+    uint64_t* vempty = kfull + 3 * D;
+    int kc = 0, vc = 0;  // WS: the K and V tiles this thread's warpgroup has taken so far
 
     uint32_t qf[KD][4];
     // load_q loads the Q fragments of the item at row q (rows past T zero).
@@ -683,10 +763,15 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
     auto step = [&](int j, auto withS, auto withPV) {
         constexpr bool DS = decltype(withS)::value, DPV = decltype(withPV)::value;
         const int k0 = j * BK;
-        ld();  // group G+A, into the slots of groups G+A-D (K) and G+A-D-1 (V)
+        if constexpr (WS) {
+            if constexpr (DS) f9_mbar_wait(&kfull[kc % D], (kc / D) & 1);   // K(j) is in
+            if constexpr (DPV) f9_mbar_wait(&vfull[vc % D], (vc / D) & 1);  // V(j-1) is in
+        } else {
+            ld();  // group G+A, into the slots of groups G+A-D (K) and G+A-D-1 (V)
+        }
         f9_wg_fence();
         if constexpr (DS) {
-            const uint32_t ks = f9_smem(Ks + (G % D) * TILE);
+            const uint32_t ks = WS ? f9_smem(Ks + (kc % D) * TILE) : f9_smem(Ks + (G % D) * TILE);
 #pragma unroll
             for (int kk = 0; kk < KD; kk++)
                 if constexpr (BK == 64)
@@ -696,7 +781,7 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
             f9_wg_commit();
         }
         if constexpr (DPV) {
-            const uint32_t vs = f9_smem(Vs + ((G + D - 1) % D) * TILE);  // V(j-1)
+            const uint32_t vs = WS ? f9_smem(Vs + (vc % D) * TILE) : f9_smem(Vs + ((G + D - 1) % D) * TILE);  // V(j-1)
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++) {
                 const uint64_t dv = f9_ndesc<BK>(vs, kk);
@@ -714,6 +799,10 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
                 f9_wg_wait();  // the first step: S(0) is the only group
             }
             f9_regs<NS>(s);
+            if constexpr (WS) {  // S(j) has read K slot kc
+                if (lane == 0) f9_mbar_arrive(&kempty[kc % D]);
+                kc++;
+            }
         }
         if (late) {  // warpgroup 1 meets R_G here under ping-pong: see above
             fa_cp_wait_n<A - 1>();  // group G+1, as below
@@ -768,6 +857,10 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
         if constexpr (DPV) {
             f9_wg_wait();  // P(j-1)·V(j-1) is done
             f9_regs<NO>(o);
+            if constexpr (WS) {  // and has read V slot vc
+                if (lane == 0) f9_mbar_arrive(&vempty[vc % D]);
+                vc++;
+            }
         }
         if constexpr (DS) {
             if constexpr (DPV) {  // before the first P·V, O is zero
@@ -787,19 +880,65 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
                 pa[kk][3] = fa_pack(s[8 * kk + 6], s[8 * kk + 7]);
             }
         }
-        if (!late) {
+        if (!late && !WS) {
             fa_cp_wait_n<A - 1>();
             f9_fence_proxy();
             f9_bar<WG * F9_THREADS>();  // K(j+1) and V(j) are in; see above for what is done
         }
         G++;
     };
-    load_q(item_q0(0));
+    if constexpr (WS) {
+        if (tid == 0) {
 #pragma unroll 1
-    for (int gi = 0; gi < A; gi++) ld();
-    fa_cp_wait_n<A - 1>();
-    f9_fence_proxy();
-    __syncthreads();  // group 0 (K(0) of the first item) is in
+            for (int i = 0; i < D; i++) {
+                f9_mbar_init(&kfull[i], 1);
+                f9_mbar_init(&vfull[i], 1);
+                f9_mbar_init(&kempty[i], 4 * WG);
+                f9_mbar_init(&vempty[i], 4 * WG);
+            }
+            f9_mbar_init_fence();
+        }
+        __syncthreads();  // the barriers are initialised
+        if (tid >= NT) {  // the producer warp
+            if (lane != 0) return;
+            const int kcol = (NH + kv) * HS, vcol = (NH + NKV + kv) * HS;
+            // put copies tile `row0` of the column block at col into slot i%D
+            // of ring r (full and empty barriers f, e) as tile i of that ring.
+            auto put = [&](uint16_t* r, uint64_t* f, uint64_t* e, int i, int col, int row0) {
+                const int slot = i % D;
+                f9_mbar_wait(&e[slot], ((i / D) & 1) ^ 1);  // tile i - D is done with
+                f9_mbar_expect_tx(&f[slot], TILE * 2);
+#pragma unroll
+                for (int p = 0; p < HS / 64; p++) f9_tma_load3(r + slot * TILE + p * BK * 64, tm, col + 64 * p, row0, b, &f[slot]);
+            };
+            int kp = 0, vp = 0;
+#pragma unroll 1
+            for (int r = 0;; r++) {
+                const int q0 = item_q0(r);
+                if (q0 < 0) break;
+                const int n = tiles(q0);
+#pragma unroll 1
+                for (int j = 0; j <= n; j++) {
+                    if (j < n) put(Ks, kfull, kempty, kp++, kcol, j * BK);
+                    if (j >= 1) put(Vs, vfull, vempty, vp++, vcol, (j - 1) * BK);
+                }
+            }
+            // Every slot filled is emptied before the producer leaves.
+#pragma unroll 1
+            for (int i = max(kp - D, 0); i < kp; i++) f9_mbar_wait(&kempty[i % D], (i / D) & 1);
+#pragma unroll 1
+            for (int i = max(vp - D, 0); i < vp; i++) f9_mbar_wait(&vempty[i % D], (i / D) & 1);
+            return;
+        }
+        load_q(item_q0(0));
+    } else {
+        load_q(item_q0(0));
+#pragma unroll 1
+        for (int gi = 0; gi < A; gi++) ld();
+        fa_cp_wait_n<A - 1>();
+        f9_fence_proxy();
+        __syncthreads();  // group 0 (K(0) of the first item) is in
+    }
 #pragma unroll 1
     for (int r = 0;; r++) {
         const int q0 = item_q0(r);
@@ -1459,6 +1598,30 @@ F9_FWD4(flash_fwd4_sm90_bf16_hs64, 64, 2, F9_FWD4_D64, false)
 F9_FWD4(flash_fwd4_sm90_bf16_hs128, 128, 2, F9_FWD4_D128, false)
 F9_FWD4(flash_fwd4w3_sm90_bf16_hs64, 64, 3, F9_FWD4_D64, false)
 F9_FWD4(flash_fwd4p_sm90_bf16_hs128, 128, 2, F9_FWD4_D128, true)
+
+// flash_fwd5_sm90_*: flash_fwd_sm90p with WS, a producer warp copying the
+// K and V tiles on the bulk copy engine through the tensor map tm of qkv
+// (the 3-D tensor of (NH + 2·NKV)·hs columns, T rows and B batches, boxes
+// of 64 columns and BK rows in the 128-byte swizzle: cgo.go's
+// spill_tmap_qkv) and handing them over through mbarriers: WG·128 + 32
+// threads, f9_fwdws_smem<HS, D, BK>() bytes of dynamic shared memory, one
+// block per SM, grid (ceil(T/(64·WG)) or fewer, B·NH). flash_fwd5: two
+// warpgroups, 128-key tiles (rings of 4 at head size 64, 3 at 128);
+// flash_fwd5w3_sm90_bf16_hs64: three warpgroups (192 rows), 64-key tiles,
+// ring of 6; flash_fwd5k_sm90_bf16_hs128: two warpgroups, 64-key tiles,
+// ring of 5. flash_shapes.go's sm90wsKernels lists the same.
+#define F9_FWD5(NAME, HS, WG, D, BK) \
+    extern "C" __global__ void __launch_bounds__(WG * F9_THREADS + 32, 1) \
+        NAME(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2, \
+             const __grid_constant__ f9_tmap tm) { \
+        extern __shared__ __align__(1024) uint16_t f9_dynp[]; \
+        flash_fwd_sm90p<HS, WG, D, false, BK, true>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, \
+                                                    f9_dynp, &tm); \
+    }
+F9_FWD5(flash_fwd5_sm90_bf16_hs64, 64, 2, 4, 128)
+F9_FWD5(flash_fwd5w3_sm90_bf16_hs64, 64, 3, 6, 64)
+F9_FWD5(flash_fwd5_sm90_bf16_hs128, 128, 2, 3, 128)
+F9_FWD5(flash_fwd5k_sm90_bf16_hs128, 128, 2, 5, 64)
 
 // flash_bwd_kv_sm90_* and flash_bwd_q_sm90_*: flash_bwd_kv_bf16_* and
 // flash_bwd_q_bf16_* of flashattn.cu (same arguments and contract: dqkv +=,

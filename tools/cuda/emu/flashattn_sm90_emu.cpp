@@ -72,12 +72,15 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -96,12 +99,13 @@ dim gridDim;
 #define F9_BK 64
 #define F9_THREADS 128
 #define F9_LN2 0.6931471805599453f
+using std::max;
 using std::min;
 static void die(const char* m) { printf("emulator: %s (thread %d, block %d,%d)\n", m, threadIdx.x, blockIdx.x, blockIdx.y); fflush(stdout); abort(); }
 
 // The block: barriers, the emulated shared window.
 std::barrier<>* blockBar;
-std::barrier<>* warpBar[12];
+std::barrier<>* warpBar[16];
 std::barrier<>* wgBar[3];
 uint8_t* smemBase;   // the shared window of the running block
 size_t smemSize;
@@ -110,7 +114,7 @@ static void __syncthreads() { blockBar->arrive_and_wait(); nsync++; }
 // f9_bar<N>: a named barrier over the whole block (the kernels pass N = the
 // block's threads); the same count of barriers as __syncthreads.
 template <int N> static void f9_bar() { __syncthreads(); }
-float shf[12][32];
+float shf[16][32];
 static float __shfl_xor_sync(unsigned, float v, int o) {
   int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   shf[w][l] = v; warpBar[w]->arrive_and_wait();
@@ -169,6 +173,102 @@ static void fa_cp_wait() { cp_wait(0); }
 template <int N> static void fa_cp_wait_n() { cp_wait(N); }
 static void f9_fence_proxy() { lastUnfencedSync[threadIdx.x] = -1; }
 
+// The mbarriers and the bulk tensor copies (flash_fwd5: PTX ISA 9.7.13.15
+// and 9.7.9.25.5): a barrier is a side record per 8 bytes of the window
+// (its expected arrivals, those still missing, the transaction bytes
+// outstanding and the phases completed, c: the phase in progress is c, of
+// parity c & 1); try_wait.parity P returns once P != c & 1 (the phase of
+// parity P completed; a fresh barrier's phase -1 counts as completed), or
+// aborts after 30 s (a deadlock). A bulk tensor copy lands at its issue
+// (the earliest moment), in the 128-byte swizzle relative to its
+// 1024-byte-aligned destination, zeros for rows past the tensor, and then
+// completes its bytes on the barrier, which must expect them already. Each
+// chunk it writes records the barrier and its phase in progress: a wgmma
+// that reads the chunk aborts unless the issuing thread waited for that
+// phase (read-after-write), and a copy into a chunk a wgmma in flight
+// reads aborts (write-after-read). A barrier used by a thread that has
+// not passed a __syncthreads since its initialisation, or by a copy before
+// fence.mbarrier_init, aborts.
+struct MBar { int count = 0, pending = 0, phase = 0, initSync = -1; long tx = 0; bool init = false, fenced = false; };
+std::mutex mbarMu;
+std::condition_variable mbarCv;
+std::vector<MBar> mbars;                    // per 8 bytes of the window
+std::vector<std::pair<int, int>> chunkTma;  // per chunk: (barrier, phase) of the copy that wrote it, or (-1, 0)
+thread_local std::vector<int> mbarSeen;      // per barrier: the phases this thread saw completed
+struct f9_tmap { const uint16_t* base; i64 dim[3]; i64 stride[2]; int box[2]; };  // strides in elements
+static MBar& mbar_of(uint64_t* bar, int* idx) {
+  const uint32_t o = f9_smem(bar);
+  if (o % 8) die("mbarrier not 8-byte aligned");
+  *idx = o / 8;
+  MBar& m = mbars[o / 8];
+  if (!m.init) die("mbarrier used before mbarrier.init");
+  if (nsync <= m.initSync) die("mbarrier used without a barrier after its mbarrier.init");
+  return m;
+}
+static void mbar_complete(MBar& m) { m.phase++; m.pending = m.count; m.tx = 0; mbarCv.notify_all(); }
+static void mbar_arrive_locked(MBar& m) {
+  if (--m.pending < 0) die("mbarrier: more arrivals than expected");
+  if (m.pending == 0 && m.tx == 0) mbar_complete(m);
+}
+static void f9_mbar_init(uint64_t* bar, int count) {
+  const uint32_t o = f9_smem(bar);
+  if (o % 8) die("mbarrier not 8-byte aligned");
+  std::lock_guard<std::mutex> lk(mbarMu);
+  mbars[o / 8] = MBar{count, count, 0, nsync, 0, true, false};
+}
+static void f9_mbar_init_fence() {
+  std::lock_guard<std::mutex> lk(mbarMu);
+  for (auto& m : mbars) if (m.init && m.initSync == nsync) m.fenced = true;
+}
+static void f9_mbar_expect_tx(uint64_t* bar, int bytes) {
+  std::lock_guard<std::mutex> lk(mbarMu);
+  int i;
+  MBar& m = mbar_of(bar, &i);
+  m.tx += bytes;
+  mbar_arrive_locked(m);
+}
+static void f9_mbar_arrive(uint64_t* bar) {
+  std::lock_guard<std::mutex> lk(mbarMu);
+  int i;
+  mbar_arrive_locked(mbar_of(bar, &i));
+}
+static void f9_mbar_wait(uint64_t* bar, int parity) {
+  std::unique_lock<std::mutex> lk(mbarMu);
+  int i;
+  MBar& m = mbar_of(bar, &i);
+  if (!mbarCv.wait_for(lk, std::chrono::seconds(30), [&] { return (m.phase & 1) != (parity & 1); }))
+    die("mbarrier try_wait.parity: no progress in 30 s (deadlock)");
+  if ((int)mbarSeen.size() <= i) mbarSeen.resize(i + 1, 0);
+  mbarSeen[i] = std::max(mbarSeen[i], m.phase);
+}
+static void f9_tma_load3(uint16_t* dst, const f9_tmap* tm, int c0, int c1, int c2, uint64_t* bar) {
+  const uint32_t o = f9_smem(dst);
+  const int rows = tm->box[1], cols = tm->box[0];
+  if (o % 1024) die("bulk tensor copy (128-byte swizzle) to shared memory not 1024-byte aligned");
+  if (cols * 2 != 128) die("bulk tensor copy: the box's inner dimension must be the 128-byte swizzle span");
+  if (o + rows * 128 > smemSize) die("bulk tensor copy past the shared window");
+  std::lock_guard<std::mutex> lk(mbarMu);
+  int bi;
+  MBar& m = mbar_of(bar, &bi);
+  if (!m.fenced) die("bulk tensor copy completing on an mbarrier without fence.mbarrier_init");
+  for (int r = 0; r < rows; r++)
+    for (int q = 0; q < 8; q++) {
+      const uint32_t a = o + r * 128 + ((q ^ (r % 8)) * 16), ch = a / 16;
+      if (pendingReads[ch].load() > 0) die("bulk tensor copy into shared memory that a wgmma in flight still reads");
+      if (pendingWrites[ch].load() > 0) die("bulk tensor copy into shared memory that a cp.async in flight writes");
+      const i64 x = c0 + 8 * q, y = c1 + r, z = c2;
+      if (x + 8 <= tm->dim[0] && y < tm->dim[1] && z < tm->dim[2] && x >= 0 && y >= 0 && z >= 0)
+        memcpy(smemBase + a, tm->base + z * tm->stride[1] + y * tm->stride[0] + x, 16);
+      else
+        memset(smemBase + a, 0, 16);
+      chunkSync[ch] = -1;
+      chunkTma[ch] = {bi, m.phase};
+    }
+  m.tx -= rows * 128;
+  if (m.tx < 0) die("bulk tensor copy completes bytes its mbarrier's phase did not expect");
+  if (m.pending == 0 && m.tx == 0) mbar_complete(m);
+}
+
 // bAddr is the shared byte address of element (k, n) of B through desc
 // (the ISA's no-swizzle layouts).
 static uint32_t bAddr(uint64_t desc, int trans, int k, int n) {
@@ -224,6 +324,12 @@ static void wg_issue(float* d, const uint32_t* a, uint64_t desc, int acc, int N,
       // its chunk races with it (the copies of other threads are seen here
       // once issued, so this catches the hazard when they came first).
       if (pendingWrites[c].load() > 0) die("wgmma reads shared memory that a cp.async in flight writes");
+      {
+        std::lock_guard<std::mutex> lk(mbarMu);
+        const auto [bi, ph] = chunkTma[c];
+        if (bi >= 0 && ((int)mbarSeen.size() <= bi || mbarSeen[bi] <= ph))
+          die("wgmma reads a chunk whose bulk tensor copy's mbarrier phase the issuing thread did not wait for");
+      }
       pendingReads[c]++;
     }
   }
@@ -336,8 +442,8 @@ template <int N> static void f9_regs(float*) {}
 
 // run_grid runs kernel over gridDim, one block at a time, each block as
 // 128·WG threads with a fresh (NaN-filled) shared window of smem bytes.
-template <class F> void run_grid(int WG, size_t smem, F kernel) {
-  const int NT = 128 * WG;
+template <class F> void run_grid(int WG, size_t smem, F kernel, int extra = 0) {
+  const int NT = 128 * WG + extra;
   std::vector<uint8_t> window(smem);
   for (int by = 0; by < gridDim.y; by++)
     for (int bx = 0; bx < gridDim.x; bx++) {
@@ -348,6 +454,8 @@ template <class F> void run_grid(int WG, size_t smem, F kernel) {
       pendingWrites.reset(new std::atomic<int>[smem / 16]);
       for (size_t i = 0; i < smem / 16; i++) pendingReads[i] = pendingWrites[i] = 0;
       lastUnfencedSync.assign(NT, -1);
+      mbars.assign(smem / 8, MBar{});
+      chunkTma.assign(smem / 16, {-1, 0});
       std::barrier<> bb(NT);
       std::vector<std::unique_ptr<std::barrier<>>> wb, wgb;
       for (int w = 0; w < NT / 32; w++) { wb.emplace_back(new std::barrier<>(32)); warpBar[w] = wb.back().get(); }
@@ -357,7 +465,7 @@ template <class F> void run_grid(int WG, size_t smem, F kernel) {
       for (int t = 0; t < NT; t++)
         th.emplace_back([&, t] {
           threadIdx = {t, 0}; blockIdx = {bx, by}; nsync = 0; wgFenced = false; wgCommitted = wgIssued = cpCommitted = 0;
-          copies.clear(); ops.clear(); bulks.clear(); bulkCommitted = 0;
+          copies.clear(); ops.clear(); bulks.clear(); bulkCommitted = 0; mbarSeen.clear();
           kernel();
           if (!copies.empty()) die("cp.async copies never waited for");
           if (!bulks.empty()) die("bulk reductions never waited for");
@@ -373,7 +481,7 @@ template <class F> void run_grid(int WG, size_t smem, F kernel) {
 // a float64 reference.
 // GX > 0 launches the pipelined kernels persistent, with gridDim.x =
 // min(GX, query blocks): each block takes several query blocks in turn.
-template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = false, int BK = 64> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0, int GX = 0) {
+template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = false, int BK = 64, bool WS = false> void run(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0, int GX = 0) {
   if (NKV == 0) NKV = NH;
   int C = NH * HS, rep = NH / NKV;
   size_t W = (size_t)(NH + 2 * NKV) * HS;
@@ -386,14 +494,18 @@ template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = f
   gridDim = {(T + 64 * MT * WG - 1) / (64 * MT * WG), B * NH};
   if (P && GX > 0) gridDim.x = std::min(gridDim.x, GX);
   const size_t tile = (size_t)F9_BK * HS * 2;  // bytes of one K or V tile
-  run_grid(WG, P ? (size_t)f9_fwdp_smem<HS, D, BK>() : 2 * tile, [&] {
+  // The tensor map of the WS kernels: qkv as (W columns, T rows, B
+  // batches), boxes of 64 columns and BK rows (spill_tmap_qkv's).
+  const f9_tmap tm{qkv.data(), {(i64)W, T, B}, {(i64)W, (i64)T * (i64)W}, {64, BK}};
+  const size_t smem = WS ? (size_t)f9_fwdws_smem<HS, D, BK>() : P ? (size_t)f9_fwdp_smem<HS, D, BK>() : 2 * tile;
+  run_grid(WG, smem, [&] {
     uint16_t* Ks = (uint16_t*)smemBase;
     uint16_t* Vs = (uint16_t*)(smemBase + tile);
     if constexpr (P)
-      flash_fwd_sm90p<HS, WG, D, PP, BK>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks);
+      flash_fwd_sm90p<HS, WG, D, PP, BK, WS>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks, &tm);
     else
       flash_fwd_sm90<HS, MT, WG>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks, Vs);
-  });
+  }, WS ? 32 : 0);
   double worst = 0, worstL = 0;
   for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
     auto at = [&](int tok, int which, int d) {
@@ -415,7 +527,7 @@ template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = f
       if (!(e <= 2e-2 + 1.6e-2 * std::fabs(o))) { if (bad++ < 5) printf("out b%d h%d t%d d%d: %g vs %g\n", b, h, t, d, g, o); }
     }
   }
-  printf("sm90%s%s D%d BK%d HS%d MT%d WG%d B%d T%d NH%d NKV%d GX%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", P ? "p" : "", PP ? " ping-pong" : "", D, BK, HS, MT, WG, B, T, NH, NKV, (int)gridDim.x, worst, worstL, bad);
+  printf("sm90%s%s%s D%d BK%d HS%d MT%d WG%d B%d T%d NH%d NKV%d GX%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", P ? "p" : "", PP ? " ping-pong" : "", WS ? " producer warp" : "", D, BK, HS, MT, WG, B, T, NH, NKV, (int)gridDim.x, worst, worstL, bad);
 }
 
 // run_bwd checks flash_bwd_kv_sm90<HS, PIPE> and flash_bwd_q_sm90<HS, PIPE>
@@ -499,6 +611,7 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && !strcmp(argv[1], "quick");  // the mutants: one small case per head size
   const bool bwdOnly = argc > 1 && !strcmp(argv[1], "bwd");  // emu.sh sm90bwd: the backward only
   const bool fwd4Only = argc > 1 && !strcmp(argv[1], "fwd4");  // emu.sh sm90fwd4: the 128-key forwards only
+  const bool wsOnly = argc > 1 && !strcmp(argv[1], "ws");  // emu.sh sm90ws: the forwards with a producer warp only
   if (quick) {
     run<64>(1, 130, 2, 1, bad, 1);
     run<128>(1, 65, 1, 2, bad);
@@ -513,6 +626,9 @@ int main(int argc, char** argv) {
     run<128, 1, 2, true, 3, true, 128>(1, 330, 2, 14, bad);
     run<128, 1, 2, true, 3, true, 128>(1, 700, 2, 21, bad, 0, 2);  // persistent: 3 items a block
     run<64, 1, 2, true, 4>(1, 600, 2, 22, bad, 1, 2);              // persistent, 64-key tiles
+    run<64, 1, 2, true, 4, false, 128, true>(1, 330, 2, 24, bad, 1);         // producer warp
+    run<128, 1, 2, true, 3, false, 128, true>(1, 700, 2, 25, bad, 0, 2);     // producer warp, persistent
+    run<64, 1, 3, true, 6, false, 64, true>(1, 450, 2, 26, bad, 0, 2);       // producer warp, three warpgroups
     run_bwd<64, true>(1, 130, 2, 8, bad, 1);
     run_bwd<128, false>(1, 130, 2, 9, bad);
     run_bwd<128, true>(1, 70, 2, 10, bad, 0, true);
@@ -527,6 +643,19 @@ int main(int argc, char** argv) {
   }
   const int Ts[] = {1, 63, 64, 65, 200, 300, 600};
   unsigned seed = 100;
+  // The forwards with a producer warp (flash_fwd5 kernels), one block a
+  // query block and persistent.
+  const int T5[] = {1, 64, 100, 128, 129, 193, 257, 450, 700};
+  for (int T : bwdOnly || fwd4Only ? std::vector<int>{} : std::vector<int>(std::begin(T5), std::end(T5))) {
+    run<64, 1, 2, true, 4, false, 128, true>(T < 150 ? 2 : 1, T, 2, seed++, bad);  // multi-head
+    run<64, 1, 3, true, 6, false, 64, true>(1, T, 4, seed++, bad, 2);              // three warpgroups, groups of 2
+    run<128, 1, 2, true, 3, false, 128, true>(1, T, 3, seed++, bad, 1);            // multi-query
+    run<128, 1, 2, true, 5, false, 64, true>(1, T, 2, seed++, bad);                // 64-key tiles
+    run<128, 1, 2, true, 3, false, 128, true>(1, T, 2, seed++, bad, 0, 1);         // persistent: one block a head
+    run<64, 1, 3, true, 6, false, 64, true>(1, T, 2, seed++, bad, 0, 2);
+    run<64, 1, 2, true, 4, false, 128, true>(1, T, 4, seed++, bad, 2, 2);
+  }
+  if (wsOnly) return bad != 0;
   // The 128-key forwards (flash_fwd4 kernels): T around 128, 192 and 256
   // (partial tiles, a warpgroup's rows wholly before a tile).
   const int T4[] = {1, 100, 127, 128, 129, 191, 193, 257, 450, 700};
