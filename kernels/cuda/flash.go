@@ -134,11 +134,7 @@ func flashScale(hs int) float32 { return float32(math.Log2E / math.Sqrt(float64(
 // multi-head attention).
 //
 // A flash_fwd5 kernel (flashTMA holds its keys per tile) takes the tensor
-// map of qkv as its last argument, by value: its 128 bytes fill slots 7 to
-// 22 of the job's arguments, where the driver reads the parameter's size
-// from its slot. Should the map not encode (qkv's alignment and strides
-// are what flashFunc and the shapes guarantee, so only a driver without
-// it), the job is one that fails the queue with that error.
+// map of qkv as its last argument, by value (withQKVMap).
 func flashJob(fn kfunc, rows int, o, lse, x cu.DevicePtr, B, T, NH, NKV, hs int) job {
 	j := launchJob(fn, dim3{x: flashGridX(fn, rows, T, B*NH), y: B * NH}, dim3{x: flashBlockThreads(fn)},
 		aPtr(o), aPtr(lse), aPtr(x), aI32(T), aI32(NH), aI32(NKV), aF32(flashScale(hs)))
@@ -146,11 +142,7 @@ func flashJob(fn kfunc, rows int, o, lse, x cu.DevicePtr, B, T, NH, NKV, hs int)
 		j = j.withShared(n.(int))
 	}
 	if bk, ok := flashTMA.Load(fn); ok {
-		if err := qkvTensorMap((*[16]uint64)(j.args[j.n:j.n+16]), x, (NH+2*NKV)*hs, T, B, bk.(int)); err != nil {
-			err = fmt.Errorf("flash forward: tensor map of qkv (B %d, T %d, %d columns): %w", B, T, (NH+2*NKV)*hs, err)
-			return job{kind: jobFunc, f: func(*queue) error { return err }}
-		}
-		j.n++
+		j = j.withQKVMap(x, (NH+2*NKV)*hs, T, B, bk.(int))
 	}
 	return j
 }
@@ -173,7 +165,7 @@ func (b *Backend) AttentionKernels(dt kernels.DType, T, C, NH int) string {
 	if _, rows, ok := b.useFlashSM90(hs); ok {
 		fwd = "forward: wgmma flash kernel for sm_90a"
 		if k, ok := sm90wsOf(hs, flashFwdEnv); ok && b.flashSM90WSErr == nil {
-			fwd += fmt.Sprintf(" with a producer warp (%s: bulk tensor copies, mbarriers)", k.name)
+			fwd += fmt.Sprintf(" with a producer warpgroup (%s: bulk tensor copies, mbarriers)", k.name)
 		} else if ok {
 			fwd += fmt.Sprintf(" (%s off: %v)", flashFwdEnv, b.flashSM90WSErr)
 		}

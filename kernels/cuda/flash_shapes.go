@@ -81,7 +81,8 @@ func sm90FwdPSmem(hs, depth int) int { return sm90FwdPSmemBK(hs, depth, 64) }
 func sm90FwdPSmemBK(hs, depth, bk int) int { return 2*depth*bk*hs*2 + 1024 }
 
 // sm90wsKernel is a flash_fwd5 kernel of flashattn_sm90.cu (the Hopper
-// forward with a producer warp copying the tiles on the bulk copy engine):
+// forward with a producer warpgroup copying the tiles on the bulk copy
+// engine):
 // its name, head size, query rows and threads per block, ring depth, keys
 // per tile and dynamic shared memory (f9_fwdws_smem: the rings and 256
 // bytes of mbarriers). The F9_FWD5 lines of the .cu hold the same
@@ -92,7 +93,7 @@ type sm90wsKernel struct {
 }
 
 func newSM90WS(name string, hs, wg, depth, bk int) sm90wsKernel {
-	return sm90wsKernel{name: name, hs: hs, rows: wg * flashRows, threads: wg*flashThreads + 32, depth: depth, bk: bk,
+	return sm90wsKernel{name: name, hs: hs, rows: wg * flashRows, threads: (wg + 1) * flashThreads, depth: depth, bk: bk,
 		smem: sm90FwdPSmemBK(hs, depth, bk) + 256}
 }
 

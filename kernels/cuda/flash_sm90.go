@@ -82,7 +82,7 @@ const flashSM90Module = "ptx/flashattn_sm90.ptx"
 var errNoSM90 = errors.New("not a compute capability 9.x device")
 
 // errWSUnselected is flashSM90WSErr when SPILL_FLASH_FWD did not select
-// the kernels with a producer warp at start-up: opt-in, they are
+// the kernels with a producer warpgroup at start-up: opt-in, they are
 // self-checked at Open only then.
 var errWSUnselected = errors.New("not selected at start-up (SPILL_FLASH_FWD=sm90ws or sm90wsk), so not self-checked")
 

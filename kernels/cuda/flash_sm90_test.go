@@ -20,7 +20,7 @@ import (
 // (partial query blocks and key tiles), asserting that the Hopper kernel
 // ran; the default kernel also persistent (several query blocks a block),
 // bit for bit against one query block per block; the same for the kernels
-// with a producer warp (sm90ws, sm90wsk), which must have passed their
+// with a producer warpgroup (sm90ws, sm90wsk), which must have passed their
 // self-check. Skipped on a device whose compute capability is not 9.x.
 func TestAttentionFlashSM90(t *testing.T) {
 	defer func(impl int, h, x2, pp bool, p4 int, pers bool, sms int, env string) {
@@ -42,10 +42,10 @@ func TestAttentionFlashSM90(t *testing.T) {
 	wsEnvs := []string{"sm90ws", "sm90wsk"}
 	switch err := gb.flashSM90WSErr; {
 	case errors.Is(err, errWSUnselected):
-		t.Logf("Hopper forwards with a producer warp not checked: %v", err)
+		t.Logf("Hopper forwards with a producer warpgroup not checked: %v", err)
 		wsEnvs = nil
 	case err != nil:
-		t.Fatalf("Hopper forward with a producer warp off: %v", err)
+		t.Fatalf("Hopper forward with a producer warpgroup off: %v", err)
 	}
 	flashFwdEnv = ""
 	type shape struct{ B, T, NH, NKV, hs int }

@@ -105,6 +105,7 @@ type job struct {
 	fn          kfunc
 	grid, block dim3
 	smem        uint32 // dynamic shared memory per block, bytes (withShared)
+	qkvMap      bool   // the last argument is a tensor map, encoded when the job runs (withQKVMap)
 	args        [maxArgs]uint64
 	host        unsafe.Pointer
 	gemm        gemmCall
@@ -128,6 +129,37 @@ func launchJob(fn kfunc, grid, block dim3, args ...uint64) job {
 func (j job) withShared(n int) job {
 	j.smem = uint32(n)
 	return j
+}
+
+// withQKVMap appends to the launch the tensor map of packed qkv at x (w
+// bf16 columns, t rows, b batches; boxes of 64 columns by rows rows:
+// qkvTensorMap), a 128-byte argument passed by value: it fills the 16
+// slots from the next one (the driver reads the parameter's size from its
+// first). The map is encoded when the job runs, on the queue's goroutine,
+// where the context is current, as the driver's encoder needs (from any
+// other goroutine it reports CUDA_ERROR_INVALID_CONTEXT); until then the
+// slots hold x, w, t, b and rows.
+func (j job) withQKVMap(x cu.DevicePtr, w, t, b, rows int) job {
+	if int(j.n)+16 > maxArgs {
+		panic(fmt.Sprintf("kernels/cuda: %d kernel arguments and a tensor map, at most %d slots", j.n, maxArgs))
+	}
+	j.args[j.n], j.args[j.n+1], j.args[j.n+2], j.args[j.n+3], j.args[j.n+4] = uint64(x), uint64(w), uint64(t),
+		uint64(b), uint64(rows)
+	j.n++
+	j.qkvMap = true
+	return j
+}
+
+// encodeMap encodes the tensor map of a withQKVMap job in place.
+func (j *job) encodeMap() error {
+	i := int(j.n) - 1
+	a := j.args[i : i+5]
+	x, w, t, b, rows := cu.DevicePtr(a[0]), int(a[1]), int(a[2]), int(a[3]), int(a[4])
+	if err := qkvTensorMap((*[16]uint64)(j.args[i:i+16]), x, w, t, b, rows); err != nil {
+		return fmt.Errorf("tensor map of qkv (%d columns, %d rows, %d batches, boxes of %d rows): %w", w, t, b, rows, err)
+	}
+	j.qkvMap = false
+	return nil
 }
 
 // withScratch marks the arguments at the indices as offsets into a scratch
@@ -316,6 +348,11 @@ func (q *queue) exec(j *job) error {
 	case jobLaunch:
 		if j.grid.x == 0 {
 			return nil
+		}
+		if j.qkvMap {
+			if err := j.encodeMap(); err != nil {
+				return err
+			}
 		}
 		hostStats.launches.Add(1)
 		return launchArgs(q.cs, j.fn, j.grid, j.block, j.smem, a, int(j.n))
@@ -536,6 +573,11 @@ func (j *job) launchOn(s cu.Stream) error {
 	}
 	if j.grid.x == 0 {
 		return nil
+	}
+	if j.qkvMap {
+		if err := j.encodeMap(); err != nil {
+			return err
+		}
 	}
 	return launchArgs(streamHandle(s), j.fn, j.grid, j.block, j.smem, &j.args, int(j.n))
 }

@@ -19,7 +19,7 @@
 #   emu.sh sm90bwd only the Hopper backward, no mutants.
 #   emu.sh sm90fwd4 only the forwards with 128-key tiles (flash_fwd4), no
 #                  mutants.
-#   emu.sh sm90ws  only the forwards with a producer warp (flash_fwd5:
+#   emu.sh sm90ws  only the forwards with a producer warpgroup (flash_fwd5:
 #                  mbarriers, bulk tensor copies), then their mutants
 #                  (also among emu.sh sm90's).
 #   emu.sh fwdmt   only the two-tile forwards at head size 128 (64 and 32
@@ -64,16 +64,16 @@ run_mutants() {
   done
   return $failed
 }
-# The mutants of the forwards with a producer warp (flash_fwd5: mbarriers
+# The mutants of the forwards with a producer warpgroup (flash_fwd5: mbarriers
 # and bulk tensor copies); emu.sh sm90 runs them with the others.
 ws_mutants=(
-  "producer warp: a slot refilled without waiting for it to be emptied|s/f9_mbar_wait(\&e\[slot\], ((i \/ D) \& 1) ^ 1);//"
-  "producer warp: S issued without waiting for its K tile|s/if constexpr (DS) f9_mbar_wait(\&kfull\[kc % D\], (kc \/ D) \& 1);//"
-  "producer warp: the V tile's full barrier waited on the wrong parity|s/f9_mbar_wait(\&vfull\[vc % D\], (vc \/ D) \& 1)/f9_mbar_wait(\&vfull[vc % D], ((vc \/ D) \& 1) ^ 1)/"
-  "producer warp: the empty barriers expect one arrival per warpgroup|s/f9_mbar_init(\&kempty\[i\], 4 \* WG);/f9_mbar_init(\&kempty[i], WG);/"
-  "producer warp: V copied from K's columns|s/vcol = (NH + NKV + kv) \* HS/vcol = (NH + kv) * HS/"
-  "producer warp: no fence.mbarrier_init|s/^ *f9_mbar_init_fence();//"
-  "producer warp: K slot released before S is done|s/if (lane == 0) f9_mbar_arrive(\&kempty\[kc % D\]);/;/;s/if constexpr (DS) f9_mbar_wait(\&kfull/if constexpr (DS) { if (lane == 0) f9_mbar_arrive(\&kempty[kc % D]); } if constexpr (DS) f9_mbar_wait(\&kfull/"
+  "producer warpgroup: a slot refilled without waiting for it to be emptied|s/f9_mbar_wait(\&e\[slot\], ((i \/ D) \& 1) ^ 1);//"
+  "producer warpgroup: S issued without waiting for its K tile|s/if constexpr (DS) f9_mbar_wait(\&kfull\[kc % D\], (kc \/ D) \& 1);//"
+  "producer warpgroup: the V tile's full barrier waited on the wrong parity|s/f9_mbar_wait(\&vfull\[vc % D\], (vc \/ D) \& 1)/f9_mbar_wait(\&vfull[vc % D], ((vc \/ D) \& 1) ^ 1)/"
+  "producer warpgroup: the empty barriers expect one arrival per warpgroup|s/f9_mbar_init(\&kempty\[i\], 4 \* WG);/f9_mbar_init(\&kempty[i], WG);/"
+  "producer warpgroup: V copied from K's columns|s/vcol = (NH + NKV + kv) \* HS/vcol = (NH + kv) * HS/"
+  "producer warpgroup: no fence.mbarrier_init|s/^ *f9_mbar_init_fence();//"
+  "producer warpgroup: K slot released before S is done|s/if (lane == 0) f9_mbar_arrive(\&kempty\[kc % D\]);/;/;s/if constexpr (DS) f9_mbar_wait(\&kfull/if constexpr (DS) { if (lane == 0) f9_mbar_arrive(\&kempty[kc % D]); } if constexpr (DS) f9_mbar_wait(\&kfull/"
 )
 if [ "${1:-}" = bwdv ]; then
   src=$root/kernels/cuda/kernels/flashattn.cu

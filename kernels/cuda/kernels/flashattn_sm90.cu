@@ -231,6 +231,19 @@ __device__ __forceinline__ void f9_mbar_wait(uint64_t* bar, int parity) {
         "r"(parity)
         : "memory");
 }
+// f9_setmaxnreg_dec<N> and _inc<N> set the registers of each thread of
+// the executing warpgroup (all of whose warps must run it) to N, a
+// multiple of 8 in 24..256 (setmaxnreg.sync.aligned, sm_90a): a producer
+// warpgroup gives registers up that the warpgroups of larger accumulators
+// take; ptxas allocates the code that follows within N.
+template <int N>
+__device__ __forceinline__ void f9_setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void f9_setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
 // f9_tma_load3 copies the box at coordinates (c0, c1, c2) (innermost
 // first, in elements) of the tensor that tm maps into shared memory at dst
 // on the bulk copy engine (cp.async.bulk.tensor.3d, tile mode), in the
@@ -630,8 +643,11 @@ struct f9_bool {
 
 //
 // With WS (warp specialised, the flash_fwd5 kernels; not with PP) the
-// block has one more warp, after the WG warpgroups: its first lane is the
-// producer, which copies every K and V tile of the block's items on the
+// block has one more warpgroup, after the WG others, which first gives up
+// registers for theirs (setmaxnreg: with two, 24 a thread against their
+// 240; a block's threads share the registers per warpgroup, so a lone
+// producer warp cost as much as a warpgroup: 168 a thread, and spills, for
+// 288 threads). Its first thread is the producer, which copies every K and V tile of the block's items on the
 // bulk copy engine (f9_tma_load3 through the tensor map tm of qkv, rows
 // past T zero, straight into the swizzled layout), and the warpgroups
 // neither copy nor meet any barrier in the loop. The rings are handed
@@ -662,7 +678,7 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
                                                 float scale_log2, uint16_t* smem, const f9_tmap* tm = nullptr) {
     static_assert(D >= 2 && D <= 8, "flash_fwd_sm90p: ring depth 2..8");
     static_assert(!PP || (WG == 2 && D >= 3), "flash_fwd_sm90p: ping-pong needs two warpgroups and depth 3 or more");
-    static_assert(!(WS && PP), "flash_fwd_sm90p: no ping-pong with a producer warp");
+    static_assert(!(WS && PP), "flash_fwd_sm90p: no ping-pong with a producer warpgroup");
     static_assert(WG >= 1 && WG <= 3 && (BK == 64 || BK == 128), "flash_fwd_sm90p: 1 to 3 warpgroups, 64 or 128 keys a tile");
     constexpr int A = PP ? D - 2 : D - 1;  // copy groups in flight ahead of the tile in use
     const bool late = PP && (threadIdx.x >> 7) == 1;  // the warpgroup whose barrier comes before its softmax
@@ -899,8 +915,10 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
             f9_mbar_init_fence();
         }
         __syncthreads();  // the barriers are initialised
-        if (tid >= NT) {  // the producer warp
-            if (lane != 0) return;
+        constexpr int RP = WG == 2 ? 24 : 32, RC = WG == 2 ? 240 : 160;  // registers: producer, the others
+        if (tid >= NT) {  // the producer warpgroup
+            f9_setmaxnreg_dec<RP>();
+            if (tid != NT) return;
             const int kcol = (NH + kv) * HS, vcol = (NH + NKV + kv) * HS;
             // put copies tile `row0` of the column block at col into slot i%D
             // of ring r (full and empty barriers f, e) as tile i of that ring.
@@ -930,6 +948,7 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
             for (int i = max(vp - D, 0); i < vp; i++) f9_mbar_wait(&vempty[i % D], (i / D) & 1);
             return;
         }
+        f9_setmaxnreg_inc<RC>();
         load_q(item_q0(0));
     } else {
         load_q(item_q0(0));
@@ -1599,11 +1618,11 @@ F9_FWD4(flash_fwd4_sm90_bf16_hs128, 128, 2, F9_FWD4_D128, false)
 F9_FWD4(flash_fwd4w3_sm90_bf16_hs64, 64, 3, F9_FWD4_D64, false)
 F9_FWD4(flash_fwd4p_sm90_bf16_hs128, 128, 2, F9_FWD4_D128, true)
 
-// flash_fwd5_sm90_*: flash_fwd_sm90p with WS, a producer warp copying the
+// flash_fwd5_sm90_*: flash_fwd_sm90p with WS, a producer warpgroup copying the
 // K and V tiles on the bulk copy engine through the tensor map tm of qkv
 // (the 3-D tensor of (NH + 2·NKV)·hs columns, T rows and B batches, boxes
 // of 64 columns and BK rows in the 128-byte swizzle: cgo.go's
-// spill_tmap_qkv) and handing them over through mbarriers: WG·128 + 32
+// spill_tmap_qkv) and handing them over through mbarriers: (WG + 1)·128
 // threads, f9_fwdws_smem<HS, D, BK>() bytes of dynamic shared memory, one
 // block per SM, grid (ceil(T/(64·WG)) or fewer, B·NH). flash_fwd5: two
 // warpgroups, 128-key tiles (rings of 4 at head size 64, 3 at 128);
@@ -1611,7 +1630,7 @@ F9_FWD4(flash_fwd4p_sm90_bf16_hs128, 128, 2, F9_FWD4_D128, true)
 // ring of 6; flash_fwd5k_sm90_bf16_hs128: two warpgroups, 64-key tiles,
 // ring of 5. flash_shapes.go's sm90wsKernels lists the same.
 #define F9_FWD5(NAME, HS, WG, D, BK) \
-    extern "C" __global__ void __launch_bounds__(WG * F9_THREADS + 32, 1) \
+    extern "C" __global__ void __launch_bounds__((WG + 1) * F9_THREADS, 1) \
         NAME(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2, \
              const __grid_constant__ f9_tmap tm) { \
         extern __shared__ __align__(1024) uint16_t f9_dynp[]; \

@@ -195,6 +195,8 @@ std::condition_variable mbarCv;
 std::vector<MBar> mbars;                    // per 8 bytes of the window
 std::vector<std::pair<int, int>> chunkTma;  // per chunk: (barrier, phase) of the copy that wrote it, or (-1, 0)
 thread_local std::vector<int> mbarSeen;      // per barrier: the phases this thread saw completed
+template <int N> static void f9_setmaxnreg_dec() {}  // registers are not modelled
+template <int N> static void f9_setmaxnreg_inc() {}
 struct f9_tmap { const uint16_t* base; i64 dim[3]; i64 stride[2]; int box[2]; };  // strides in elements
 static MBar& mbar_of(uint64_t* bar, int* idx) {
   const uint32_t o = f9_smem(bar);
@@ -505,7 +507,7 @@ template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = f
       flash_fwd_sm90p<HS, WG, D, PP, BK, WS>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks, &tm);
     else
       flash_fwd_sm90<HS, MT, WG>(out.data(), lse.data(), qkv.data(), T, NH, NKV, sl2, Ks, Vs);
-  }, WS ? 32 : 0);
+  }, WS ? 128 : 0);
   double worst = 0, worstL = 0;
   for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < T; t++) {
     auto at = [&](int tok, int which, int d) {
