@@ -82,43 +82,41 @@ func sm90FwdPSmemBK(hs, depth, bk int) int { return 2*depth*bk*hs*2 + 1024 }
 
 // sm90wsKernel is a flash_fwd5 kernel of flashattn_sm90.cu (the Hopper
 // forward with a producer warpgroup copying the tiles on the bulk copy
-// engine):
-// its name, head size, query rows and threads per block, ring depth, keys
-// per tile and dynamic shared memory (f9_fwdws_smem: the rings and 256
-// bytes of mbarriers). The F9_FWD5 lines of the .cu hold the same
-// (TestSM90WSKernels).
+// engine): the SPILL_FLASH_FWD value that selects it, its name, head size,
+// query rows and threads per block, ring depth, keys per tile, whether its
+// warpgroups take turns (PP) and its dynamic shared memory (f9_fwdws_smem:
+// the rings and 256 bytes of mbarriers). The F9_FWD5 lines of the .cu hold
+// the same (TestSM90WSKernels).
 type sm90wsKernel struct {
-	name                               string
+	env, name                          string
 	hs, rows, threads, depth, bk, smem int
+	turns                              bool
 }
 
-func newSM90WS(name string, hs, wg, depth, bk int) sm90wsKernel {
-	return sm90wsKernel{name: name, hs: hs, rows: wg * flashRows, threads: (wg + 1) * flashThreads, depth: depth, bk: bk,
-		smem: sm90FwdPSmemBK(hs, depth, bk) + 256}
+func newSM90WS(env, name string, hs, wg, depth, bk int, turns bool) sm90wsKernel {
+	return sm90wsKernel{env: env, name: name, hs: hs, rows: wg * flashRows, threads: (wg + 1) * flashThreads,
+		depth: depth, bk: bk, smem: sm90FwdPSmemBK(hs, depth, bk) + 256, turns: turns}
 }
 
-// sm90wsKernels are the flash_fwd5 kernels: at each head size the
-// SPILL_FLASH_FWD=sm90ws one first, then the sm90wsk one.
+// sm90wsKernels are the flash_fwd5 kernels, in the order of the F9_FWD5
+// lines: sm90ws takes 128-key tiles and two warpgroups, sm90wsk 64-key
+// tiles (three warpgroups at head size 64), sm90wsp sm90ws's with turns.
 var sm90wsKernels = []sm90wsKernel{
-	newSM90WS("flash_fwd5_sm90_bf16_hs64", 64, 2, 4, 128),
-	newSM90WS("flash_fwd5w3_sm90_bf16_hs64", 64, 3, 6, 64),
-	newSM90WS("flash_fwd5_sm90_bf16_hs128", 128, 2, 3, 128),
-	newSM90WS("flash_fwd5k_sm90_bf16_hs128", 128, 2, 5, 64),
+	newSM90WS("sm90ws", "flash_fwd5_sm90_bf16_hs64", 64, 2, 4, 128, false),
+	newSM90WS("sm90wsk", "flash_fwd5w3_sm90_bf16_hs64", 64, 3, 6, 64, false),
+	newSM90WS("sm90wsp", "flash_fwd5p_sm90_bf16_hs64", 64, 2, 4, 128, true),
+	newSM90WS("sm90ws", "flash_fwd5_sm90_bf16_hs128", 128, 2, 3, 128, false),
+	newSM90WS("sm90wsk", "flash_fwd5k_sm90_bf16_hs128", 128, 2, 5, 64, false),
+	newSM90WS("sm90wsp", "flash_fwd5p_sm90_bf16_hs128", 128, 2, 3, 128, true),
 }
 
-// sm90wsOf is the flash_fwd5 kernel of head size hs (64 or 128) for
-// SPILL_FLASH_FWD=v (sm90ws or sm90wsk); false for other values.
+// sm90wsOf is the flash_fwd5 kernel of head size hs that SPILL_FLASH_FWD=v
+// selects; false for values that select none.
 func sm90wsOf(hs int, v string) (sm90wsKernel, bool) {
-	i := 0
-	switch v {
-	case "sm90ws":
-	case "sm90wsk":
-		i = 1
-	default:
-		return sm90wsKernel{}, false
+	for _, k := range sm90wsKernels {
+		if k.env == v && k.hs == hs {
+			return k, true
+		}
 	}
-	if hs == 128 {
-		i += 2
-	}
-	return sm90wsKernels[i], true
+	return sm90wsKernel{}, false
 }

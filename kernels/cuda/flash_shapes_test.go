@@ -56,14 +56,15 @@ func TestSM90WSKernels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms := regexp.MustCompile(`(?m)^F9_FWD5\((\w+), (\d+), (\d+), (\d+), (\d+)\)$`).FindAllSubmatch(src, -1)
+	ms := regexp.MustCompile(`(?m)^F9_FWD5\((\w+), (\d+), (\d+), (\d+), (\d+), (true|false)\)$`).FindAllSubmatch(src, -1)
 	if len(ms) != len(sm90wsKernels) {
 		t.Fatalf("flashattn_sm90.cu: %d F9_FWD5 entry points, sm90wsKernels has %d", len(ms), len(sm90wsKernels))
 	}
 	for i, m := range ms {
 		n := func(j int) int { v, _ := strconv.Atoi(string(m[j])); return v }
-		want := newSM90WS(string(m[1]), n(2), n(3), n(4), n(5))
-		if got := sm90wsKernels[i]; got != want {
+		got := sm90wsKernels[i]
+		want := newSM90WS(got.env, string(m[1]), n(2), n(3), n(4), n(5), string(m[6]) == "true")
+		if got != want {
 			t.Errorf("F9_FWD5 line %d: %+v in the .cu, sm90wsKernels has %+v", i, want, got)
 		}
 	}
@@ -72,7 +73,8 @@ func TestSM90WSKernels(t *testing.T) {
 		v    string
 		name string
 	}{{64, "sm90ws", "flash_fwd5_sm90_bf16_hs64"}, {64, "sm90wsk", "flash_fwd5w3_sm90_bf16_hs64"},
-		{128, "sm90ws", "flash_fwd5_sm90_bf16_hs128"}, {128, "sm90wsk", "flash_fwd5k_sm90_bf16_hs128"}} {
+		{64, "sm90wsp", "flash_fwd5p_sm90_bf16_hs64"}, {128, "sm90ws", "flash_fwd5_sm90_bf16_hs128"},
+		{128, "sm90wsk", "flash_fwd5k_sm90_bf16_hs128"}, {128, "sm90wsp", "flash_fwd5p_sm90_bf16_hs128"}} {
 		if k, ok := sm90wsOf(c.hs, c.v); !ok || k.name != c.name || k.hs != c.hs {
 			t.Errorf("sm90wsOf(%d, %q) = %+v, %v; want %s", c.hs, c.v, k, ok, c.name)
 		}

@@ -51,7 +51,8 @@ import (
 //     tiles on the bulk copy engine through a tensor map of qkv and hands
 //     them over through mbarriers, so that the warpgroups neither copy
 //     nor meet a block barrier in the loop; sm90ws 128-key tiles, sm90wsk
-//     64-key tiles and three warpgroups at head size 64). They need a
+//     64-key tiles and three warpgroups at head size 64, sm90wsp sm90ws
+//     with the warpgroups taking turns at issuing their products). They need a
 //     CUDA 12 build (cuTensorMapEncodeTiled) and their own self-check
 //     (Backend.flashSM90WSErr, run at Open only when SPILL_FLASH_FWD
 //     selects them); without either those values take the default.
@@ -84,7 +85,7 @@ var errNoSM90 = errors.New("not a compute capability 9.x device")
 // errWSUnselected is flashSM90WSErr when SPILL_FLASH_FWD did not select
 // the kernels with a producer warpgroup at start-up: opt-in, they are
 // self-checked at Open only then.
-var errWSUnselected = errors.New("not selected at start-up (SPILL_FLASH_FWD=sm90ws or sm90wsk), so not self-checked")
+var errWSUnselected = errors.New("not selected at start-up (SPILL_FLASH_FWD=sm90ws, sm90wsk or sm90wsp), so not self-checked")
 
 var flashSM90 = os.Getenv("SPILL_FLASH_FWD") == "sm90" || os.Getenv("SPILL_FLASH_FWD") == "sm90x1" || flashSM90p
 
@@ -97,7 +98,14 @@ var flashSM90p = flashSM90pOf(os.Getenv("SPILL_FLASH_FWD"))
 // Hopper forward.
 func flashSM90pOf(v string) bool {
 	return v == "" || v == "sm90p" || v == "sm90px1" || v == "sm90p3" || v == "sm90p4" || v == "sm90p4x" ||
-		v == "sm90ws" || v == "sm90wsk"
+		isSM90WS(v)
+}
+
+// isSM90WS reports whether SPILL_FLASH_FWD=v selects the kernels with a
+// producer warpgroup (sm90wsKernels).
+func isSM90WS(v string) bool {
+	_, ok := sm90wsOf(64, v)
+	return ok
 }
 
 // flashFwdEnv is SPILL_FLASH_FWD at start-up.
@@ -353,10 +361,15 @@ func (b *Backend) useFlashSM90(hs int) (kfunc, int, bool) {
 // countFlashSM90 counts a forward launch of fn and reports true when fn is
 // a Hopper kernel.
 func (b *Backend) countFlashSM90(fn kfunc) bool {
+	for _, k := range sm90wsKernels {
+		if f, ok := b.fns[k.name]; ok && f == fn {
+			flashSM90Launches.Add(1)
+			return true
+		}
+	}
 	for _, name := range []string{flashSM90Name(64), flashSM90Name(128), flashSM90x2Name(64), flashSM90x2Name(128),
 		flashSM90pName(64), flashSM90pName(128), flashSM90px1Name(64), flashSM90px1Name(128),
-		sm90p4Kernels[0].name, sm90p4Kernels[1].name, sm90p4Kernels[2].name, sm90p4Kernels[3].name,
-		sm90wsKernels[0].name, sm90wsKernels[1].name, sm90wsKernels[2].name, sm90wsKernels[3].name} {
+		sm90p4Kernels[0].name, sm90p4Kernels[1].name, sm90p4Kernels[2].name, sm90p4Kernels[3].name} {
 		if f, ok := b.fns[name]; ok && f == fn {
 			flashSM90Launches.Add(1)
 			return true
@@ -406,7 +419,7 @@ func (b *Backend) checkFlashSM90() {
 			return
 		}
 	}
-	if _, ok := sm90wsOf(64, flashFwdEnv); !ok {
+	if !isSM90WS(flashFwdEnv) {
 		b.flashSM90WSErr = errWSUnselected
 		return
 	}

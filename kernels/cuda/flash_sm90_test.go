@@ -20,7 +20,7 @@ import (
 // (partial query blocks and key tiles), asserting that the Hopper kernel
 // ran; the default kernel also persistent (several query blocks a block),
 // bit for bit against one query block per block; the same for the kernels
-// with a producer warpgroup (sm90ws, sm90wsk), which must have passed their
+// with a producer warpgroup (sm90ws, sm90wsk, sm90wsp), which must have passed their
 // self-check. Skipped on a device whose compute capability is not 9.x.
 func TestAttentionFlashSM90(t *testing.T) {
 	defer func(impl int, h, x2, pp bool, p4 int, pers bool, sms int, env string) {
@@ -39,7 +39,7 @@ func TestAttentionFlashSM90(t *testing.T) {
 	if gb.flashErr != nil {
 		t.Fatalf("flash self-check at Open: %v", gb.flashErr)
 	}
-	wsEnvs := []string{"sm90ws", "sm90wsk"}
+	wsEnvs := []string{"sm90ws", "sm90wsk", "sm90wsp"}
 	switch err := gb.flashSM90WSErr; {
 	case errors.Is(err, errWSUnselected):
 		t.Logf("Hopper forwards with a producer warpgroup not checked: %v", err)

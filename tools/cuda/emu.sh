@@ -73,6 +73,8 @@ ws_mutants=(
   "producer warpgroup: the empty barriers expect one arrival per warpgroup|s/f9_mbar_init(\&kempty\[i\], 4 \* WG);/f9_mbar_init(\&kempty[i], WG);/"
   "producer warpgroup: V copied from K's columns|s/vcol = (NH + NKV + kv) \* HS/vcol = (NH + kv) * HS/"
   "producer warpgroup: no fence.mbarrier_init|s/^ *f9_mbar_init_fence();//"
+  "producer warpgroup, turns: warpgroup 1 arrives in its last step too|s/if (!(final \&\& wgi == 1)) f9_bar_arrive_id/f9_bar_arrive_id/"
+  "producer warpgroup, turns: warpgroup 0 not let go first|s/if (wgi == 1) f9_bar_arrive_id(2, 2 \* F9_THREADS);/;/"
   "producer warpgroup: K slot released before S is done|s/if (lane == 0) f9_mbar_arrive(\&kempty\[kc % D\]);/;/;s/if constexpr (DS) f9_mbar_wait(\&kfull/if constexpr (DS) { if (lane == 0) f9_mbar_arrive(\&kempty[kc % D]); } if constexpr (DS) f9_mbar_wait(\&kfull/"
 )
 if [ "${1:-}" = bwdv ]; then

@@ -93,6 +93,17 @@ __device__ __forceinline__ void f9_bar() {
     asm volatile("bar.sync 1, %0;\n" ::"n"(N) : "memory");
 }
 
+// f9_bar_sync_id and f9_bar_arrive_id meet, or only arrive at, named
+// barrier id (2 or more: 0 is __syncthreads', 1 f9_bar's) of n threads:
+// bar.sync waits until n threads have arrived, bar.arrive does not wait
+// (the warpgroups with a producer order their products this way).
+__device__ __forceinline__ void f9_bar_sync_id(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void f9_bar_arrive_id(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
 // f9_wg_fence orders this thread's earlier register and shared accesses
 // before the wgmma operations that follow (wgmma.fence).
 __device__ __forceinline__ void f9_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -661,6 +672,12 @@ struct f9_bool {
 // P·V's wait_group 0. The producer copies K(j) and then V(j-1) for each
 // step j of each item, as the warpgroups use them, and at the end waits
 // until every slot it filled was emptied, so that no copy outlives it.
+// WS with PP (two warpgroups: flash_fwd5p) takes turns at issuing the
+// products: warpgroup w meets named barrier 2 + w before a step's wgmma
+// and arrives at the other's after them (bar.arrive, no wait), warpgroup
+// 1 arriving once at the start and not in its last step, so that each
+// barrier gets as many arrivals as meetings; each warpgroup's softmax then
+// runs under the other's products.
 template <int HS, int D, int BK = F9_BK>
 constexpr int f9_fwdp_smem() {
     return 2 * D * BK * HS * 2 + 1024;  // + room to align the tiles to 1024 bytes
@@ -678,10 +695,10 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
                                                 float scale_log2, uint16_t* smem, const f9_tmap* tm = nullptr) {
     static_assert(D >= 2 && D <= 8, "flash_fwd_sm90p: ring depth 2..8");
     static_assert(!PP || (WG == 2 && D >= 3), "flash_fwd_sm90p: ping-pong needs two warpgroups and depth 3 or more");
-    static_assert(!(WS && PP), "flash_fwd_sm90p: no ping-pong with a producer warpgroup");
+    static_assert(!(WS && PP) || WG == 2, "flash_fwd_sm90p: turns between two warpgroups only");
     static_assert(WG >= 1 && WG <= 3 && (BK == 64 || BK == 128), "flash_fwd_sm90p: 1 to 3 warpgroups, 64 or 128 keys a tile");
     constexpr int A = PP ? D - 2 : D - 1;  // copy groups in flight ahead of the tile in use
-    const bool late = PP && (threadIdx.x >> 7) == 1;  // the warpgroup whose barrier comes before its softmax
+    const bool late = PP && !WS && (threadIdx.x >> 7) == 1;  // the warpgroup whose barrier comes before its softmax
     constexpr int KD = HS / 16, NS = BK / 2, NO = HS / 2, BQ = F9_BQ * WG, NT = F9_THREADS * WG, TILE = BK * HS;
     const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int C = NH * HS, z = blockIdx.y, b = z / NH, h = z - b * NH, kv = h / (NH / NKV);
@@ -711,6 +728,8 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
     uint64_t* vfull = kfull + 2 * D;
     uint64_t* vempty = kfull + 3 * D;
     int kc = 0, vc = 0;  // WS: the K and V tiles this thread's warpgroup has taken so far
+    bool final = false;  // WS with PP: the block's last step is next
+    const int wgi = threadIdx.x >> 7;
 
     uint32_t qf[KD][4];
     // load_q loads the Q fragments of the item at row q (rows past T zero).
@@ -785,6 +804,7 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
         } else {
             ld();  // group G+A, into the slots of groups G+A-D (K) and G+A-D-1 (V)
         }
+        if constexpr (WS && PP) f9_bar_sync_id(2 + wgi, 2 * F9_THREADS);  // this warpgroup's turn
         f9_wg_fence();
         if constexpr (DS) {
             const uint32_t ks = WS ? f9_smem(Ks + (kc % D) * TILE) : f9_smem(Ks + (G % D) * TILE);
@@ -808,6 +828,8 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
             }
             f9_wg_commit();
         }
+        if constexpr (WS && PP)
+            if (!(final && wgi == 1)) f9_bar_arrive_id(2 + (wgi ^ 1), 2 * F9_THREADS);  // the other's turn
         if constexpr (DS) {
             if constexpr (DPV) {
                 f9_wg_wait1();  // S(j) is done; P(j-1)·V(j-1) may still run
@@ -949,6 +971,8 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
             return;
         }
         f9_setmaxnreg_inc<RC>();
+        if constexpr (PP)
+            if (wgi == 1) f9_bar_arrive_id(2, 2 * F9_THREADS);  // warpgroup 0 goes first
         load_q(item_q0(0));
     } else {
         load_q(item_q0(0));
@@ -976,6 +1000,7 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
         // The next item's Q fragments load under the last P·V and the
         // output: no S reads qf until the next item's first step.
         if (qn >= 0) load_q(qn);
+        final = qn < 0;
         step(n, f9_bool<false>{}, f9_bool<true>{});
 
         l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -1628,19 +1653,22 @@ F9_FWD4(flash_fwd4p_sm90_bf16_hs128, 128, 2, F9_FWD4_D128, true)
 // warpgroups, 128-key tiles (rings of 4 at head size 64, 3 at 128);
 // flash_fwd5w3_sm90_bf16_hs64: three warpgroups (192 rows), 64-key tiles,
 // ring of 6; flash_fwd5k_sm90_bf16_hs128: two warpgroups, 64-key tiles,
-// ring of 5. flash_shapes.go's sm90wsKernels lists the same.
-#define F9_FWD5(NAME, HS, WG, D, BK) \
+// ring of 5; flash_fwd5p: flash_fwd5 with the two warpgroups taking turns
+// at issuing their products (PP). flash_shapes.go's sm90wsKernels lists the same.
+#define F9_FWD5(NAME, HS, WG, D, BK, PP) \
     extern "C" __global__ void __launch_bounds__((WG + 1) * F9_THREADS, 1) \
         NAME(void* out, float* lse, const void* qkv, int T, int NH, int NKV, float scale_log2, \
              const __grid_constant__ f9_tmap tm) { \
         extern __shared__ __align__(1024) uint16_t f9_dynp[]; \
-        flash_fwd_sm90p<HS, WG, D, false, BK, true>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, \
+        flash_fwd_sm90p<HS, WG, D, PP, BK, true>((uint16_t*)out, lse, (const uint16_t*)qkv, T, NH, NKV, scale_log2, \
                                                     f9_dynp, &tm); \
     }
-F9_FWD5(flash_fwd5_sm90_bf16_hs64, 64, 2, 4, 128)
-F9_FWD5(flash_fwd5w3_sm90_bf16_hs64, 64, 3, 6, 64)
-F9_FWD5(flash_fwd5_sm90_bf16_hs128, 128, 2, 3, 128)
-F9_FWD5(flash_fwd5k_sm90_bf16_hs128, 128, 2, 5, 64)
+F9_FWD5(flash_fwd5_sm90_bf16_hs64, 64, 2, 4, 128, false)
+F9_FWD5(flash_fwd5w3_sm90_bf16_hs64, 64, 3, 6, 64, false)
+F9_FWD5(flash_fwd5p_sm90_bf16_hs64, 64, 2, 4, 128, true)
+F9_FWD5(flash_fwd5_sm90_bf16_hs128, 128, 2, 3, 128, false)
+F9_FWD5(flash_fwd5k_sm90_bf16_hs128, 128, 2, 5, 64, false)
+F9_FWD5(flash_fwd5p_sm90_bf16_hs128, 128, 2, 3, 128, true)
 
 // flash_bwd_kv_sm90_* and flash_bwd_q_sm90_*: flash_bwd_kv_bf16_* and
 // flash_bwd_q_bf16_* of flashattn.cu (same arguments and contract: dqkv +=,

@@ -114,6 +114,24 @@ static void __syncthreads() { blockBar->arrive_and_wait(); nsync++; }
 // f9_bar<N>: a named barrier over the whole block (the kernels pass N = the
 // block's threads); the same count of barriers as __syncthreads.
 template <int N> static void f9_bar() { __syncthreads(); }
+// Named barriers 2 and up (f9_bar_sync_id, f9_bar_arrive_id): n arrivals
+// complete a phase; bar.sync waits for its phase to complete, bar.arrive
+// does not. A phase that does not complete in 30 s aborts (a deadlock).
+struct NamedBar { int arrived = 0; long gen = 0; };
+std::mutex nbMu;
+std::condition_variable nbCv;
+NamedBar namedBar[16];
+static void nb_arrive(int id, int n, bool wait) {
+  if (id < 2 || id >= 16 || n % 32) die("named barrier: id or thread count out of range");
+  std::unique_lock<std::mutex> lk(nbMu);
+  NamedBar& b = namedBar[id];
+  const long gen = b.gen;
+  if (++b.arrived == n) { b.arrived = 0; b.gen++; nbCv.notify_all(); return; }
+  if (wait && !nbCv.wait_for(lk, std::chrono::seconds(30), [&] { return b.gen != gen; }))
+    die("named barrier: no progress in 30 s (deadlock)");
+}
+static void f9_bar_sync_id(int id, int n) { nb_arrive(id, n, true); }
+static void f9_bar_arrive_id(int id, int n) { nb_arrive(id, n, false); }
 float shf[16][32];
 static float __shfl_xor_sync(unsigned, float v, int o) {
   int w = threadIdx.x >> 5, l = threadIdx.x & 31;
@@ -457,6 +475,7 @@ template <class F> void run_grid(int WG, size_t smem, F kernel, int extra = 0) {
       for (size_t i = 0; i < smem / 16; i++) pendingReads[i] = pendingWrites[i] = 0;
       lastUnfencedSync.assign(NT, -1);
       mbars.assign(smem / 8, MBar{});
+      for (auto& nb : namedBar) nb = NamedBar{};
       chunkTma.assign(smem / 16, {-1, 0});
       std::barrier<> bb(NT);
       std::vector<std::unique_ptr<std::barrier<>>> wb, wgb;
@@ -474,6 +493,8 @@ template <class F> void run_grid(int WG, size_t smem, F kernel, int extra = 0) {
           if (!ops.empty()) die("wgmma never waited for");
         });
       for (auto& x : th) x.join();
+      for (auto& nb : namedBar)
+        if (nb.arrived) die("named barrier: arrivals left over when the block exits");
     }
 }
 
@@ -529,7 +550,7 @@ template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = f
       if (!(e <= 2e-2 + 1.6e-2 * std::fabs(o))) { if (bad++ < 5) printf("out b%d h%d t%d d%d: %g vs %g\n", b, h, t, d, g, o); }
     }
   }
-  printf("sm90%s%s%s D%d BK%d HS%d MT%d WG%d B%d T%d NH%d NKV%d GX%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", P ? "p" : "", PP ? " ping-pong" : "", WS ? " producer warp" : "", D, BK, HS, MT, WG, B, T, NH, NKV, (int)gridDim.x, worst, worstL, bad);
+  printf("sm90%s%s%s D%d BK%d HS%d MT%d WG%d B%d T%d NH%d NKV%d GX%d: worst out err/tol %.3f, worst lse err %.2e, bad %d\n", P ? "p" : "", PP ? " ping-pong" : "", WS ? " producer warpgroup" : "", D, BK, HS, MT, WG, B, T, NH, NKV, (int)gridDim.x, worst, worstL, bad);
 }
 
 // run_bwd checks flash_bwd_kv_sm90<HS, PIPE> and flash_bwd_q_sm90<HS, PIPE>
@@ -631,6 +652,7 @@ int main(int argc, char** argv) {
     run<64, 1, 2, true, 4, false, 128, true>(1, 330, 2, 24, bad, 1);         // producer warp
     run<128, 1, 2, true, 3, false, 128, true>(1, 700, 2, 25, bad, 0, 2);     // producer warp, persistent
     run<64, 1, 3, true, 6, false, 64, true>(1, 450, 2, 26, bad, 0, 2);       // producer warp, three warpgroups
+    run<128, 1, 2, true, 3, true, 128, true>(1, 700, 2, 27, bad, 0, 2);      // producer warp, turns, persistent
     run_bwd<64, true>(1, 130, 2, 8, bad, 1);
     run_bwd<128, false>(1, 130, 2, 9, bad);
     run_bwd<128, true>(1, 70, 2, 10, bad, 0, true);
@@ -656,6 +678,8 @@ int main(int argc, char** argv) {
     run<128, 1, 2, true, 3, false, 128, true>(1, T, 2, seed++, bad, 0, 1);         // persistent: one block a head
     run<64, 1, 3, true, 6, false, 64, true>(1, T, 2, seed++, bad, 0, 2);
     run<64, 1, 2, true, 4, false, 128, true>(1, T, 4, seed++, bad, 2, 2);
+    run<64, 1, 2, true, 4, true, 128, true>(T < 150 ? 2 : 1, T, 2, seed++, bad);  // turns
+    run<128, 1, 2, true, 3, true, 128, true>(1, T, 3, seed++, bad, 1, 2);         // turns, persistent
   }
   if (wsOnly) return bad != 0;
   // The 128-key forwards (flash_fwd4 kernels): T around 128, 192 and 256
