@@ -164,10 +164,10 @@ func (b *Backend) AttentionKernels(dt kernels.DType, T, C, NH int) string {
 	fwd := "forward: tensor-core flash kernel"
 	if _, rows, ok := b.useFlashSM90(hs); ok {
 		fwd = "forward: wgmma flash kernel for sm_90a"
-		if k, ok := sm90wsOf(hs, flashFwdEnv); ok && b.flashSM90WSErr == nil {
+		if k, ok := sm90wsSel(hs); ok && b.flashSM90WSErr == nil {
 			fwd += fmt.Sprintf(" with a producer warpgroup (%s: bulk tensor copies, mbarriers)", k.name)
 		} else if ok {
-			fwd += fmt.Sprintf(" (%s off: %v)", flashFwdEnv, b.flashSM90WSErr)
+			fwd += fmt.Sprintf(" (%s off: %v)", k.env, b.flashSM90WSErr)
 		}
 		if flashSM90p {
 			fwd += fmt.Sprintf(" (pipelined, %d query rows per block)", rows)

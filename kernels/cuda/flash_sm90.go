@@ -30,7 +30,10 @@ import (
 //     compute_90a loads on sm_90 devices only),
 //   - its self-check at Open passed (checkFlashSM90, against the row-wise
 //     kernel like checkFlash), and
-//   - SPILL_FLASH_FWD is unset (or "sm90p"), which takes the pipelined
+//   - SPILL_FLASH_FWD is unset or "sm90wsp" (the default since
+//     2026-12-07: flash_fwd5p, below, where its self-check passed and the
+//     build has CUDA 12's tensor maps; else "sm90p"'s kernels), or
+//     "sm90p", which takes the pipelined
 //     kernels flash_fwd3_sm90_bf16_hs64 and _hs128 (flash_fwd_sm90p: two
 //     warpgroups, 256 threads, 128 query rows per block; each key tile's
 //     S = Q·Kᵀ and the previous tile's O += P·V are issued together and
@@ -45,17 +48,24 @@ import (
 //     "sm90p4x" (the pipelined kernels with 128-key tiles, flash_fwd4:
 //     two warpgroups in lockstep at both head sizes, or three warpgroups
 //     and 192 query rows per block at head size 64 and ping-pong at 128).
-//     SPILL_FLASH_FWD=sm90ws or sm90wsk takes the warp-specialised
-//     kernels (flash_fwd5, sm90wsKernels: flash_fwd_sm90p with a producer
-//     warp beside two or three warpgroups, which copies the K and V
-//     tiles on the bulk copy engine through a tensor map of qkv and hands
-//     them over through mbarriers, so that the warpgroups neither copy
-//     nor meet a block barrier in the loop; sm90ws 128-key tiles, sm90wsk
-//     64-key tiles and three warpgroups at head size 64, sm90wsp sm90ws
-//     with the warpgroups taking turns at issuing their products). They need a
-//     CUDA 12 build (cuTensorMapEncodeTiled) and their own self-check
-//     (Backend.flashSM90WSErr, run at Open only when SPILL_FLASH_FWD
-//     selects them); without either those values take the default.
+//     SPILL_FLASH_FWD=sm90wsp, sm90ws or sm90wsk takes the
+//     warp-specialised kernels (flash_fwd5, sm90wsKernels:
+//     flash_fwd_sm90p with a producer warpgroup beside two or three
+//     others, which copies the K and V tiles on the bulk copy engine
+//     through a tensor map of qkv and hands them over through mbarriers,
+//     so that the others neither copy nor meet a block barrier in the
+//     loop; the producer gives its registers to them with setmaxnreg;
+//     sm90ws 128-key tiles, sm90wsk 64-key tiles and three warpgroups at
+//     head size 64, sm90wsp sm90ws with the two warpgroups taking turns
+//     at issuing their products). They need a CUDA 12 build
+//     (cuTensorMapEncodeTiled) and their own self-check
+//     (Backend.flashSM90WSErr, run at Open unless SPILL_FLASH_FWD selects
+//     another forward); without either they fall back to "sm90p"'s.
+//     On the H100 beside the sm90p kernels, same call
+//     (tools/bench/results/attn_ws_h100.json), sm90wsp ran the forward
+//     1.04/1.08/1.13/1.15x faster at head size 64 and 1.27/1.22/1.20/1.18x
+//     at 128 (T 1k/2k/4k/8k); sm90ws was level with it at 128 and
+//     0.92-0.96x sm90p at 64, sm90wsk 0.94-1.07x and 1.06-1.14x.
 //     SPILL_FLASH_FWD=mma (or 1) keeps the mma.sync kernels.
 // The pipelined kernels are the default since their tiles are swizzled:
 // on the H100 (tools/bench/results/attn_swizzle_h100.json) they ran
@@ -82,10 +92,25 @@ const flashSM90Module = "ptx/flashattn_sm90.ptx"
 // errNoSM90 is flashSM90Err on a device whose compute capability is not 9.x.
 var errNoSM90 = errors.New("not a compute capability 9.x device")
 
-// errWSUnselected is flashSM90WSErr when SPILL_FLASH_FWD did not select
-// the kernels with a producer warpgroup at start-up: opt-in, they are
-// self-checked at Open only then.
-var errWSUnselected = errors.New("not selected at start-up (SPILL_FLASH_FWD=sm90ws, sm90wsk or sm90wsp), so not self-checked")
+// errWSUnselected is flashSM90WSErr when SPILL_FLASH_FWD selected
+// another forward at start-up: the kernels with a producer warpgroup are
+// then not self-checked at Open.
+var errWSUnselected = errors.New("SPILL_FLASH_FWD selects another forward (not sm90wsp, sm90ws or sm90wsk), so not self-checked")
+
+// sm90wsDefault is the SPILL_FLASH_FWD value an unset one stands for
+// among the kernels with a producer warpgroup.
+const sm90wsDefault = "sm90wsp"
+
+// sm90wsSel is the flash_fwd5 kernel that SPILL_FLASH_FWD (flashFwdEnv;
+// unset: sm90wsDefault) selects at head size hs, false when it selects
+// none.
+func sm90wsSel(hs int) (sm90wsKernel, bool) {
+	v := flashFwdEnv
+	if v == "" {
+		v = sm90wsDefault
+	}
+	return sm90wsOf(hs, v)
+}
 
 var flashSM90 = os.Getenv("SPILL_FLASH_FWD") == "sm90" || os.Getenv("SPILL_FLASH_FWD") == "sm90x1" || flashSM90p
 
@@ -333,7 +358,7 @@ func (b *Backend) useFlashSM90(hs int) (kfunc, int, bool) {
 	if !flashSM90 || b.flashSM90Err != nil || (hs != 64 && hs != 128) {
 		return 0, 0, false
 	}
-	if k, ok := sm90wsOf(hs, flashFwdEnv); ok && b.flashSM90WSErr == nil {
+	if k, ok := sm90wsSel(hs); ok && b.flashSM90WSErr == nil {
 		fn, ok := b.fns[k.name]
 		return fn, k.rows, ok
 	}
@@ -419,7 +444,7 @@ func (b *Backend) checkFlashSM90() {
 			return
 		}
 	}
-	if !isSM90WS(flashFwdEnv) {
+	if _, ok := sm90wsSel(64); !ok {
 		b.flashSM90WSErr = errWSUnselected
 		return
 	}

@@ -95,17 +95,27 @@ func TestAttentionFlashSM90(t *testing.T) {
 			p4    int
 			env   string
 		}
-		variants := []variant{{true, false, 0, ""}, {false, false, 0, ""}, {true, true, sm90p4Auto, ""},
-			{true, true, sm90p4None, ""}, {false, true, 0, ""}, {true, true, sm90p4Pair, ""}, {true, true, sm90p4Wide, ""}}
+		// env "sm90p" keeps the kernels before the producer warpgroup's
+		// (the fallback), "" the default.
+		variants := []variant{{true, false, 0, "sm90p"}, {false, false, 0, "sm90p"}, {true, true, sm90p4Auto, "sm90p"},
+			{true, true, sm90p4None, "sm90p"}, {false, true, 0, "sm90p"}, {true, true, sm90p4Pair, "sm90p"},
+			{true, true, sm90p4Wide, "sm90p"}}
 		for _, env := range wsEnvs {
 			variants = append(variants, variant{true, true, sm90p4Auto, env})
+		}
+		if wsEnvs != nil {
+			variants = append(variants, variant{true, true, sm90p4Auto, ""})
 		}
 		for _, v := range variants {
 			flashSM90x2, flashSM90p, flashSM90p4, flashFwdEnv = v.x2, v.p, v.p4, v.env
 			vname := fmt.Sprintf("%s/sm90-x2=%v-p=%v-p4=%d%s", name, v.x2, v.p, v.p4, v.env)
-			if k, ok := sm90wsOf(hs, v.env); ok {
+			env := v.env
+			if env == "" {
+				env = "sm90wsp" // the default
+			}
+			if k, ok := sm90wsOf(hs, env); ok {
 				if fn, _, _ := gb.useFlashSM90(hs); fn != gb.fns[k.name] {
-					t.Fatalf("%s: SPILL_FLASH_FWD=%s does not take %s", vname, v.env, k.name)
+					t.Fatalf("%s: SPILL_FLASH_FWD=%q does not take %s", vname, v.env, k.name)
 				}
 			}
 			out, lse := p.poison(kernels.BF16, B*T*C), p.poison(kernels.F32, B*NH*T)
@@ -138,7 +148,7 @@ func TestAttentionFlashSM90(t *testing.T) {
 		// Against the CPU, and bit for bit against one query block per
 		// block (each query block's arithmetic is the same either way).
 		flashSM90x2, flashSM90p, flashSM90p4 = true, true, sm90p4Auto
-		for _, env := range append([]string{""}, wsEnvs...) {
+		for _, env := range append([]string{"sm90p"}, wsEnvs...) {
 			flashFwdEnv = env
 			fn, rows, ok := gb.useFlashSM90(hs)
 			if !ok {
