@@ -357,7 +357,7 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 // emulator and on the H200) with each warp's fixed operands (K and V rows,
 // or Q and dO rows) in shared memory instead of registers, which leaves
 // room for 64-row streamed tiles at head size 128 (32 in the split
-// kernels). On the H200 (tools/bench/results/kernels_h200.json, variants)
+// kernels). On the H200 (tools/bench/results/attn_variants_h200.json)
 // its forward and backward ran 1.14-1.22x faster than split's at head
 // sizes 64 and 128, T 1k-8k. Slower variants timed in that run and then
 // removed: 8 warps per block (1.00-1.08x), 8 warps with the operands in
