@@ -29,7 +29,7 @@ static const char *spill_cu_error(int r) {
 // of args (the driver reads the parameter's own size from the start of its
 // slot). cuLaunchKernel copies the arguments before it returns, so the
 // caller may reuse args at once; the pointer array lives on this stack.
-#define SPILL_MAX_ARGS 24
+#define SPILL_MAX_ARGS 48
 static int spill_launch(uintptr_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
 		unsigned smem, uintptr_t stream, uint64_t *args, int n) {
 	void *p[SPILL_MAX_ARGS];
@@ -237,14 +237,15 @@ static size_t spill_lt_plan_ws(spill_lt_plan *p) { return p->ws; }
 
 static int spill_cuda_version(void) { return CUDA_VERSION; }
 
-// spill_tmap_qkv encodes into out (128 bytes) the tensor map of the flash
-// forward's packed qkv at ptr (bf16, 16-byte aligned): a 3-D tensor of w
-// columns (contiguous), t rows (w·2 bytes apart) and b batches (t·w·2
-// bytes apart), copied in boxes of 64 columns by rows rows in the 128-byte
-// swizzle, elements outside it read as zeros (flashattn_sm90.cu's
-// flash_fwd5 kernels). The driver entry point is CUDA 12's: built against
-// older headers it reports CUDA_ERROR_NOT_SUPPORTED.
-static int spill_tmap_qkv(void *out, uint64_t ptr, uint64_t w, uint64_t t, uint64_t b, unsigned rows) {
+// spill_tmap3 encodes into out (128 bytes) the tensor map of a bf16 array
+// at ptr (16-byte aligned; the flash kernels' packed qkv or dout): a 3-D
+// tensor of w columns (contiguous, w a multiple of 8), t rows (w·2 bytes
+// apart) and b batches (t·w·2 bytes apart), copied in boxes of 64 columns
+// by rows rows in the 128-byte swizzle, elements outside it read as zeros
+// (flashattn_sm90.cu's flash_fwd5 and warp-specialised backward kernels).
+// The driver entry point is CUDA 12's: built against older headers it
+// reports CUDA_ERROR_NOT_SUPPORTED.
+static int spill_tmap3(void *out, uint64_t ptr, uint64_t w, uint64_t t, uint64_t b, unsigned rows) {
 #if CUDA_VERSION >= 12000
 	CUtensorMap m;
 	cuuint64_t dims[3] = {w, t, b};
@@ -551,12 +552,12 @@ func hostUnregister(p unsafe.Pointer) error {
 	return nil
 }
 
-// qkvTensorMap encodes into out the tensor map of the flash forward's
-// packed qkv at x (w bf16 columns, t rows, b batches; boxes of 64 columns
-// and rows rows) for the flash_fwd5 kernels: spill_tmap_qkv. It allocates
+// tensorMap3 encodes into out the tensor map of the bf16 array at x (w
+// columns, t rows, b batches; boxes of 64 columns and rows rows) for the
+// kernels that copy by bulk tensor copies: spill_tmap3. It allocates
 // nothing: the driver writes a map on the C stack, copied into out.
-func qkvTensorMap(out *[16]uint64, x cu.DevicePtr, w, t, b, rows int) error {
-	if r := C.spill_tmap_qkv(unsafe.Pointer(&out[0]), C.uint64_t(x), C.uint64_t(w), C.uint64_t(t), C.uint64_t(b),
+func tensorMap3(out *[16]uint64, x cu.DevicePtr, w, t, b, rows int) error {
+	if r := C.spill_tmap3(unsafe.Pointer(&out[0]), C.uint64_t(x), C.uint64_t(w), C.uint64_t(t), C.uint64_t(b),
 		C.uint(rows)); r != 0 {
 		return driverError(r)
 	}

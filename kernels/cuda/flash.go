@@ -134,7 +134,7 @@ func flashScale(hs int) float32 { return float32(math.Log2E / math.Sqrt(float64(
 // multi-head attention).
 //
 // A flash_fwd5 kernel (flashTMA holds its keys per tile) takes the tensor
-// map of qkv as its last argument, by value (withQKVMap).
+// map of qkv as its last argument, by value (withTensorMaps).
 func flashJob(fn kfunc, rows int, o, lse, x cu.DevicePtr, B, T, NH, NKV, hs int) job {
 	j := launchJob(fn, dim3{x: flashGridX(fn, rows, T, B*NH), y: B * NH}, dim3{x: flashBlockThreads(fn)},
 		aPtr(o), aPtr(lse), aPtr(x), aI32(T), aI32(NH), aI32(NKV), aF32(flashScale(hs)))
@@ -142,7 +142,7 @@ func flashJob(fn kfunc, rows int, o, lse, x cu.DevicePtr, B, T, NH, NKV, hs int)
 		j = j.withShared(n.(int))
 	}
 	if bk, ok := flashTMA.Load(fn); ok {
-		j = j.withQKVMap(x, (NH+2*NKV)*hs, T, B, bk.(int))
+		j = j.withTensorMaps(tensorMapOf{x, (NH + 2*NKV) * hs, T, B, bk.(int)})
 	}
 	return j
 }
@@ -404,6 +404,7 @@ type flashBwd struct {
 	kv, q, prep, fused, dq             kfunc
 	fusedSmem, fusedRows, fusedThreads int
 	fusedSM90                          string
+	fusedWS                            bool // the fused kernel takes the tensor maps of qkv and dout
 	v                                  flashBwdVariant
 }
 
@@ -578,10 +579,14 @@ func flashBwdFusedJobs(f flashBwd, dqkv, dout, qkv, out, lse, D, dq cu.DevicePtr
 	nx := (T + rows - 1) / rows
 	scale, rscale := aF32(flashScale(hs)), aF32(float32(1/math.Sqrt(float64(hs))))
 	n2 := int64(B) * int64(NH) * int64(T) * int64(hs) / 2
+	fj := launchJob(f.fused, dim3{x: nx, y: B * NKV}, dim3{x: threads}, aPtr(dqkv), aPtr(dq), aPtr(dout), aPtr(qkv),
+		aPtr(lse), aPtr(D), aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))).withShared(f.fusedSmem)
+	if f.fusedWS {
+		fj = fj.withTensorMaps(tensorMapOf{qkv, (NH + 2*NKV) * hs, T, B, flashRows}, tensorMapOf{dout, NH * hs, T, B, flashRows})
+	}
 	return [3]job{
 		prepJob(f.prep, D, dout, out, dq, B, T, NH, hs),
-		launchJob(f.fused, dim3{x: nx, y: B * NKV}, dim3{x: threads}, aPtr(dqkv), aPtr(dq), aPtr(dout), aPtr(qkv),
-			aPtr(lse), aPtr(D), aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))).withShared(f.fusedSmem),
+		fj,
 		launchJob(f.dq, dim3{x: int(min((n2+255)/256, 132*16))}, dim3{x: 256}, aPtr(dqkv), aPtr(dq), aI64(n2), aI32(T),
 			aI32(NH), aI32(NKV), aI32(hs), rscale, aI32(setFlag(set))),
 	}

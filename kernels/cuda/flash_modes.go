@@ -8,7 +8,10 @@ package cuda
 // flashBwdSM90P are the Hopper variants, flashBwdFusedSM90,
 // flashBwdFused2SM90, flashBwdFused2BSM90 and flashBwdFused1BSM90 the
 // fused Hopper backward (flash_sm90.go; one and two warpgroups per block,
-// dQ by vector atomics or by one bulk reduction per tile).
+// dQ by vector atomics or by one bulk reduction per tile),
+// flashBwdFused1WSM90 and flashBwdFused2WSM90 flashBwdFused1BSM90 and
+// flashBwdFused2BSM90 warp-specialised (a producer warpgroup copying the
+// tiles by bulk tensor copies).
 const (
 	flashBwdAuto        = "auto"
 	flashBwdFused       = "fused"
@@ -20,6 +23,8 @@ const (
 	flashBwdFused2SM90  = "sm90f2"
 	flashBwdFused2BSM90 = "sm90f2b"
 	flashBwdFused1BSM90 = "sm90f1b"
+	flashBwdFused1WSM90 = "sm90f1w"
+	flashBwdFused2WSM90 = "sm90f2w"
 )
 
 // flashBwdModeOf is the mode SPILL_FLASH_BWD=v selects: v itself when it
@@ -83,15 +88,44 @@ type fusedSM90Mode struct {
 	names [2]string // the kernels at head sizes 64 and 128
 	wg    int       // warpgroups per block, each 64 keys
 	bulk  bool      // dQ by one bulk reduction per tile, not atomics
+	ws    bool      // a producer warpgroup more, two tensor maps as the last argument
 }
 
 // fusedSM90Modes are the fused Hopper backward's modes, the one table of
 // their kernels and shapes.
 var fusedSM90Modes = []fusedSM90Mode{
-	{flashBwdFusedSM90, [2]string{"flash_bwd_fused_sm90_bf16_hs64", "flash_bwd_fused_sm90_bf16_hs128"}, 1, false},
-	{flashBwdFused2SM90, [2]string{"flash_bwd_fused2_sm90_bf16_hs64", "flash_bwd_fused2_sm90_bf16_hs128"}, 2, false},
-	{flashBwdFused2BSM90, [2]string{"flash_bwd_fused2b_sm90_bf16_hs64", "flash_bwd_fused2b_sm90_bf16_hs128"}, 2, true},
-	{flashBwdFused1BSM90, [2]string{"flash_bwd_fused1b_sm90_bf16_hs64", "flash_bwd_fused1b_sm90_bf16_hs128"}, 1, true},
+	{flashBwdFusedSM90, [2]string{"flash_bwd_fused_sm90_bf16_hs64", "flash_bwd_fused_sm90_bf16_hs128"}, 1, false, false},
+	{flashBwdFused2SM90, [2]string{"flash_bwd_fused2_sm90_bf16_hs64", "flash_bwd_fused2_sm90_bf16_hs128"}, 2, false, false},
+	{flashBwdFused2BSM90, [2]string{"flash_bwd_fused2b_sm90_bf16_hs64", "flash_bwd_fused2b_sm90_bf16_hs128"}, 2, true, false},
+	{flashBwdFused1BSM90, [2]string{"flash_bwd_fused1b_sm90_bf16_hs64", "flash_bwd_fused1b_sm90_bf16_hs128"}, 1, true, false},
+	{flashBwdFused1WSM90, [2]string{"flash_bwd_fused1w_sm90_bf16_hs64", "flash_bwd_fused1w_sm90_bf16_hs128"}, 1, true, true},
+	{flashBwdFused2WSM90, [2]string{"flash_bwd_fused2w_sm90_bf16_hs64", "flash_bwd_fused2w_sm90_bf16_hs128"}, 2, true, true},
+}
+
+// sm90FusedSmem is f9_bwd_smem<hs, true, wg, bulk>() of flashattn_sm90.cu
+// (f9_bwdws_smem with ws): the Hopper backward's shared memory with wg K
+// and V tiles, wg 64x64 bf16 tiles of dSᵀ, with bulk the 64 x hs float32
+// tile of dQ, and with ws the five mbarriers' 64 bytes.
+func sm90FusedSmem(hs, wg int, bulk, ws bool) int {
+	n := (2*wg+4)*64*hs*2 + wg*64*64*2 + 4*64*4 + 1024
+	if bulk {
+		n += 64 * hs * 4
+	}
+	if ws {
+		n += 64
+	}
+	return n
+}
+
+// shape is the launch of m's kernel of head size hs: keys per block,
+// threads per block (with ws the producer warpgroup's too) and dynamic
+// shared memory.
+func (m fusedSM90Mode) shape(hs int) (rows, threads, smem int) {
+	rows, threads = m.wg*flashRows, m.wg*flashThreads
+	if m.ws {
+		threads += flashThreads
+	}
+	return rows, threads, sm90FusedSmem(hs, m.wg, m.bulk, m.ws)
 }
 
 // fusedSM90ModeOf is mode's entry of fusedSM90Modes; false when mode is

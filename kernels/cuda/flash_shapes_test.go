@@ -83,3 +83,56 @@ func TestSM90WSKernels(t *testing.T) {
 		t.Error(`sm90wsOf(64, "sm90p") selects a flash_fwd5 kernel`)
 	}
 }
+
+// TestFusedSM90WSKernels holds the warp-specialised modes of
+// fusedSM90Modes to the F9_BWDFW entry points of kernels/flashattn_sm90.cu
+// (name, head size and warpgroups), and every mode's shared memory and
+// block to its kernels' shape, so that the launch matches the kernels.
+// Reads the source; needs no GPU.
+func TestFusedSM90WSKernels(t *testing.T) {
+	src, err := os.ReadFile("kernels/flashattn_sm90.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := regexp.MustCompile(`(?m)^F9_BWDFW\((\w+), (\d+), (\d+), \d+\)$`).FindAllSubmatch(src, -1)
+	type entry struct{ hs, wg int }
+	cu := map[string]entry{}
+	for _, m := range ms {
+		hs, _ := strconv.Atoi(string(m[2]))
+		wg, _ := strconv.Atoi(string(m[3]))
+		cu[string(m[1])] = entry{hs, wg}
+	}
+	n := 0
+	for _, m := range fusedSM90Modes {
+		for k, name := range m.names {
+			e, ok := cu[name]
+			if ok != m.ws {
+				t.Errorf("mode %s: kernel %s an F9_BWDFW entry point: %v, ws %v", m.mode, name, ok, m.ws)
+				continue
+			}
+			if !ok {
+				continue
+			}
+			n++
+			if hs := 64 * (k + 1); e.hs != hs || e.wg != m.wg {
+				t.Errorf("mode %s: %s has head size %d and %d warpgroups in the .cu, the table %d and %d", m.mode, name,
+					e.hs, e.wg, hs, m.wg)
+			}
+		}
+	}
+	if n != len(ms) {
+		t.Errorf("flashattn_sm90.cu: %d F9_BWDFW entry points, fusedSM90Modes names %d of them", len(ms), n)
+	}
+	// The launch: the producer's warpgroup and the mbarriers' 64 bytes more.
+	for _, m := range fusedSM90Modes {
+		rows, threads, smem := m.shape(128)
+		wr, wt, ws := m.wg*flashRows, m.wg*flashThreads, sm90FusedSmem(128, m.wg, m.bulk, false)
+		if m.ws {
+			wt, ws = wt+flashThreads, ws+64
+		}
+		if rows != wr || threads != wt || smem != ws {
+			t.Errorf("mode %s: shape(128) = %d rows, %d threads, %d bytes; want %d, %d, %d", m.mode, rows, threads, smem,
+				wr, wt, ws)
+		}
+	}
+}

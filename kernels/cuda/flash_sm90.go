@@ -590,23 +590,24 @@ func (b *Backend) checkFlashBwdSM90() {
 // (flashBwdAuto). sm90f1b is sm90f with dQ by bulk reduction, three
 // blocks per SM at head size 64, where it ran at 0.92-1.05x the split
 // kernels' speed (T 1k-8k, attn_bwdpipe_h100.json) and is the default
-// above T 2048. Selected by SPILL_FLASH_BWD=sm90f, sm90f2, sm90f2b or
-// sm90f1b (or unset, at head size 128 above T 1024 and 64 above T 2048)
+// above T 2048. sm90f1w and sm90f2w are sm90f1b and sm90f2b
+// warp-specialised (flashattn_sm90.cu's WS): a producer warpgroup more per
+// block copies the K and V tiles once and every Q and dO tile by bulk
+// tensor copies through tensor maps of qkv and dout (encoded when the job
+// runs, as the forward's), stores the tiles' lse and D, and hands them
+// over through mbarriers, so that the warpgroups neither copy nor wait for
+// copies; off (errNoTensorMaps) in a build against CUDA 11 headers.
+// Selected by SPILL_FLASH_BWD=sm90f, sm90f2, sm90f2b, sm90f1b, sm90f1w or
+// sm90f2w (or unset, at head size 128 above T 1024 and 64 above T 2048)
 // at head sizes 64 and 128 on a device whose Hopper
 // module loaded and whose self-check of that mode at Open passed
 // (checkFlashBwdFusedSM90, Backend.flashBwdFusedSM90Err); elsewhere, and
 // for calls whose accumulator does not fit the scratch share, the default.
 
-// sm90FusedSmem is f9_bwd_smem<hs, true, wg, bulk>() of flashattn_sm90.cu:
-// the Hopper backward's shared memory with wg K and V tiles, wg 64x64 bf16
-// tiles of dSᵀ and with bulk the 64 x hs float32 tile of dQ.
-func sm90FusedSmem(hs, wg int, bulk bool) int {
-	n := (2*wg+4)*64*hs*2 + wg*64*64*2 + 4*64*4 + 1024
-	if bulk {
-		n += 64 * hs * 4
-	}
-	return n
-}
+// errNoTensorMaps is the self-check result of the kernels that copy by
+// bulk tensor copies in a build against CUDA headers older than 12.0,
+// which cannot encode their tensor maps.
+var errNoTensorMaps = errors.New("built against CUDA headers older than 12.0: no tensor maps")
 
 // sm90Fused sets f's fused kernel to the fused Hopper backward of head
 // size hs under mode (sm90f: one warpgroup and 64 keys per block, sm90f2:
@@ -628,8 +629,8 @@ func (b *Backend) sm90Fused(f *flashBwd, hs int, mode string) bool {
 	if !ok1 || !ok2 {
 		return false
 	}
-	f.fused, f.dq, f.fusedSM90 = fused, dq, mode
-	f.fusedSmem, f.fusedRows, f.fusedThreads = sm90FusedSmem(hs, m.wg, m.bulk), m.wg*flashRows, m.wg*flashThreads
+	f.fused, f.dq, f.fusedSM90, f.fusedWS = fused, dq, mode, m.ws
+	f.fusedRows, f.fusedThreads, f.fusedSmem = m.shape(hs)
 	return true
 }
 
@@ -659,6 +660,9 @@ func (b *Backend) checkFlashBwdFusedMode(mode string) error {
 				return b.flashSM90Err // the module did not load
 			}
 			return fmt.Errorf("kernel %s or flash_bwd_dq missing from the embedded PTX", name)
+		}
+		if f.fusedWS && buildCUDAVersion() < 12000 {
+			return errNoTensorMaps
 		}
 		if err := setMaxDynamicShared(f.fused, f.fusedSmem); err != nil {
 			return fmt.Errorf("%s: %d bytes of dynamic shared memory: %w", name, f.fusedSmem, err)

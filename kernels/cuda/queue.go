@@ -105,7 +105,7 @@ type job struct {
 	fn          kfunc
 	grid, block dim3
 	smem        uint32 // dynamic shared memory per block, bytes (withShared)
-	qkvMap      bool   // the last argument is a tensor map, encoded when the job runs (withQKVMap)
+	maps        uint8  // tensor maps in the last argument, encoded when the job runs (withTensorMaps)
 	args        [maxArgs]uint64
 	host        unsafe.Pointer
 	gemm        gemmCall
@@ -131,34 +131,46 @@ func (j job) withShared(n int) job {
 	return j
 }
 
-// withQKVMap appends to the launch the tensor map of packed qkv at x (w
-// bf16 columns, t rows, b batches; boxes of 64 columns by rows rows:
-// qkvTensorMap), a 128-byte argument passed by value: it fills the 16
-// slots from the next one (the driver reads the parameter's size from its
-// first). The map is encoded when the job runs, on the queue's goroutine,
-// where the context is current, as the driver's encoder needs (from any
-// other goroutine it reports CUDA_ERROR_INVALID_CONTEXT); until then the
-// slots hold x, w, t, b and rows.
-func (j job) withQKVMap(x cu.DevicePtr, w, t, b, rows int) job {
-	if int(j.n)+16 > maxArgs {
-		panic(fmt.Sprintf("kernels/cuda: %d kernel arguments and a tensor map, at most %d slots", j.n, maxArgs))
+// tensorMapOf describes the tensor map of a bf16 array at x: w columns, t
+// rows, b batches, copied in boxes of 64 columns by rows rows (tensorMap3).
+type tensorMapOf struct {
+	x             cu.DevicePtr
+	w, t, b, rows int
+}
+
+// withTensorMaps appends to the launch one argument of len(ms) tensor maps
+// (1 or 2: a kernel's f9_tmap, or f9_tmap2 of two), 128 bytes each, passed
+// by value: it fills 16 slots per map from the next one (the driver reads
+// the parameter's size from its first). The maps are encoded when the job
+// runs, on the queue's goroutine, where the context is current, as the
+// driver's encoder needs (from any other goroutine it reports
+// CUDA_ERROR_INVALID_CONTEXT); until then each map's slots hold x, w, t,
+// b and rows.
+func (j job) withTensorMaps(ms ...tensorMapOf) job {
+	if len(ms) == 0 || len(ms) > 2 || int(j.n)+16*len(ms) > maxArgs {
+		panic(fmt.Sprintf("kernels/cuda: %d kernel arguments and %d tensor maps, at most %d slots", j.n, len(ms), maxArgs))
 	}
-	j.args[j.n], j.args[j.n+1], j.args[j.n+2], j.args[j.n+3], j.args[j.n+4] = uint64(x), uint64(w), uint64(t),
-		uint64(b), uint64(rows)
+	for k, m := range ms {
+		a := j.args[int(j.n)+16*k:]
+		a[0], a[1], a[2], a[3], a[4] = uint64(m.x), uint64(m.w), uint64(m.t), uint64(m.b), uint64(m.rows)
+	}
 	j.n++
-	j.qkvMap = true
+	j.maps = uint8(len(ms))
 	return j
 }
 
-// encodeMap encodes the tensor map of a withQKVMap job in place.
-func (j *job) encodeMap() error {
-	i := int(j.n) - 1
-	a := j.args[i : i+5]
-	x, w, t, b, rows := cu.DevicePtr(a[0]), int(a[1]), int(a[2]), int(a[3]), int(a[4])
-	if err := qkvTensorMap((*[16]uint64)(j.args[i:i+16]), x, w, t, b, rows); err != nil {
-		return fmt.Errorf("tensor map of qkv (%d columns, %d rows, %d batches, boxes of %d rows): %w", w, t, b, rows, err)
+// encodeMaps encodes the tensor maps of a withTensorMaps job in place.
+func (j *job) encodeMaps() error {
+	for k := range int(j.maps) {
+		i := int(j.n) - 1 + 16*k
+		a := j.args[i : i+5]
+		x, w, t, b, rows := cu.DevicePtr(a[0]), int(a[1]), int(a[2]), int(a[3]), int(a[4])
+		if err := tensorMap3((*[16]uint64)(j.args[i:i+16]), x, w, t, b, rows); err != nil {
+			return fmt.Errorf("tensor map %d (%d columns, %d rows, %d batches, boxes of %d rows): %w", k, w, t, b, rows,
+				err)
+		}
 	}
-	j.qkvMap = false
+	j.maps = 0
 	return nil
 }
 
@@ -349,8 +361,8 @@ func (q *queue) exec(j *job) error {
 		if j.grid.x == 0 {
 			return nil
 		}
-		if j.qkvMap {
-			if err := j.encodeMap(); err != nil {
+		if j.maps != 0 {
+			if err := j.encodeMaps(); err != nil {
 				return err
 			}
 		}
@@ -574,8 +586,8 @@ func (j *job) launchOn(s cu.Stream) error {
 	if j.grid.x == 0 {
 		return nil
 	}
-	if j.qkvMap {
-		if err := j.encodeMap(); err != nil {
+	if j.maps != 0 {
+		if err := j.encodeMaps(); err != nil {
 			return err
 		}
 	}

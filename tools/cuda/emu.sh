@@ -22,6 +22,9 @@
 #   emu.sh sm90ws  only the forwards with a producer warpgroup (flash_fwd5:
 #                  mbarriers, bulk tensor copies), then their mutants
 #                  (also among emu.sh sm90's).
+#   emu.sh sm90bwdws only the fused backward with a producer warpgroup
+#                  (flash_bwd_fused1w, flash_bwd_fused2w), then their
+#                  mutants (also among emu.sh sm90's).
 #   emu.sh fwdmt   only the two-tile forwards at head size 128 (64 and 32
 #                  keys per tile);
 #   emu.sh bwdv    only the split backward's variants of flashattn.cu
@@ -77,6 +80,18 @@ ws_mutants=(
   "producer warpgroup, turns: warpgroup 0 not let go first|s/if (wgi == 1) f9_bar_arrive_id(2, 2 \* F9_THREADS);/;/"
   "producer warpgroup: K slot released before S is done|s/if (lane == 0) f9_mbar_arrive(\&kempty\[kc % D\]);/;/;s/if constexpr (DS) f9_mbar_wait(\&kfull/if constexpr (DS) { if (lane == 0) f9_mbar_arrive(\&kempty[kc % D]); } if constexpr (DS) f9_mbar_wait(\&kfull/"
 )
+# The mutants of the fused backward with a producer warpgroup
+# (flash_bwd_fused1w, flash_bwd_fused2w); emu.sh sm90 runs them too.
+bwd_ws_mutants=(
+  "producer warpgroup backward: a query slot refilled without waiting for it to be emptied|s/f9_mbar_wait(\&qempty\[slot\], ((it >> 1) \& 1) ^ 1);//"
+  "producer warpgroup backward: a tile's products issued without waiting for its copies|s/f9_mbar_wait(\&qfull\[buf\], (it >> 1) \& 1);  \/\/ tile it is in//"
+  "producer warpgroup backward: K and V used before their copies land|s/f9_mbar_wait(kvfull, 0);//"
+  "producer warpgroup backward: the full barriers expect the copies' arrival only|s/f9_mbar_init(\&qfull\[i\], 1 + F9_BK);/f9_mbar_init(\&qfull[i], 1);/"
+  "producer warpgroup backward: V copied from K's columns|s/(NH + NKV + kv) \* HS + 64 \* pp/(NH + kv) * HS + 64 * pp/"
+  "producer warpgroup backward: dO copied through qkv's map|s/tm + 1, h \* HS/tm, h * HS/"
+  "producer warpgroup backward: a query slot released before its tile's products are done|s/if (lane == 0) f9_mbar_arrive(\&qempty\[buf\]);/;/;s/f9_mbar_wait(\&qfull\[buf\], (it >> 1) \& 1);  \/\/ tile it is in/\&\nif (lane == 0) f9_mbar_arrive(\&qempty[buf]);/"
+  "producer warpgroup backward: the warpgroups' barrier without the fence of their dQ stores|/if constexpr (DQ) {$/{N;s/f9_fence_proxy();\n/\n/}"
+)
 if [ "${1:-}" = bwdv ]; then
   src=$root/kernels/cuda/kernels/flashattn.cu
   cp "$root/tools/cuda/emu/flashattn_emu.cpp" "$tmp/"
@@ -91,7 +106,7 @@ if [ "${1:-}" = bwdv ]; then
   run_mutants bwdv "$src" flashattn_body.inc flashattn_emu.cpp 'differs|bad [1-9]' env EMU_BWD_VARIANTS=1 "$tmp/mutant"
   exit
 fi
-if [ "${1:-}" = sm90bwd ] || [ "${1:-}" = sm90fwd4 ] || [ "${1:-}" = sm90ws ]; then
+if [ "${1:-}" = sm90bwd ] || [ "${1:-}" = sm90fwd4 ] || [ "${1:-}" = sm90ws ] || [ "${1:-}" = sm90bwdws ]; then
   src=$root/kernels/cuda/kernels/flashattn_sm90.cu
   cp "$root/tools/cuda/emu/flashattn_sm90_emu.cpp" "$tmp/"
   body "$src" >"$tmp/flashattn_sm90_body.inc"
@@ -104,6 +119,12 @@ if [ "${1:-}" = sm90bwd ] || [ "${1:-}" = sm90fwd4 ] || [ "${1:-}" = sm90ws ]; t
     echo "emu.sh sm90ws: the kernels passed; now their mutants, each of which must fail"
     mutants=("${ws_mutants[@]}")
     run_mutants sm90ws "$src" flashattn_sm90_body.inc flashattn_sm90_emu.cpp 'emulator:|bad [1-9]|out b|lse b' "$tmp/mutant" quick
+    ;;
+  sm90bwdws)
+    "$tmp/emu" bwdws
+    echo "emu.sh sm90bwdws: the kernels passed; now their mutants, each of which must fail"
+    mutants=("${bwd_ws_mutants[@]}")
+    run_mutants sm90bwdws "$src" flashattn_sm90_body.inc flashattn_sm90_emu.cpp 'emulator:|bad [1-9]|d[qkv] row' "$tmp/mutant" quick
     ;;
   esac
   exit
@@ -163,15 +184,15 @@ mutants=(
   "pipelined backward: the previous tile's dQ reads the current K tile|s/dq_issue(f9_smem(Kb + (buf ^ 1) \* TILE));/dq_issue(f9_smem(Kb + buf * TILE));/"
   "pipelined backward: the last tile's dQ left out|s/dq_issue(f9_smem(Kb + ((n - 1) \& 1) \* TILE));.*//"
   "fused backward: dS read K-major for dQ (imm-trans-a 0)|s/<1, 1>(dqa/<1, 0>(dqa/g"
-  "fused backward: no barrier after the dS tile is stored|s/__syncthreads();  \/\/ St is whole//"
+  "fused backward: no barrier after the dS tile is stored|s/csync();  \/\/ St is whole//"
   "fused backward: dS stored without the swizzle|s/((j ^ (t0 \& 7)) << 3)/(j << 3)/;s/((j ^ (t1 \& 7)) << 3)/(j << 3)/"
   "fused backward: dQ rows one off|s/qr0 = q0 + warp \* 16 + g, qr1/qr0 = q0 + warp * 16 + g + 1, qr1/"
   "fused backward, two warpgroups: dQ's second 32 dims not offset (head size 64)|s/: wg \* 64;/: 0;/"
   "fused backward, two warpgroups: dQ reads one warpgroup's dS twice|s/f9_ndesc(st + (kk >> 2) \* (F9_BK \* F9_BK \* 2), kk \& 3)/f9_ndesc(st, kk \& 3)/"
   "fused backward, bulk dQ: no wait for the reduction's reads|s/if (tid == 0) f9_bulk_wait_read();/;/"
-  "fused backward, bulk dQ: no barrier before the last reduction|s/__syncthreads();  \/\/ Dq holds the last tile's//"
+  "fused backward, bulk dQ: no barrier before the last reduction|s/csync();  \/\/ Dq holds the last tile's//"
   "fused backward, bulk dQ: stores not rotated back|s/const int col = 8 \* (j ^ (g \& 3));/const int col = 8 * j;/"
   "fused backward, bulk dQ: the reduction one tile late|s/if (tid == 0 \&\& it > 0) dq_reduce(it - 1);/if (tid == 0 \&\& it > 1) dq_reduce(it - 2);/"
 )
-mutants+=("${ws_mutants[@]}")
+mutants+=("${ws_mutants[@]}" "${bwd_ws_mutants[@]}")
 run_mutants sm90 "$src" flashattn_sm90_body.inc flashattn_sm90_emu.cpp 'emulator:|bad [1-9]|out b|lse b' "$tmp/mutant" quick

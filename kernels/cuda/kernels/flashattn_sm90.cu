@@ -209,7 +209,7 @@ __device__ __forceinline__ void f9_bulk_wait() { asm volatile("cp.async.bulk.wai
 
 // f9_tmap is a tensor map (CUtensorMap: 128 opaque bytes, 64-byte
 // aligned), encoded on the host by cuTensorMapEncodeTiled (cgo.go,
-// spill_tmap_qkv) and passed to a kernel by value as a __grid_constant__
+// spill_tmap3) and passed to a kernel by value as a __grid_constant__
 // parameter, so that its address is one the bulk tensor copies may name.
 struct __align__(64) f9_tmap {
     unsigned long long w[16];
@@ -1078,6 +1078,24 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
 // and thread 0 adds the whole tile to dq with one bulk reduction
 // (f9_bulk_red) after the next tile's first barrier; it waits for the
 // reduction's reads before the barrier that precedes the next stores.
+//
+// With WS (warp specialised, not with PIPE) the block has one more
+// warpgroup, after the WG others, which gives its registers to them
+// (setmaxnreg: 24 a thread against 232 with one, 240 with two). Its first
+// thread copies the block's K and V tiles once and then each query tile's
+// Q and dO on the bulk copy engine (f9_tma_load3 through the tensor maps
+// tm[0] of qkv and tm[1] of dout, boxes of 64 columns by 64 rows, rows
+// past T zero, straight into the swizzled layout), and its first 64
+// threads store the tile's lse (base 2, +inf past T) and D rows; the
+// others leave. Tile it goes into slot it % 2 once the slot's empty
+// barrier completed phase it/2 - 1 (every warp of the warpgroups arrived
+// on it after the tile's last product was done), and the full barrier's
+// phase it/2 completes with the copies' bytes and 65 arrivals (the
+// copying thread's expect_tx, and the 64 stores, released); the
+// warpgroups wait on it before the tile's first product. The K and V
+// tiles complete a barrier of their own once. The warpgroups meet no
+// barrier in the loop without DQ; with DQ their block barriers (St and Dq
+// whole) are f9_bar over the warpgroups only.
 template <int HS, bool DQ = false, int WG = 1, bool BULK = false>
 constexpr int f9_bwd_smem() {
     // WG K and V tiles, two Q and two dO tiles, + WG St with DQ, + Dq with
@@ -1085,13 +1103,21 @@ constexpr int f9_bwd_smem() {
     return (2 * WG + 4) * F9_BK * HS * 2 + (DQ ? WG * F9_BK * F9_BK * 2 : 0) + 4 * F9_BK * 4 +
            (BULK ? F9_BK * HS * 4 : 0) + 1024;
 }
+// f9_bwdws_smem is the WS kernels' shared memory: f9_bwd_smem's, then the
+// five mbarriers (64 bytes).
+template <int HS, bool DQ = false, int WG = 1, bool BULK = false>
+constexpr int f9_bwdws_smem() {
+    return f9_bwd_smem<HS, DQ, WG, BULK>() + 64;
+}
 
-template <int HS, bool PIPE, bool DQ = false, int WG = 1, bool BULK = false>
+template <int HS, bool PIPE, bool DQ = false, int WG = 1, bool BULK = false, bool WS = false>
 __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, const uint16_t* __restrict__ dout,
                                                   const uint16_t* __restrict__ qkv, const float* __restrict__ lse,
                                                   const float* __restrict__ Dd, int T, int NH, int NKV, float scale_log2,
-                                                  float scale, bool set, uint16_t* smem, float* __restrict__ dq = nullptr) {
+                                                  float scale, bool set, uint16_t* smem, float* __restrict__ dq = nullptr,
+                                                  const f9_tmap* tm = nullptr) {
     static_assert(!(PIPE && DQ), "the fused backward is not pipelined");
+    static_assert(!(PIPE && WS), "the warp-specialised backward is not pipelined");
     static_assert(WG == 1 || (WG == 2 && DQ), "two warpgroups only in the fused backward");
     static_assert(!BULK || DQ, "the bulk reduction is the fused backward's");
     constexpr int KD = HS / 16, NS = F9_BK / 2, NO = HS / 2, TILE = F9_BK * HS, NT = F9_THREADS * WG;
@@ -1105,6 +1131,10 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
     float* Lb = reinterpret_cast<float*>(St + (DQ ? WG * F9_BK * F9_BK : 0));
     float* Db = Lb + 2 * F9_BK;
     float* Dq = Db + 2 * F9_BK;  // with BULK, 1024-byte aligned
+    // WS: the full and empty barriers of the two query slots, the K and V tiles' barrier.
+    uint64_t* qfull = reinterpret_cast<uint64_t*>(Dq + (BULK ? F9_BK * HS : 0));
+    uint64_t* qempty = qfull + 2;
+    uint64_t* kvfull = qfull + 4;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int C = NH * HS, rep = NH / NKV;
     const int z = blockIdx.y, b = z / NKV, kv = z - b * NKV;  // one key/value head
@@ -1133,12 +1163,75 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
         f9_bulk_red(dq + (((i64)b * NH + h) * T + q0) * HS, f9_smem(Dq), min(F9_BK, T - q0) * HS * 4);
         f9_bulk_commit();
     };
+    // csync: the warpgroups' block barrier (with WS, f9_bar over them only).
+    auto csync = [&] {
+        if constexpr (WS)
+            f9_bar<NT>();
+        else
+            __syncthreads();
+    };
+    if constexpr (WS) {
+        if (tid == 0) {
+#pragma unroll 1
+            for (int i = 0; i < 2; i++) {
+                f9_mbar_init(&qfull[i], 1 + F9_BK);
+                f9_mbar_init(&qempty[i], 4 * WG);
+            }
+            f9_mbar_init(kvfull, 1);
+            f9_mbar_init_fence();
+        }
+        __syncthreads();  // the barriers are initialised
+        if (tid >= NT) {  // the producer warpgroup
+            f9_setmaxnreg_dec<24>();
+            const int p = tid - NT;
+            if (p >= F9_BK) return;
+            if (p == 0) {
+                f9_mbar_expect_tx(kvfull, 2 * WG * TILE * 2);
+#pragma unroll 1
+                for (int w = 0; w < WG; w++)
 #pragma unroll
-    for (int w = 0; w < WG; w++) {
-        f9_load_tile_sw<HS, NT>(Ks + w * TILE, kbase, W, k0 + w * F9_BK, T);
-        f9_load_tile_sw<HS, NT>(Vs + w * TILE, vbase, W, k0 + w * F9_BK, T);
+                    for (int pp = 0; pp < HS / 64; pp++) {
+                        f9_tma_load3(Ks + w * TILE + pp * F9_BK * 64, tm, (NH + kv) * HS + 64 * pp, k0 + w * F9_BK, b,
+                                     kvfull);
+                        f9_tma_load3(Vs + w * TILE + pp * F9_BK * 64, tm, (NH + NKV + kv) * HS + 64 * pp,
+                                     k0 + w * F9_BK, b, kvfull);
+                    }
+            }
+#pragma unroll 1
+            for (int it = 0; it < nit; it++) {
+                const int slot = it & 1, h = kv * rep + it / nt, q0 = k0 + (it % nt) * F9_BK;
+                f9_mbar_wait(&qempty[slot], ((it >> 1) & 1) ^ 1);  // tile it - 2 is done with
+                if (p == 0) {
+                    f9_mbar_expect_tx(&qfull[slot], 2 * TILE * 2);
+#pragma unroll
+                    for (int pp = 0; pp < HS / 64; pp++) {
+                        f9_tma_load3(Qb + slot * TILE + pp * F9_BK * 64, tm, h * HS + 64 * pp, q0, b, &qfull[slot]);
+                        f9_tma_load3(Gb + slot * TILE + pp * F9_BK * 64, tm + 1, h * HS + 64 * pp, q0, b,
+                                     &qfull[slot]);
+                    }
+                }
+                const int q = q0 + p;
+                const i64 r = ((i64)b * NH + h) * T + q;
+                Lb[slot * F9_BK + p] = q < T ? lse[r] * F9_LOG2E : INFINITY;
+                Db[slot * F9_BK + p] = q < T ? Dd[r] : 0.f;
+                f9_mbar_arrive(&qfull[slot]);
+            }
+            // Every slot filled is emptied before the copying thread leaves.
+            if (p == 0)
+#pragma unroll 1
+                for (int i = max(nit - 2, 0); i < nit; i++) f9_mbar_wait(&qempty[i & 1], (i >> 1) & 1);
+            return;
+        }
+        f9_setmaxnreg_inc<WG == 2 ? 240 : 232>();
+        f9_mbar_wait(kvfull, 0);
+    } else {
+#pragma unroll
+        for (int w = 0; w < WG; w++) {
+            f9_load_tile_sw<HS, NT>(Ks + w * TILE, kbase, W, k0 + w * F9_BK, T);
+            f9_load_tile_sw<HS, NT>(Vs + w * TILE, vbase, W, k0 + w * F9_BK, T);
+        }
+        ld_q(0, 0);  // commits K and V with the first tile
     }
-    ld_q(0, 0);  // commits K and V with the first tile
     float dk[NO], dv[NO], s[NS], dp[NS];
 #pragma unroll
     for (int i = 0; i < NO; i++) dk[i] = dv[i] = 0.f;
@@ -1182,10 +1275,18 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
         const uint32_t qs = f9_smem(Qb + buf * TILE), gs = f9_smem(Gb + buf * TILE);
         const float* Ls = Lb + buf * F9_BK;
         const float* Ds = Db + buf * F9_BK;
-        fa_cp_wait();
-        f9_fence_proxy();
-        __syncthreads();  // tile it is in; without PIPE, every product of tile it-1 is done
-        if (!PIPE && it + 1 < nit) ld_q(it + 1, buf ^ 1);
+        if constexpr (WS) {
+            if constexpr (DQ) {
+                f9_fence_proxy();
+                csync();  // every product of tile it-1 is done, Dq whole
+            }
+            f9_mbar_wait(&qfull[buf], (it >> 1) & 1);  // tile it is in
+        } else {
+            fa_cp_wait();
+            f9_fence_proxy();
+            __syncthreads();  // tile it is in; without PIPE, every product of tile it-1 is done
+            if (!PIPE && it + 1 < nit) ld_q(it + 1, buf ^ 1);
+        }
         if constexpr (BULK)
             if (tid == 0 && it > 0) dq_reduce(it - 1);  // Dq holds tile it-1's, fenced before that barrier
         f9_wg_fence();
@@ -1270,7 +1371,7 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             f9_fence_proxy();
             if constexpr (BULK)
                 if (tid == 0) f9_bulk_wait_read();  // the previous tile's reduction is past Dq
-            __syncthreads();  // St is whole
+            csync();  // St is whole
         }
         // dV += Pᵀ·dO, dK += dSᵀ·Q (with PIPE in the next call, or after the
         // loop).
@@ -1311,6 +1412,8 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
         f9_wg_wait();
         f9_regs<NO>(dv);
         f9_regs<NO>(dk);
+        if constexpr (WS)  // every product of tile it is done: its slot is free
+            if (lane == 0) f9_mbar_arrive(&qempty[buf]);
         if constexpr (BULK) {
             f9_regs<NQ>(dqa);
             // Eight-column group j of rows r and r + 8 (dqa[4j..4j+3]) at
@@ -1370,7 +1473,7 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
     }
     if constexpr (BULK) {
         f9_fence_proxy();
-        __syncthreads();  // Dq holds the last tile's
+        csync();  // Dq holds the last tile's
         if (tid == 0) {
             dq_reduce(nit - 1);
             f9_bulk_wait();
@@ -1647,7 +1750,7 @@ F9_FWD4(flash_fwd4p_sm90_bf16_hs128, 128, 2, F9_FWD4_D128, true)
 // K and V tiles on the bulk copy engine through the tensor map tm of qkv
 // (the 3-D tensor of (NH + 2·NKV)·hs columns, T rows and B batches, boxes
 // of 64 columns and BK rows in the 128-byte swizzle: cgo.go's
-// spill_tmap_qkv) and handing them over through mbarriers: (WG + 1)·128
+// spill_tmap3) and handing them over through mbarriers: (WG + 1)·128
 // threads, f9_fwdws_smem<HS, D, BK>() bytes of dynamic shared memory, one
 // block per SM, grid (ceil(T/(64·WG)) or fewer, B·NH). flash_fwd5: two
 // warpgroups, 128-key tiles (rings of 4 at head size 64, 3 at 128);
@@ -1737,3 +1840,34 @@ F9_BWDF2(flash_bwd_fused2_sm90_bf16_hs64, 64, false)
 F9_BWDF2(flash_bwd_fused2_sm90_bf16_hs128, 128, false)
 F9_BWDF2(flash_bwd_fused2b_sm90_bf16_hs64, 64, true)
 F9_BWDF2(flash_bwd_fused2b_sm90_bf16_hs128, 128, true)
+
+// flash_bwd_fused1w_sm90_* and flash_bwd_fused2w_sm90_*: flash_bwd_fused1b
+// and flash_bwd_fused2b warp-specialised (WS): a producer warpgroup after
+// the WG others copies the K, V, Q and dO tiles by bulk tensor copies
+// through the tensor maps tm.m[0] of qkv (the 3-D tensor of (NH + 2·NKV)·hs
+// columns, T rows and B batches) and tm.m[1] of dout (NH·hs columns),
+// boxes of 64 columns by 64 rows in the 128-byte swizzle (cgo.go's
+// spill_tmap3), and stores lse and D, handing each tile over through
+// mbarriers: (WG + 1)·128 threads, f9_bwdws_smem<HS, true, WG, true>()
+// bytes of dynamic shared memory, grid (ceil(T/(64·WG)), B·NKV); the same
+// arguments and contract as the fused kernels otherwise. The one-warpgroup
+// kernels are bounded for two blocks of 256 threads per SM (128 registers
+// at launch, the whole of what setmaxnreg hands out: 24 + 232; at head
+// size 128 the shared memory fits one); the two-warpgroup ones take 168
+// at launch (24 + 2·240). flash_modes.go's fusedSM90Modes lists them.
+struct __align__(64) f9_tmap2 {
+    f9_tmap m[2];
+};
+#define F9_BWDFW(NAME, HS, WG, MINB) \
+    extern "C" __global__ void __launch_bounds__((WG + 1) * F9_THREADS, MINB) \
+        NAME(void* dqkv, float* dq, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH, \
+             int NKV, float scale_log2, float scale, int set, const __grid_constant__ f9_tmap2 tm) { \
+        extern __shared__ __align__(1024) uint16_t f9_dynb[]; \
+        flash_bwd_kv_sm90<HS, false, true, WG, true, true>((uint16_t*)dqkv, (const uint16_t*)dout, \
+                                                           (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, \
+                                                           scale, set != 0, f9_dynb, dq, tm.m); \
+    }
+F9_BWDFW(flash_bwd_fused1w_sm90_bf16_hs64, 64, 1, 2)
+F9_BWDFW(flash_bwd_fused1w_sm90_bf16_hs128, 128, 1, 2)
+F9_BWDFW(flash_bwd_fused2w_sm90_bf16_hs64, 64, 2, 1)
+F9_BWDFW(flash_bwd_fused2w_sm90_bf16_hs128, 128, 2, 1)

@@ -111,9 +111,18 @@ uint8_t* smemBase;   // the shared window of the running block
 size_t smemSize;
 thread_local int nsync;  // __syncthreads passed by this thread
 static void __syncthreads() { blockBar->arrive_and_wait(); nsync++; }
-// f9_bar<N>: a named barrier over the whole block (the kernels pass N = the
-// block's threads); the same count of barriers as __syncthreads.
-template <int N> static void f9_bar() { __syncthreads(); }
+// f9_bar<N>: named barrier 1 over the whole block (N = the block's
+// threads), the same count of barriers as __syncthreads; or, in a block
+// with a producer warpgroup, over the others (N = their threads, consBar),
+// counted as a barrier by those that meet it.
+int blockThreads, consThreads;
+std::barrier<>* consBar;
+template <int N> static void f9_bar() {
+  if (N == blockThreads) { __syncthreads(); return; }
+  if (N != consThreads || !consBar) die("f9_bar: thread count neither the block's nor its warpgroups' before the producer");
+  consBar->arrive_and_wait();
+  nsync++;
+}
 // Named barriers 2 and up (f9_bar_sync_id, f9_bar_arrive_id): n arrivals
 // complete a phase; bar.sync waits for its phase to complete, bar.arrive
 // does not. A phase that does not complete in 30 s aborts (a deadlock).
@@ -477,7 +486,10 @@ template <class F> void run_grid(int WG, size_t smem, F kernel, int extra = 0) {
       mbars.assign(smem / 8, MBar{});
       for (auto& nb : namedBar) nb = NamedBar{};
       chunkTma.assign(smem / 16, {-1, 0});
-      std::barrier<> bb(NT);
+      std::barrier<> bb(NT), cb(128 * WG);
+      blockThreads = NT;
+      consThreads = 128 * WG;
+      consBar = extra ? &cb : nullptr;
       std::vector<std::unique_ptr<std::barrier<>>> wb, wgb;
       for (int w = 0; w < NT / 32; w++) { wb.emplace_back(new std::barrier<>(32)); warpBar[w] = wb.back().get(); }
       for (int w = 0; w < WG; w++) { wgb.emplace_back(new std::barrier<>(128)); wgBar[w] = wgb.back().get(); }
@@ -564,7 +576,10 @@ template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = f
 // float32 dq started at zero, then dqkv's query columns from it as
 // flash_bwd_dq writes them (scale, one rounding); WG 2: two warpgroups,
 // 128 keys per block; BULK: dQ by bulk reductions.
-template <int HS, bool PIPE, bool FUSED = false, int WG = 1, bool BULK = false> void run_bwd(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0, bool set = false) {
+// WS (with FUSED and BULK): the warp-specialised kernel, a producer
+// warpgroup copying the tiles through tensor maps of qkv and dout.
+template <int HS, bool PIPE, bool FUSED = false, int WG = 1, bool BULK = false, bool WS = false> void run_bwd(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0, bool set = false) {
+  static_assert(!WS || (FUSED && BULK), "run_bwd: the warp-specialised backward is the fused one with bulk dQ");
   if (NKV == 0) NKV = NH;
   const int C = NH * HS, rep = NH / NKV;
   const size_t W = (size_t)(NH + 2 * NKV) * HS;
@@ -605,7 +620,12 @@ template <int HS, bool PIPE, bool FUSED = false, int WG = 1, bool BULK = false> 
   if constexpr (FUSED) {
     std::vector<float> dq((size_t)B * NH * T * HS, 0.f);
     gridDim = {(T + 64 * WG - 1) / (64 * WG), B * NKV};
-    run_grid(WG, f9_bwd_smem<HS, true, WG, BULK>(), [&] { flash_bwd_kv_sm90<HS, false, true, WG, BULK>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase, dq.data()); });
+    // The tensor maps of the WS kernel (spill_tmap3's): qkv as (W columns,
+    // T rows, B batches) and dout as (C, T, B), boxes of 64 by 64.
+    const f9_tmap tm[2] = {{qkv.data(), {(i64)W, T, B}, {(i64)W, (i64)T * (i64)W}, {64, 64}},
+                           {dout.data(), {(i64)C, T, B}, {(i64)C, (i64)T * (i64)C}, {64, 64}}};
+    const size_t smem = WS ? (size_t)f9_bwdws_smem<HS, true, WG, BULK>() : (size_t)f9_bwd_smem<HS, true, WG, BULK>();
+    run_grid(WG, smem, [&] { flash_bwd_kv_sm90<HS, false, true, WG, BULK, WS>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase, dq.data(), tm); }, WS ? 128 : 0);
     for (int b = 0; b < B; b++) for (int t = 0; t < T; t++) for (int h = 0; h < NH; h++) for (int d = 0; d < HS; d += 2) {
       const float* q = &dq[(((size_t)b * NH + h) * T + t) * HS + d];
       fa_acc2(&dqkv[((size_t)b * T + t) * W + (size_t)h * HS + d], scale * q[0], scale * q[1], set);
@@ -626,7 +646,7 @@ template <int HS, bool PIPE, bool FUSED = false, int WG = 1, bool BULK = false> 
     worst = std::max(worst, e / tol);
     if (!(e <= tol) && bad++ < 5) printf("%s row %zu col %zu: %g vs %g\n", part[which], i / W, col, g, w);
   }
-  printf("sm90 bwd%s HS%d B%d T%d NH%d NKV%d%s: worst err/tol %.3f, bad %d\n", FUSED ? (BULK ? (WG == 2 ? " (fused, two warpgroups, bulk dQ)" : " (fused, bulk dQ)") : WG == 2 ? " (fused, two warpgroups)" : " (fused)") : PIPE ? " (pipelined)" : "", HS, B, T, NH, NKV, set ? " set" : "", worst, bad);
+  printf("sm90 bwd%s%s HS%d B%d T%d NH%d NKV%d%s: worst err/tol %.3f, bad %d\n", WS ? " producer warpgroup" : "", FUSED ? (BULK ? (WG == 2 ? " (fused, two warpgroups, bulk dQ)" : " (fused, bulk dQ)") : WG == 2 ? " (fused, two warpgroups)" : " (fused)") : PIPE ? " (pipelined)" : "", HS, B, T, NH, NKV, set ? " set" : "", worst, bad);
 }
 
 int main(int argc, char** argv) {
@@ -635,6 +655,7 @@ int main(int argc, char** argv) {
   const bool bwdOnly = argc > 1 && !strcmp(argv[1], "bwd");  // emu.sh sm90bwd: the backward only
   const bool fwd4Only = argc > 1 && !strcmp(argv[1], "fwd4");  // emu.sh sm90fwd4: the 128-key forwards only
   const bool wsOnly = argc > 1 && !strcmp(argv[1], "ws");  // emu.sh sm90ws: the forwards with a producer warp only
+  const bool bwdWSOnly = argc > 1 && !strcmp(argv[1], "bwdws");  // emu.sh sm90bwdws: the backward with a producer warpgroup only
   if (quick) {
     run<64>(1, 130, 2, 1, bad, 1);
     run<128>(1, 65, 1, 2, bad);
@@ -663,10 +684,22 @@ int main(int argc, char** argv) {
     run_bwd<64, false, true, 2, true>(1, 200, 2, 19, bad, 1);
     run_bwd<128, false, true, 2, true>(1, 130, 2, 20, bad, 0, true);
     run_bwd<64, false, true, 1, true>(1, 130, 2, 23, bad, 1);
+    run_bwd<64, false, true, 1, true, true>(1, 200, 2, 28, bad, 1);       // producer warpgroup
+    run_bwd<128, false, true, 2, true, true>(1, 200, 2, 29, bad, 0, true);  // producer warpgroup, two warpgroups
     return bad != 0;
   }
   const int Ts[] = {1, 63, 64, 65, 200, 300, 600};
   unsigned seed = 100;
+  // The fused backward with a producer warpgroup (flash_bwd_fused1w and
+  // flash_bwd_fused2w kernels: mbarriers, bulk tensor copies).
+  for (int T : wsOnly || fwd4Only ? std::vector<int>{} : std::vector<int>{1, 63, 64, 65, 127, 129, 200, 300}) {
+    run_bwd<64, false, true, 1, true, true>(T < 100 ? 2 : 1, T, 2, seed++, bad);  // multi-head
+    run_bwd<64, false, true, 1, true, true>(1, T, 4, seed++, bad, 2, true);       // groups of 2, written over
+    run_bwd<128, false, true, 1, true, true>(1, T, 3, seed++, bad, 1);            // multi-query
+    run_bwd<64, false, true, 2, true, true>(1, T, 4, seed++, bad, 2);             // two warpgroups, groups of 2
+    run_bwd<128, false, true, 2, true, true>(T < 100 ? 2 : 1, T, 2, seed++, bad, 0, true);  // multi-head, written over
+  }
+  if (bwdWSOnly) return bad != 0;
   // The forwards with a producer warp (flash_fwd5 kernels), one block a
   // query block and persistent.
   const int T5[] = {1, 64, 100, 128, 129, 193, 257, 450, 700};
