@@ -64,7 +64,7 @@ func flashName(hs int) string {
 // (tools/bench/results/kernels_h200_e4475bd.json).
 const flashFwd2Name = "flash_fwd2_bf16_hs64"
 
-var flashFwd2 = os.Getenv("SPILL_FLASH_FWD") != "1"
+var flashFwd2 = flashFwdEnv != "1"
 
 // flashFwd2x128 is the two-tile forward at head size 128 that
 // AttentionForward takes: flash_fwd2k32_bf16_hs128 (32 keys per tile, the

@@ -112,12 +112,12 @@ func sm90wsSel(hs int) (sm90wsKernel, bool) {
 	return sm90wsOf(hs, v)
 }
 
-var flashSM90 = os.Getenv("SPILL_FLASH_FWD") == "sm90" || os.Getenv("SPILL_FLASH_FWD") == "sm90x1" || flashSM90p
+var flashSM90 = flashFwdEnv == "sm90" || flashFwdEnv == "sm90x1" || flashSM90p
 
 // flashSM90p selects the pipelined Hopper kernels (the default:
 // SPILL_FLASH_FWD unset or sm90p, or sm90px1 for their 64-row versions,
 // flashSM90x2 cleared).
-var flashSM90p = flashSM90pOf(os.Getenv("SPILL_FLASH_FWD"))
+var flashSM90p = flashSM90pOf(flashFwdEnv)
 
 // flashSM90pOf reports whether SPILL_FLASH_FWD=v selects the pipelined
 // Hopper forward.
@@ -152,7 +152,7 @@ var flashTMA sync.Map
 // flash_fwd3 at T 1024-8192; at head size 64 every flash_fwd4 kernel ran
 // slower (0.83-0.91x lockstep, 0.63-0.82x three warpgroups, which spill).
 var flashSM90p4 = map[string]int{"sm90p3": sm90p4None, "sm90p4": sm90p4Pair,
-	"sm90p4x": sm90p4Wide}[os.Getenv("SPILL_FLASH_FWD")]
+	"sm90p4x": sm90p4Wide}[flashFwdEnv]
 
 // sm90p4Sel is flashSM90p4 at head size hs, sm90p4Auto resolved.
 func sm90p4Sel(hs int) int {
@@ -186,7 +186,7 @@ func flashSM90px1Name(hs int) string {
 // flashSM90x2 selects the Hopper kernels with flashRows2 (128) query rows
 // per block (SPILL_FLASH_FWD=sm90 or sm90p; sm90x1 or sm90px1 at start-up
 // clears it).
-var flashSM90x2 = os.Getenv("SPILL_FLASH_FWD") != "sm90x1" && os.Getenv("SPILL_FLASH_FWD") != "sm90px1"
+var flashSM90x2 = flashFwdEnv != "sm90x1" && flashFwdEnv != "sm90px1"
 
 // flashSM90x2Name is the Hopper forward of head size hs with 128 query rows
 // per block.
