@@ -64,6 +64,10 @@ type Backend struct {
 	// flashBwdSM90Err is the same for the Hopper backward (flash_sm90.go);
 	// without it the modes sm90 (the default) and sm90p take split-smem.
 	flashBwdSM90Err error
+	// flashBwdSM90WErr is the same for sm90w, the Hopper split backward
+	// with its dK, dV kernel warp-specialised (apart, so that its failure
+	// leaves sm90 and sm90p on).
+	flashBwdSM90WErr error
 	// flashBwdFusedSM90Err is the same for each mode of the fused Hopper
 	// backward (sm90f, sm90f2, sm90f2b: flash_sm90.go), set for every one
 	// at Open; a mode whose check failed takes the default.

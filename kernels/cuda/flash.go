@@ -375,6 +375,9 @@ var flashBwdMode = flashBwdModeOf(os.Getenv("SPILL_FLASH_BWD"))
 
 // variantErr is the self-check result that gates the split variant v.
 func (b *Backend) variantErr(v flashBwdVariant) error {
+	if v.mode == flashBwdSM90W {
+		return b.flashBwdSM90WErr
+	}
 	if isFlashBwdSM90(v.mode) {
 		return b.flashBwdSM90Err
 	}
@@ -427,6 +430,8 @@ type flashBwdVariant struct {
 	mode                         string
 	rows, threads, smemKV, smemQ int
 	kvName, qName                string
+	kvThreads                    int  // the dK, dV kernel's threads when not threads (a producer warpgroup more)
+	kvWS                         bool // the dK, dV kernel takes the tensor maps of qkv and dout
 }
 
 // flashBwdVariantOf describes split-smem's kernels of head size hs
@@ -555,10 +560,18 @@ func flashBwdSplitJobs(prep kfunc, v flashBwdVariant, dqkv, dout, qkv, out, lse,
 	set bool) [3]job {
 	nx := (T + v.rows - 1) / v.rows
 	scale, rscale := aF32(flashScale(hs)), aF32(float32(1/math.Sqrt(float64(hs))))
+	kvThreads := v.threads
+	if v.kvThreads != 0 {
+		kvThreads = v.kvThreads
+	}
+	kj := launchJob(v.kv, dim3{x: nx, y: B * NKV}, dim3{x: kvThreads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse),
+		aPtr(D), aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))).withShared(v.smemKV)
+	if v.kvWS {
+		kj = kj.withTensorMaps(tensorMapOf{qkv, (NH + 2*NKV) * hs, T, B, flashRows}, tensorMapOf{dout, NH * hs, T, B, flashRows})
+	}
 	return [3]job{
 		prepJob(prep, D, dout, out, 0, B, T, NH, hs),
-		launchJob(v.kv, dim3{x: nx, y: B * NKV}, dim3{x: v.threads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
-			aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))).withShared(v.smemKV),
+		kj,
 		launchJob(v.q, dim3{x: nx, y: B * NH}, dim3{x: v.threads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
 			aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))).withShared(v.smemQ),
 	}

@@ -19,6 +19,7 @@ const (
 	flashBwdSplitSM     = "split-smem"
 	flashBwdSM90        = "sm90"
 	flashBwdSM90P       = "sm90p"
+	flashBwdSM90W       = "sm90w"
 	flashBwdFusedSM90   = "sm90f"
 	flashBwdFused2SM90  = "sm90f2"
 	flashBwdFused2BSM90 = "sm90f2b"
@@ -31,7 +32,7 @@ const (
 // names one, flashBwdAuto otherwise.
 func flashBwdModeOf(v string) string {
 	switch v {
-	case flashBwdFused, flashBwdSplit, flashBwdSplitSM, flashBwdSM90, flashBwdSM90P:
+	case flashBwdFused, flashBwdSplit, flashBwdSplitSM, flashBwdSM90, flashBwdSM90P, flashBwdSM90W:
 		return v
 	}
 	if isFusedSM90(v) {
@@ -77,8 +78,11 @@ const (
 // Hopper one (which falls back to split-smem where it has no kernels).
 func isFlashBwdVariant(mode string) bool { return mode == flashBwdSplitSM || isFlashBwdSM90(mode) }
 
-// isFlashBwdSM90 says mode is a Hopper backward.
-func isFlashBwdSM90(mode string) bool { return mode == flashBwdSM90 || mode == flashBwdSM90P }
+// isFlashBwdSM90 says mode is a Hopper split backward (sm90w: sm90 with
+// the dK, dV kernel warp-specialised).
+func isFlashBwdSM90(mode string) bool {
+	return mode == flashBwdSM90 || mode == flashBwdSM90P || mode == flashBwdSM90W
+}
 
 // fusedSM90Mode is one mode of the fused Hopper backward: the shape of its
 // kernels, which f9_bwd_smem and the kernels' template arguments in

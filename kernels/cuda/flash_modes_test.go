@@ -7,7 +7,7 @@ func TestFlashBwdModeOf(t *testing.T) {
 	for in, want := range map[string]string{"": flashBwdAuto, "auto": flashBwdAuto, "fused": flashBwdFused, "split": flashBwdSplit,
 		"sm90": flashBwdSM90, "sm90p": flashBwdSM90P, "sm90x": flashBwdAuto, "sm90f": flashBwdFusedSM90,
 		"sm90f2": flashBwdFused2SM90, "sm90f2b": flashBwdFused2BSM90, "sm90f1b": flashBwdFused1BSM90,
-		"sm90f1w": flashBwdFused1WSM90, "sm90f2w": flashBwdFused2WSM90, "sm90f1ws": flashBwdAuto,
+		"sm90w": flashBwdSM90W, "sm90f1w": flashBwdFused1WSM90, "sm90f2w": flashBwdFused2WSM90, "sm90f1ws": flashBwdAuto,
 		"fused-bq32": flashBwdAuto, "nonsense": flashBwdAuto, "split-smem": flashBwdSplitSM, "split-w8": flashBwdAuto} {
 		if got := flashBwdModeOf(in); got != want {
 			t.Errorf("flashBwdModeOf(%q) = %q, want %q", in, got, want)

@@ -496,6 +496,10 @@ func sm90BwdSmem(hs int) int { return 6*64*hs*2 + 4*64*4 + 1024 }
 // under mode; constants, so that a call formats nothing.
 func sm90BwdNames(hs int, mode string) (kv, q string) {
 	switch {
+	case hs == 64 && mode == flashBwdSM90W:
+		return "flash_bwd_kvw_sm90_bf16_hs64", "flash_bwd_q_sm90_bf16_hs64"
+	case mode == flashBwdSM90W:
+		return "flash_bwd_kvw_sm90_bf16_hs128", "flash_bwd_q_sm90_bf16_hs128"
 	case hs == 64 && mode == flashBwdSM90:
 		return "flash_bwd_kv_sm90_bf16_hs64", "flash_bwd_q_sm90_bf16_hs64"
 	case hs == 64:
@@ -520,53 +524,64 @@ func (b *Backend) sm90BwdVariant(hs int, mode string) (flashBwdVariant, bool) {
 		return flashBwdVariant{}, false
 	}
 	smem := sm90BwdSmem(hs)
-	return flashBwdVariant{kv: kv, q: q, mode: mode, rows: flashRows, threads: flashThreads, smemKV: smem, smemQ: smem,
-		kvName: kvName, qName: qName}, true
+	v := flashBwdVariant{kv: kv, q: q, mode: mode, rows: flashRows, threads: flashThreads, smemKV: smem, smemQ: smem,
+		kvName: kvName, qName: qName}
+	if mode == flashBwdSM90W { // f9_bwdws_smem: the mbarriers after f9_bwd_smem's
+		v.smemKV, v.kvThreads, v.kvWS = smem+64, 2*flashThreads, true
+	}
+	return v, true
 }
 
 // checkFlashBwdSM90 allows each Hopper backward kernel its dynamic shared
 // memory and checks it beside the row-wise kernels (checkFlashBwdShape) at
 // T 80 and 200 (partial tiles, several blocks), and sets
-// b.flashBwdSM90Err when one is missing or fails: the flash backward's or
-// the Hopper module's error when those are off. Called on a context
-// goroutine at Open after checkFlashBwd.
+// b.flashBwdSM90Err when one of sm90 and sm90p is missing or fails, and
+// b.flashBwdSM90WErr for sm90w: the flash backward's or the Hopper
+// module's error when those are off. Called on a context goroutine at
+// Open after checkFlashBwd.
 func (b *Backend) checkFlashBwdSM90() {
+	b.flashBwdSM90Err = b.checkSM90BwdMode(flashBwdSM90)
+	if b.flashBwdSM90Err == nil {
+		b.flashBwdSM90Err = b.checkSM90BwdMode(flashBwdSM90P)
+	}
+	b.flashBwdSM90WErr = b.checkSM90BwdMode(flashBwdSM90W)
+}
+
+// checkSM90BwdMode is checkFlashBwdSM90's check of one mode.
+func (b *Backend) checkSM90BwdMode(mode string) error {
 	if b.flashBwdErr != nil {
-		b.flashBwdSM90Err = b.flashBwdErr
-		return
+		return b.flashBwdErr
 	}
 	prep := b.fns["flash_bwd_prep"]
-	for _, mode := range []string{flashBwdSM90, flashBwdSM90P} {
-		for _, hs := range []int{64, 128} {
-			v, ok := b.sm90BwdVariant(hs, mode)
-			if !ok {
-				kv, q := sm90BwdNames(hs, mode)
-				b.flashBwdSM90Err = fmt.Errorf("kernel %s or %s missing from the embedded PTX", kv, q)
-				if b.flashSM90Err != nil {
-					b.flashBwdSM90Err = b.flashSM90Err // the module did not load
-				}
-				return
+	for _, hs := range []int{64, 128} {
+		v, ok := b.sm90BwdVariant(hs, mode)
+		if !ok {
+			if b.flashSM90Err != nil {
+				return b.flashSM90Err // the module did not load
 			}
-			for _, k := range []struct {
-				fn   kfunc
-				name string
-				smem int
-			}{{v.kv, v.kvName, v.smemKV}, {v.q, v.qName, v.smemQ}} {
-				if err := setMaxDynamicShared(k.fn, k.smem); err != nil {
-					b.flashBwdSM90Err = fmt.Errorf("%s: %d bytes of dynamic shared memory: %w", k.name, k.smem, err)
-					return
-				}
+			kv, q := sm90BwdNames(hs, mode)
+			return fmt.Errorf("kernel %s or %s missing from the embedded PTX", kv, q)
+		}
+		if v.kvWS && buildCUDAVersion() < 12000 {
+			return errNoTensorMaps
+		}
+		for _, k := range []struct {
+			fn   kfunc
+			name string
+			smem int
+		}{{v.kv, v.kvName, v.smemKV}, {v.q, v.qName, v.smemQ}} {
+			if err := setMaxDynamicShared(k.fn, k.smem); err != nil {
+				return fmt.Errorf("%s: %d bytes of dynamic shared memory: %w", k.name, k.smem, err)
 			}
-			const B, NH = 2, 2
-			for _, T := range []int{80, 200} {
-				if err := b.checkFlashBwdShape(flashBwd{prep: prep, v: v}, false, B, T, NH*hs, NH); err != nil {
-					b.flashBwdSM90Err = fmt.Errorf("%s, %s self-check (B%d T%d C%d NH%d): %w", v.kvName, v.qName, B, T,
-						NH*hs, NH, err)
-					return
-				}
+		}
+		const B, NH = 2, 2
+		for _, T := range []int{80, 200} {
+			if err := b.checkFlashBwdShape(flashBwd{prep: prep, v: v}, false, B, T, NH*hs, NH); err != nil {
+				return fmt.Errorf("%s, %s self-check (B%d T%d C%d NH%d): %w", v.kvName, v.qName, B, T, NH*hs, NH, err)
 			}
 		}
 	}
+	return nil
 }
 
 // The fused Hopper backward (flashattn_sm90.cu: flash_bwd_fused_sm90_*,

@@ -45,6 +45,14 @@ func TestFlashBwdFused(t *testing.T) {
 	default:
 		modes = append(modes, flashBwdSM90, flashBwdSM90P)
 	}
+	switch err := be.flashBwdSM90WErr; {
+	case errors.Is(err, errNoSM90), errors.Is(err, errNoTensorMaps):
+		t.Logf("Hopper backward %s not checked: %v", flashBwdSM90W, err)
+	case err != nil:
+		t.Errorf("flash self-check at Open of the Hopper backward %s: %v", flashBwdSM90W, err)
+	default:
+		modes = append(modes, flashBwdSM90W)
+	}
 	for _, m := range fusedSM90Modes {
 		mode := m.mode
 		switch err := be.flashBwdFusedSM90Err[mode]; {

@@ -1871,3 +1871,21 @@ F9_BWDFW(flash_bwd_fused1w_sm90_bf16_hs64, 64, 1, 2)
 F9_BWDFW(flash_bwd_fused1w_sm90_bf16_hs128, 128, 1, 2)
 F9_BWDFW(flash_bwd_fused2w_sm90_bf16_hs64, 64, 2, 1)
 F9_BWDFW(flash_bwd_fused2w_sm90_bf16_hs128, 128, 2, 1)
+
+// flash_bwd_kvw_sm90_*: flash_bwd_kv_sm90_* warp-specialised (WS), beside
+// flash_bwd_q_sm90_* (SPILL_FLASH_BWD=sm90w): the same arguments and
+// contract, then the tensor maps of qkv and dout as for flash_bwd_fused1w;
+// 256 threads (bounded for two blocks per SM: 24 + 232 registers),
+// f9_bwdws_smem<HS>() bytes of dynamic shared memory, grid (ceil(T/64),
+// B·NKV).
+#define F9_BWDW(NAME, HS) \
+    extern "C" __global__ void __launch_bounds__(2 * F9_THREADS, 2) \
+        NAME(void* dqkv, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH, int NKV, \
+             float scale_log2, float scale, int set, const __grid_constant__ f9_tmap2 tm) { \
+        extern __shared__ __align__(1024) uint16_t f9_dynb[]; \
+        flash_bwd_kv_sm90<HS, false, false, 1, false, true>((uint16_t*)dqkv, (const uint16_t*)dout, \
+                                                            (const uint16_t*)qkv, lse, D, T, NH, NKV, scale_log2, \
+                                                            scale, set != 0, f9_dynb, nullptr, tm.m); \
+    }
+F9_BWDW(flash_bwd_kvw_sm90_bf16_hs64, 64)
+F9_BWDW(flash_bwd_kvw_sm90_bf16_hs128, 128)

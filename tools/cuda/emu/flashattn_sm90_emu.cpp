@@ -576,10 +576,11 @@ template <int HS, int MT = 1, int WG = 1, bool P = false, int D = 2, bool PP = f
 // float32 dq started at zero, then dqkv's query columns from it as
 // flash_bwd_dq writes them (scale, one rounding); WG 2: two warpgroups,
 // 128 keys per block; BULK: dQ by bulk reductions.
-// WS (with FUSED and BULK): the warp-specialised kernel, a producer
-// warpgroup copying the tiles through tensor maps of qkv and dout.
+// WS (not with PIPE): the warp-specialised kv kernel, a producer
+// warpgroup copying the tiles through tensor maps of qkv and dout (the
+// fused one with BULK, or the split one beside flash_bwd_q_sm90).
 template <int HS, bool PIPE, bool FUSED = false, int WG = 1, bool BULK = false, bool WS = false> void run_bwd(int B, int T, int NH, unsigned seed, int& bad, int NKV = 0, bool set = false) {
-  static_assert(!WS || (FUSED && BULK), "run_bwd: the warp-specialised backward is the fused one with bulk dQ");
+  static_assert(!WS || (!PIPE && (BULK || !FUSED)), "run_bwd: the warp-specialised backward is the split one or the fused one with bulk dQ");
   if (NKV == 0) NKV = NH;
   const int C = NH * HS, rep = NH / NKV;
   const size_t W = (size_t)(NH + 2 * NKV) * HS;
@@ -617,13 +618,13 @@ template <int HS, bool PIPE, bool FUSED = false, int WG = 1, bool BULK = false, 
     }
   }
   const float sl2 = (float)(1.4426950408889634 * sc), scale = (float)sc;
+  // The tensor maps of the WS kernel (spill_tmap3's): qkv as (W columns,
+  // T rows, B batches) and dout as (C, T, B), boxes of 64 by 64.
+  const f9_tmap tm[2] = {{qkv.data(), {(i64)W, T, B}, {(i64)W, (i64)T * (i64)W}, {64, 64}},
+                         {dout.data(), {(i64)C, T, B}, {(i64)C, (i64)T * (i64)C}, {64, 64}}};
   if constexpr (FUSED) {
     std::vector<float> dq((size_t)B * NH * T * HS, 0.f);
     gridDim = {(T + 64 * WG - 1) / (64 * WG), B * NKV};
-    // The tensor maps of the WS kernel (spill_tmap3's): qkv as (W columns,
-    // T rows, B batches) and dout as (C, T, B), boxes of 64 by 64.
-    const f9_tmap tm[2] = {{qkv.data(), {(i64)W, T, B}, {(i64)W, (i64)T * (i64)W}, {64, 64}},
-                           {dout.data(), {(i64)C, T, B}, {(i64)C, (i64)T * (i64)C}, {64, 64}}};
     const size_t smem = WS ? (size_t)f9_bwdws_smem<HS, true, WG, BULK>() : (size_t)f9_bwd_smem<HS, true, WG, BULK>();
     run_grid(WG, smem, [&] { flash_bwd_kv_sm90<HS, false, true, WG, BULK, WS>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase, dq.data(), tm); }, WS ? 128 : 0);
     for (int b = 0; b < B; b++) for (int t = 0; t < T; t++) for (int h = 0; h < NH; h++) for (int d = 0; d < HS; d += 2) {
@@ -633,7 +634,7 @@ template <int HS, bool PIPE, bool FUSED = false, int WG = 1, bool BULK = false, 
   } else {
     const size_t smem = f9_bwd_smem<HS>();
     gridDim = {(T + 63) / 64, B * NKV};
-    run_grid(1, smem, [&] { flash_bwd_kv_sm90<HS, PIPE>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase); });
+    run_grid(1, WS ? (size_t)f9_bwdws_smem<HS>() : smem, [&] { flash_bwd_kv_sm90<HS, PIPE, false, 1, false, WS>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase, nullptr, tm); }, WS ? 128 : 0);
     gridDim = {(T + 63) / 64, B * NH};
     run_grid(1, smem, [&] { flash_bwd_q_sm90<HS, PIPE>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase); });
   }
@@ -686,6 +687,7 @@ int main(int argc, char** argv) {
     run_bwd<64, false, true, 1, true>(1, 130, 2, 23, bad, 1);
     run_bwd<64, false, true, 1, true, true>(1, 200, 2, 28, bad, 1);       // producer warpgroup
     run_bwd<128, false, true, 2, true, true>(1, 200, 2, 29, bad, 0, true);  // producer warpgroup, two warpgroups
+    run_bwd<64, false, false, 1, false, true>(1, 200, 2, 30, bad, 1);       // producer warpgroup, split
     return bad != 0;
   }
   const int Ts[] = {1, 63, 64, 65, 200, 300, 600};
@@ -698,6 +700,9 @@ int main(int argc, char** argv) {
     run_bwd<128, false, true, 1, true, true>(1, T, 3, seed++, bad, 1);            // multi-query
     run_bwd<64, false, true, 2, true, true>(1, T, 4, seed++, bad, 2);             // two warpgroups, groups of 2
     run_bwd<128, false, true, 2, true, true>(T < 100 ? 2 : 1, T, 2, seed++, bad, 0, true);  // multi-head, written over
+    run_bwd<64, false, false, 1, false, true>(T < 100 ? 2 : 1, T, 2, seed++, bad);  // split, multi-head
+    run_bwd<64, false, false, 1, false, true>(1, T, 4, seed++, bad, 2);             // split, groups of 2
+    run_bwd<128, false, false, 1, false, true>(1, T, 3, seed++, bad, 1, true);      // split, multi-query, written over
   }
   if (bwdWSOnly) return bad != 0;
   // The forwards with a producer warp (flash_fwd5 kernels), one block a
