@@ -182,7 +182,7 @@ func (b *Backend) AttentionKernels(dt kernels.DType, T, C, NH int) string {
 	} else if hs == 128 && flashFwd2x128 != "" && b.flashFwd2x128Err == nil {
 		fwd += " (two 16-row tiles per warp: " + flashFwd2x128 + ")"
 	}
-	mode := flashBwdModeAt(hs, T, flashBwdMode)
+	mode := b.flashBwdModeAt(hs, T)
 	f, _ := b.flashBwdByHead(hs, mode)
 	if isFusedSM90(mode) && (f.fused == 0 || b.fusedErr(f) != nil) {
 		mode = flashBwdSM90 // where the fused Hopper kernel does not apply
@@ -344,8 +344,10 @@ func (b *Backend) checkFlashShape(fn kfunc, qrows, B, T, C, NH int) error {
 //
 // SPILL_FLASH_BWD, read at start-up, selects the implementation: unset
 // (or "auto"), the default, is by head size and T (flashBwdAuto,
-// flashBwdModeAt in flash_modes.go: "sm90f2b" at head size 128 above T
-// 1024, "sm90f1b" at 64 above T 2048, "sm90" elsewhere); "sm90" the
+// flashBwdModeAt in flash_modes.go: at head size 128 "sm90f2w" above T
+// 2048, "sm90f2b" above 1024, "sm90w" up to it; at 64 "sm90f1w" above T
+// 2048, "sm90" up to it; a warp-specialised mode whose self-check failed
+// gives way to the same kernels without the producer); "sm90" the
 // Hopper split kernels at head sizes 64 and 128 on a 9.x device whose
 // self-check passed, split-smem elsewhere; "split-smem" and "split" the
 // split kernels (all three bitwise reproducible, and bitwise equal; "sm90"
@@ -469,7 +471,27 @@ func (b *Backend) flashBwdFuncs(d, g, x, o operand, B, T, NH, hs int) (flashBwd,
 	if !flashHeadSize(hs) || d.p%4 != 0 || o.p%4 != 0 || x.p%16 != 0 || g.p%16 != 0 || B*NH > 65535 || int64(B)*int64(T)*int64(NH) >= 1<<31 {
 		return flashBwd{}, false
 	}
-	return b.flashBwdByHead(hs, flashBwdModeAt(hs, T, flashBwdMode))
+	return b.flashBwdByHead(hs, b.flashBwdModeAt(hs, T))
+}
+
+// flashBwdModeAt is flashBwdModeAt(hs, T, flashBwdMode), or its
+// wsFallback where that mode's warp-specialised kernels are off.
+func (b *Backend) flashBwdModeAt(hs, T int) string {
+	mode := flashBwdModeAt(hs, T, flashBwdMode)
+	off := false
+	switch {
+	case mode == flashBwdSM90W:
+		off = b.flashBwdSM90WErr != nil
+	case isFusedSM90(mode):
+		if m, _ := fusedSM90ModeOf(mode); m.ws {
+			err, checked := b.flashBwdFusedSM90Err[mode]
+			off = !checked || err != nil
+		}
+	}
+	if off {
+		return wsFallback(mode)
+	}
+	return mode
 }
 
 // flashFusedName is the fused backward kernel of head size hs under mode

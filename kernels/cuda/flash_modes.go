@@ -45,34 +45,63 @@ func flashBwdModeOf(v string) string {
 // flashBwdAuto is a fused Hopper backward with dQ by bulk reduction (not
 // bitwise reproducible) at the long sequences, where it beat the split
 // Hopper kernels, and those (deterministic) elsewhere: at head size 128
-// above flashFused128MinT the two-warpgroup one (sm90f2b), at head size 64
-// above flashFused64MinT the one-warpgroup one (sm90f1b). It falls back to
-// the split kernels where the fused one does not apply. Other modes are
-// themselves. On the H100 (tools/bench/results/attn_bwdpipe_h100.json):
-// at 2789f45 the split kernels took 0.692 ms at hs128 T1024 against
-// sm90f2b's 0.762, and sm90f2b 0.97x the split kernels' time at T 2048 and
-// 0.82-0.90x at 4096-8192; at f6cc900 sm90f1b took 1.08x and 1.02x the
-// split kernels' time at hs64 T 1024 and 2048, 0.97x and 0.95x at 4096
-// and 8192.
+// above flashFused128WST the two-warpgroup one warp-specialised
+// (sm90f2w), above flashFused128MinT the two-warpgroup one (sm90f2b), and
+// up to it the split kernels with the warp-specialised dK, dV kernel
+// (sm90w); at head size 64 above flashFused64MinT the one-warpgroup one
+// warp-specialised (sm90f1w). It falls back to the split kernels where the
+// fused one does not apply (and the Backend to wsFallback's mode where a
+// warp-specialised one is off). Other modes are themselves. On the H100
+// (tools/bench/results/attn_bwdpipe_h100.json): at 2789f45 the split
+// kernels took 0.692 ms at hs128 T1024 against sm90f2b's 0.762, and
+// sm90f2b 0.97x the split kernels' time at T 2048 and 0.82-0.90x at
+// 4096-8192; at f6cc900 sm90f1b took 1.08x and 1.02x the split kernels'
+// time at hs64 T 1024 and 2048, 0.97x and 0.95x at 4096 and 8192. At
+// aa921cf (attn_bwdws_h100.json, one call): sm90w 0.654 ms against sm90's
+// 0.723 at hs128 T1024; sm90f2w 1.182/1.852/3.291 ms against sm90f2b's
+// 1.119/2.039/3.442 at T 2048/4096/8192; sm90f1w 0.96x/0.96x sm90f1b's
+// time at hs64 T 4096/8192.
 func flashBwdModeAt(hs, T int, mode string) string {
 	switch {
 	case mode != flashBwdAuto:
 		return mode
+	case hs == 128 && T > flashFused128WST:
+		return flashBwdFused2WSM90
 	case hs == 128 && T > flashFused128MinT:
 		return flashBwdFused2BSM90
+	case hs == 128:
+		return flashBwdSM90W
 	case hs == 64 && T > flashFused64MinT:
-		return flashBwdFused1BSM90
+		return flashBwdFused1WSM90
 	}
 	return flashBwdSM90
 }
 
 // flashFused128MinT and flashFused64MinT are the sequence lengths up to
 // which the default backward takes the split Hopper kernels at head sizes
-// 128 and 64 (flashBwdModeAt).
+// 128 and 64, flashFused128WST the one above which it takes the
+// warp-specialised fused kernel at 128 (flashBwdModeAt).
 const (
 	flashFused128MinT = 1024
+	flashFused128WST  = 2048
 	flashFused64MinT  = 2048
 )
+
+// wsFallback is the mode that takes the place of mode when mode's
+// warp-specialised kernels are off (their self-check failed, or the build
+// has no tensor maps): the same kernels without the producer warpgroup.
+// Other modes are themselves.
+func wsFallback(mode string) string {
+	switch mode {
+	case flashBwdSM90W:
+		return flashBwdSM90
+	case flashBwdFused1WSM90:
+		return flashBwdFused1BSM90
+	case flashBwdFused2WSM90:
+		return flashBwdFused2BSM90
+	}
+	return mode
+}
 
 // isFlashBwdVariant says mode takes a split variant: split-smem, or a
 // Hopper one (which falls back to split-smem where it has no kernels).

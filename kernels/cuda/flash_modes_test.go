@@ -25,18 +25,37 @@ func TestFlashBwdModeAt(t *testing.T) {
 	}{
 		{64, 1024, flashBwdAuto, flashBwdSM90},
 		{64, flashFused64MinT, flashBwdAuto, flashBwdSM90},
-		{64, flashFused64MinT + 1, flashBwdAuto, flashBwdFused1BSM90},
-		{64, 8192, flashBwdAuto, flashBwdFused1BSM90},
-		{128, 1, flashBwdAuto, flashBwdSM90},
-		{128, flashFused128MinT, flashBwdAuto, flashBwdSM90},
+		{64, flashFused64MinT + 1, flashBwdAuto, flashBwdFused1WSM90},
+		{64, 8192, flashBwdAuto, flashBwdFused1WSM90},
+		{128, 1, flashBwdAuto, flashBwdSM90W},
+		{128, flashFused128MinT, flashBwdAuto, flashBwdSM90W},
 		{128, flashFused128MinT + 1, flashBwdAuto, flashBwdFused2BSM90},
-		{128, 8192, flashBwdAuto, flashBwdFused2BSM90},
+		{128, flashFused128WST, flashBwdAuto, flashBwdFused2BSM90},
+		{128, flashFused128WST + 1, flashBwdAuto, flashBwdFused2WSM90},
+		{128, 8192, flashBwdAuto, flashBwdFused2WSM90},
 		{80, 8192, flashBwdAuto, flashBwdSM90},
 		{128, 8192, flashBwdSM90P, flashBwdSM90P},
 		{64, 1024, flashBwdFused2BSM90, flashBwdFused2BSM90},
 	} {
 		if got := flashBwdModeAt(c.hs, c.T, c.mode); got != c.want {
 			t.Errorf("flashBwdModeAt(%d, %d, %q) = %q, want %q", c.hs, c.T, c.mode, got, c.want)
+		}
+	}
+}
+
+// TestWSFallback checks that each warp-specialised mode gives way to the
+// same kernels without the producer, and that the others stay.
+func TestWSFallback(t *testing.T) {
+	for in, want := range map[string]string{flashBwdSM90W: flashBwdSM90, flashBwdFused1WSM90: flashBwdFused1BSM90,
+		flashBwdFused2WSM90: flashBwdFused2BSM90, flashBwdSM90: flashBwdSM90, flashBwdFused2BSM90: flashBwdFused2BSM90,
+		flashBwdAuto: flashBwdAuto} {
+		if got := wsFallback(in); got != want {
+			t.Errorf("wsFallback(%q) = %q, want %q", in, got, want)
+		}
+	}
+	for _, m := range fusedSM90Modes {
+		if f, _ := fusedSM90ModeOf(wsFallback(m.mode)); f.ws || f.wg != m.wg || f.bulk != m.bulk {
+			t.Errorf("wsFallback(%s) = %s: %+v", m.mode, f.mode, f)
 		}
 	}
 }

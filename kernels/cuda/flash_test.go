@@ -64,8 +64,8 @@ func TestFlashBwdFused(t *testing.T) {
 			modes = append(modes, mode)
 		}
 	}
-	if be.flashBwdSM90Err == nil && be.flashBwdFusedSM90Err[flashBwdFused2BSM90] == nil &&
-		be.flashBwdFusedSM90Err[flashBwdFused1BSM90] == nil {
+	if be.flashBwdSM90Err == nil && be.flashBwdSM90WErr == nil && be.flashBwdFusedSM90Err[flashBwdFused2BSM90] == nil &&
+		be.flashBwdFusedSM90Err[flashBwdFused2WSM90] == nil && be.flashBwdFusedSM90Err[flashBwdFused1WSM90] == nil {
 		modes = append(modes, flashBwdAuto) // the default: each head size's choice
 	}
 	for _, sh := range [][5]int{ // B, T, NH, NKV, hs
