@@ -463,7 +463,11 @@ func (b *Backend) checkFlashSM90() {
 // dPᵀ (S and dP), P and dS from the accumulators as register A fragments
 // of dV and dK (dQ), every shared tile in the 128-byte swizzled layout. It
 // is a split variant (flashBwdVariant) selected by SPILL_FLASH_BWD=sm90 (or
-// unset: the default at head size 64), or sm90p for the pipelined kernels (each tile's dV
+// unset: the default at head size 64 up to T 2048), sm90w for its dK, dV
+// kernel warp-specialised (flash_bwd_kvw_sm90_*: a producer warpgroup
+// copying K, V, Q and dO by bulk tensor copies, as sm90f1w's; the default
+// at head size 128 up to T 1024, 1.05-1.10x sm90's speed there on the
+// H100, attn_bwdws_h100.json; the same bits), or sm90p for the pipelined kernels (each tile's dV
 // and dK, or dQ, run while the next tile's S and dP are issued), at head
 // sizes 64 and 128 on a device whose Hopper module loaded and whose
 // self-check at Open passed (checkFlashBwdSM90, Backend.flashBwdSM90Err);
@@ -601,11 +605,13 @@ func (b *Backend) checkSM90BwdMode(mode string) error {
 // Hopper kernels (tools/bench/results/attn_fused2_h100.json, T 1k-8k),
 // sm90f ran at 0.76-0.77x their speed (hs 64) and 0.74-0.80x (hs 128),
 // sm90f2 at 0.81-0.95x and 0.88-1.08x, sm90f2b at 0.85-1.02x and
-// 0.99-1.28x: sm90f2b is the default at head size 128 above T 1024
+// 0.99-1.28x: sm90f2b is the default at head size 128 at T 1025-2048
 // (flashBwdAuto). sm90f1b is sm90f with dQ by bulk reduction, three
 // blocks per SM at head size 64, where it ran at 0.92-1.05x the split
-// kernels' speed (T 1k-8k, attn_bwdpipe_h100.json) and is the default
-// above T 2048. sm90f1w and sm90f2w are sm90f1b and sm90f2b
+// kernels' speed (T 1k-8k, attn_bwdpipe_h100.json). sm90f1w and sm90f2w
+// (the defaults at head sizes 64 and 128 above T 2048, where they ran
+// 1.02-1.05x and 1.00-1.10x sm90f1b's and sm90f2b's speed on the H100 in
+// two calls: attn_bwdws_h100.json) are sm90f1b and sm90f2b
 // warp-specialised (flashattn_sm90.cu's WS): a producer warpgroup more per
 // block copies the K and V tiles once and every Q and dO tile by bulk
 // tensor copies through tensor maps of qkv and dout (encoded when the job

@@ -90,7 +90,7 @@ bwd_ws_mutants=(
   "producer warpgroup backward: V copied from K's columns|s/(NH + NKV + kv) \* HS + 64 \* pp/(NH + kv) * HS + 64 * pp/"
   "producer warpgroup backward: dO copied through qkv's map|s/tm + 1, h \* HS/tm, h * HS/"
   "producer warpgroup backward: a query slot released before its tile's products are done|s/if (lane == 0) f9_mbar_arrive(\&qempty\[buf\]);/;/;s/f9_mbar_wait(\&qfull\[buf\], (it >> 1) \& 1);  \/\/ tile it is in/&\nif (lane == 0) f9_mbar_arrive(\&qempty[buf]);/"
-  "producer warpgroup backward: the warpgroups' barrier without the fence of their dQ stores|/if constexpr (DQ) {$/{N;s/f9_fence_proxy();\n/\n/}"
+  "producer warpgroup backward: the warpgroups' barrier without the fence of their dQ stores|/^ *f9_fence_proxy();$/{N;s/^ *f9_fence_proxy();\n\( *csync();  \/\/ every product\)/\1/}"
 )
 if [ "${1:-}" = bwdv ]; then
   src=$root/kernels/cuda/kernels/flashattn.cu
