@@ -37,32 +37,22 @@ func TestFlashBwdFused(t *testing.T) {
 		t.Fatalf("flash self-check at Open of the split variant %s: %v", flashBwdSplitSM, be.flashBwdSMErr)
 	}
 	modes := []string{flashBwdSplit, flashBwdFused, flashBwdSplitSM}
-	switch {
-	case errors.Is(be.flashBwdSM90Err, errNoSM90):
-		t.Logf("Hopper backward not checked: %v", be.flashBwdSM90Err)
-	case be.flashBwdSM90Err != nil:
-		t.Errorf("flash self-check at Open of the Hopper backward: %v", be.flashBwdSM90Err)
-	default:
-		modes = append(modes, flashBwdSM90, flashBwdSM90P)
-	}
-	switch err := be.flashBwdSM90WErr; {
-	case errors.Is(err, errNoSM90), errors.Is(err, errNoTensorMaps):
-		t.Logf("Hopper backward %s not checked: %v", flashBwdSM90W, err)
-	case err != nil:
-		t.Errorf("flash self-check at Open of the Hopper backward %s: %v", flashBwdSM90W, err)
-	default:
-		modes = append(modes, flashBwdSM90W)
-	}
-	for _, m := range fusedSM90Modes {
-		mode := m.mode
-		switch err := be.flashBwdFusedSM90Err[mode]; {
+	// add appends the modes when their self-check at Open passed, logs
+	// them when it could not run here, and fails otherwise.
+	add := func(err error, what string, ms ...string) {
+		switch {
 		case errors.Is(err, errNoSM90), errors.Is(err, errNoTensorMaps):
-			t.Logf("fused Hopper backward %s not checked: %v", mode, err)
+			t.Logf("%s %v not checked: %v", what, ms, err)
 		case err != nil:
-			t.Errorf("flash self-check at Open of the fused Hopper backward %s: %v", mode, err)
+			t.Errorf("flash self-check at Open of the %s %v: %v", what, ms, err)
 		default:
-			modes = append(modes, mode)
+			modes = append(modes, ms...)
 		}
+	}
+	add(be.flashBwdSM90Err, "Hopper backward", flashBwdSM90, flashBwdSM90P)
+	add(be.flashBwdSM90WErr, "Hopper backward", flashBwdSM90W)
+	for _, m := range fusedSM90Modes {
+		add(be.flashBwdFusedSM90Err[m.mode], "fused Hopper backward", m.mode)
 	}
 	if be.flashBwdSM90Err == nil && be.flashBwdSM90WErr == nil && be.flashBwdFusedSM90Err[flashBwdFused2BSM90] == nil &&
 		be.flashBwdFusedSM90Err[flashBwdFused2WSM90] == nil && be.flashBwdFusedSM90Err[flashBwdFused1WSM90] == nil {
