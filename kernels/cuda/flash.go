@@ -182,7 +182,7 @@ func (b *Backend) AttentionKernels(dt kernels.DType, T, C, NH int) string {
 	} else if hs == 128 && flashFwd2x128 != "" && b.flashFwd2x128Err == nil {
 		fwd += " (two 16-row tiles per warp: " + flashFwd2x128 + ")"
 	}
-	mode := b.flashBwdModeAt(hs, T)
+	mode := b.bwdMode(hs, T)
 	f, _ := b.flashBwdByHead(hs, mode)
 	if isFusedSM90(mode) && (f.fused == 0 || b.fusedErr(f) != nil) {
 		mode = flashBwdSM90 // where the fused Hopper kernel does not apply
@@ -471,12 +471,13 @@ func (b *Backend) flashBwdFuncs(d, g, x, o operand, B, T, NH, hs int) (flashBwd,
 	if !flashHeadSize(hs) || d.p%4 != 0 || o.p%4 != 0 || x.p%16 != 0 || g.p%16 != 0 || B*NH > 65535 || int64(B)*int64(T)*int64(NH) >= 1<<31 {
 		return flashBwd{}, false
 	}
-	return b.flashBwdByHead(hs, b.flashBwdModeAt(hs, T))
+	return b.flashBwdByHead(hs, b.bwdMode(hs, T))
 }
 
-// flashBwdModeAt is flashBwdModeAt(hs, T, flashBwdMode), or its
-// wsFallback where that mode's warp-specialised kernels are off.
-func (b *Backend) flashBwdModeAt(hs, T int) string {
+// bwdMode is the backward's mode at head size hs and sequence length T:
+// flashBwdModeAt(hs, T, flashBwdMode), or its wsFallback where that
+// mode's warp-specialised kernels are off.
+func (b *Backend) bwdMode(hs, T int) string {
 	mode := flashBwdModeAt(hs, T, flashBwdMode)
 	off := false
 	switch {
@@ -589,7 +590,7 @@ func flashBwdSplitJobs(prep kfunc, v flashBwdVariant, dqkv, dout, qkv, out, lse,
 	kj := launchJob(v.kv, dim3{x: nx, y: B * NKV}, dim3{x: kvThreads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse),
 		aPtr(D), aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))).withShared(v.smemKV)
 	if v.kvWS {
-		kj = kj.withTensorMaps(tensorMapOf{qkv, (NH + 2*NKV) * hs, T, B, flashRows}, tensorMapOf{dout, NH * hs, T, B, flashRows})
+		kj = withBwdMaps(kj, qkv, dout, B, T, NH, NKV, hs)
 	}
 	return [3]job{
 		prepJob(prep, D, dout, out, 0, B, T, NH, hs),
@@ -597,6 +598,13 @@ func flashBwdSplitJobs(prep kfunc, v flashBwdVariant, dqkv, dout, qkv, out, lse,
 		launchJob(v.q, dim3{x: nx, y: B * NH}, dim3{x: v.threads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
 			aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))).withShared(v.smemQ),
 	}
+}
+
+// withBwdMaps appends to a warp-specialised backward launch its tensor
+// maps (f9_tmap2): of qkv (NH + 2·NKV heads of hs columns) and of dout (NH
+// heads), T rows and B batches, boxes of 64 columns by flashRows rows.
+func withBwdMaps(j job, qkv, dout cu.DevicePtr, B, T, NH, NKV, hs int) job {
+	return j.withTensorMaps(tensorMapOf{qkv, (NH + 2*NKV) * hs, T, B, flashRows}, tensorMapOf{dout, NH * hs, T, B, flashRows})
 }
 
 // flashBwdFusedJobs are the three launches of the fused backward pass:
@@ -617,7 +625,7 @@ func flashBwdFusedJobs(f flashBwd, dqkv, dout, qkv, out, lse, D, dq cu.DevicePtr
 	fj := launchJob(f.fused, dim3{x: nx, y: B * NKV}, dim3{x: threads}, aPtr(dqkv), aPtr(dq), aPtr(dout), aPtr(qkv),
 		aPtr(lse), aPtr(D), aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))).withShared(f.fusedSmem)
 	if f.fusedWS {
-		fj = fj.withTensorMaps(tensorMapOf{qkv, (NH + 2*NKV) * hs, T, B, flashRows}, tensorMapOf{dout, NH * hs, T, B, flashRows})
+		fj = withBwdMaps(fj, qkv, dout, B, T, NH, NKV, hs)
 	}
 	return [3]job{
 		prepJob(f.prep, D, dout, out, dq, B, T, NH, hs),
