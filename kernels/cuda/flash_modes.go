@@ -103,6 +103,30 @@ func wsFallback(mode string) string {
 	return mode
 }
 
+// sm90BwdSmem is f9_bwd_smem<hs>() of flashattn_sm90.cu: the dynamic
+// shared memory of both Hopper backward kernels, six tiles of 64 rows of
+// hs bf16, four rows of 64 floats and 1024 bytes of room to align the
+// tiles for the 128-byte swizzle.
+func sm90BwdSmem(hs int) int { return 6*64*hs*2 + 4*64*4 + 1024 }
+
+// sm90BwdNames are the Hopper backward kernels of head size hs (64 or 128)
+// under mode; constants, so that a call formats nothing.
+func sm90BwdNames(hs int, mode string) (kv, q string) {
+	switch {
+	case hs == 64 && mode == flashBwdSM90W:
+		return "flash_bwd_kvw_sm90_bf16_hs64", "flash_bwd_q_sm90_bf16_hs64"
+	case mode == flashBwdSM90W:
+		return "flash_bwd_kvw_sm90_bf16_hs128", "flash_bwd_q_sm90_bf16_hs128"
+	case hs == 64 && mode == flashBwdSM90:
+		return "flash_bwd_kv_sm90_bf16_hs64", "flash_bwd_q_sm90_bf16_hs64"
+	case hs == 64:
+		return "flash_bwd_kv_sm90p_bf16_hs64", "flash_bwd_q_sm90p_bf16_hs64"
+	case mode == flashBwdSM90:
+		return "flash_bwd_kv_sm90_bf16_hs128", "flash_bwd_q_sm90_bf16_hs128"
+	}
+	return "flash_bwd_kv_sm90p_bf16_hs128", "flash_bwd_q_sm90p_bf16_hs128"
+}
+
 // isFlashBwdVariant says mode takes a split variant: split-smem, or a
 // Hopper one (which falls back to split-smem where it has no kernels).
 func isFlashBwdVariant(mode string) bool { return mode == flashBwdSplitSM || isFlashBwdSM90(mode) }

@@ -136,3 +136,39 @@ func TestFusedSM90WSKernels(t *testing.T) {
 		}
 	}
 }
+
+// TestSM90BwdKernels holds sm90BwdNames to the entry points of
+// kernels/flashattn_sm90.cu: every kernel it names for the Hopper split
+// modes is an F9_BWD line (sm90, sm90p) or an F9_BWDW line (sm90w, whose
+// dK, dV kernel is warp-specialised) of that head size. Reads the source;
+// needs no GPU.
+func TestSM90BwdKernels(t *testing.T) {
+	src, err := os.ReadFile("kernels/flashattn_sm90.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type entry struct {
+		hs int
+		ws bool
+	}
+	cu := map[string]entry{}
+	for _, m := range regexp.MustCompile(`(?m)^F9_BWD\(\w+, (\w+), (\d+), (?:true|false), \d+\)$`).FindAllSubmatch(src, -1) {
+		hs, _ := strconv.Atoi(string(m[2]))
+		cu[string(m[1])] = entry{hs, false}
+	}
+	for _, m := range regexp.MustCompile(`(?m)^F9_BWDW\((\w+), (\d+)\)$`).FindAllSubmatch(src, -1) {
+		hs, _ := strconv.Atoi(string(m[2]))
+		cu[string(m[1])] = entry{hs, true}
+	}
+	for _, mode := range []string{flashBwdSM90, flashBwdSM90P, flashBwdSM90W} {
+		for _, hs := range []int{64, 128} {
+			kv, q := sm90BwdNames(hs, mode)
+			if e, ok := cu[kv]; !ok || e.hs != hs || e.ws != (mode == flashBwdSM90W) {
+				t.Errorf("sm90BwdNames(%d, %s): dK, dV kernel %s: in the .cu %v, %+v", hs, mode, kv, ok, e)
+			}
+			if e, ok := cu[q]; !ok || e.hs != hs || e.ws {
+				t.Errorf("sm90BwdNames(%d, %s): dQ kernel %s: in the .cu %v, %+v", hs, mode, q, ok, e)
+			}
+		}
+	}
+}

@@ -490,30 +490,6 @@ func (b *Backend) checkFlashSM90() {
 // kernels.
 var flashBwdSM90Launches atomic.Int64
 
-// sm90BwdSmem is f9_bwd_smem<hs>() of flashattn_sm90.cu: the dynamic
-// shared memory of both Hopper backward kernels, six tiles of 64 rows of
-// hs bf16, four rows of 64 floats and 1024 bytes of room to align the
-// tiles for the 128-byte swizzle.
-func sm90BwdSmem(hs int) int { return 6*64*hs*2 + 4*64*4 + 1024 }
-
-// sm90BwdNames are the Hopper backward kernels of head size hs (64 or 128)
-// under mode; constants, so that a call formats nothing.
-func sm90BwdNames(hs int, mode string) (kv, q string) {
-	switch {
-	case hs == 64 && mode == flashBwdSM90W:
-		return "flash_bwd_kvw_sm90_bf16_hs64", "flash_bwd_q_sm90_bf16_hs64"
-	case mode == flashBwdSM90W:
-		return "flash_bwd_kvw_sm90_bf16_hs128", "flash_bwd_q_sm90_bf16_hs128"
-	case hs == 64 && mode == flashBwdSM90:
-		return "flash_bwd_kv_sm90_bf16_hs64", "flash_bwd_q_sm90_bf16_hs64"
-	case hs == 64:
-		return "flash_bwd_kv_sm90p_bf16_hs64", "flash_bwd_q_sm90p_bf16_hs64"
-	case mode == flashBwdSM90:
-		return "flash_bwd_kv_sm90_bf16_hs128", "flash_bwd_q_sm90_bf16_hs128"
-	}
-	return "flash_bwd_kv_sm90p_bf16_hs128", "flash_bwd_q_sm90p_bf16_hs128"
-}
-
 // sm90BwdVariant is the Hopper backward of head size hs under mode, its
 // kernels looked up; false when mode is not a Hopper one, hs is neither 64
 // nor 128, or the kernels are not loaded. Self-check results aside.
