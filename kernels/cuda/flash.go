@@ -479,15 +479,10 @@ func (b *Backend) flashBwdFuncs(d, g, x, o operand, B, T, NH, hs int) (flashBwd,
 // mode's warp-specialised kernels are off.
 func (b *Backend) bwdMode(hs, T int) string {
 	mode := flashBwdModeAt(hs, T, flashBwdMode)
-	off := false
-	switch {
-	case mode == flashBwdSM90W:
-		off = b.flashBwdSM90WErr != nil
-	case isFusedSM90(mode):
-		if m, _ := fusedSM90ModeOf(mode); m.ws {
-			err, checked := b.flashBwdFusedSM90Err[mode]
-			off = !checked || err != nil
-		}
+	off := mode == flashBwdSM90W && b.flashBwdSM90WErr != nil
+	if m, ok := fusedSM90ModeOf(mode); ok && m.ws {
+		err, checked := b.flashBwdFusedSM90Err[mode]
+		off = !checked || err != nil
 	}
 	if off {
 		return wsFallback(mode)

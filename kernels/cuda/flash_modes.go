@@ -169,10 +169,14 @@ func sm90FusedSmem(hs, wg int, bulk, ws bool) int {
 		n += 64 * hs * 4
 	}
 	if ws {
-		n += 64
+		n += sm90BwdBarBytes
 	}
 	return n
 }
+
+// sm90BwdBarBytes is the shared memory the warp-specialised backward
+// kernels add for their mbarriers (f9_bwdws_smem's 64 bytes: five of 8).
+const sm90BwdBarBytes = 64
 
 // shape is the launch of m's kernel of head size hs: keys per block,
 // threads per block (with ws the producer warpgroup's too) and dynamic

@@ -128,7 +128,7 @@ func TestFusedSM90WSKernels(t *testing.T) {
 		rows, threads, smem := m.shape(128)
 		wr, wt, ws := m.wg*flashRows, m.wg*flashThreads, sm90FusedSmem(128, m.wg, m.bulk, false)
 		if m.ws {
-			wt, ws = wt+flashThreads, ws+64
+			wt, ws = wt+flashThreads, ws+64 // f9_bwdws_smem's five mbarriers, rounded up
 		}
 		if rows != wr || threads != wt || smem != ws {
 			t.Errorf("mode %s: shape(128) = %d rows, %d threads, %d bytes; want %d, %d, %d", m.mode, rows, threads, smem,

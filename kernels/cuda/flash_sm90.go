@@ -507,7 +507,7 @@ func (b *Backend) sm90BwdVariant(hs int, mode string) (flashBwdVariant, bool) {
 	v := flashBwdVariant{kv: kv, q: q, mode: mode, rows: flashRows, threads: flashThreads, smemKV: smem, smemQ: smem,
 		kvName: kvName, qName: qName}
 	if mode == flashBwdSM90W { // f9_bwdws_smem: the mbarriers after f9_bwd_smem's
-		v.smemKV, v.kvThreads, v.kvWS = smem+64, 2*flashThreads, true
+		v.smemKV, v.kvThreads, v.kvWS = smem+sm90BwdBarBytes, 2*flashThreads, true
 	}
 	return v, true
 }
