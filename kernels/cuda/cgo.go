@@ -29,12 +29,15 @@ static const char *spill_cu_error(int r) {
 // of args (the driver reads the parameter's own size from the start of its
 // slot). cuLaunchKernel copies the arguments before it returns, so the
 // caller may reuse args at once; the pointer array lives on this stack.
-#define SPILL_MAX_ARGS 48
+// With last non-null the last argument is read from last instead (a
+// kernel's tensor maps, 128 bytes each, passed by value).
+#define SPILL_MAX_ARGS 24
 static int spill_launch(uintptr_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-		unsigned smem, uintptr_t stream, uint64_t *args, int n) {
+		unsigned smem, uintptr_t stream, uint64_t *args, int n, void *last) {
 	void *p[SPILL_MAX_ARGS];
-	if (n < 0 || n > SPILL_MAX_ARGS) return (int)CUDA_ERROR_INVALID_VALUE;
+	if (n < 0 || n > SPILL_MAX_ARGS || (last && n == 0)) return (int)CUDA_ERROR_INVALID_VALUE;
 	for (int i = 0; i < n; i++) p[i] = &args[i];
+	if (last) p[n - 1] = last;
 	return (int)cuLaunchKernel((CUfunction)f, gx, gy, gz, bx, by, bz, smem, (CUstream)stream, p, NULL);
 }
 
@@ -318,12 +321,18 @@ const maxArgs = C.SPILL_MAX_ARGS
 type kfunc uintptr
 
 // launchArgs launches fn on stream s (a CUstream) with the first n slots
-// of args. It allocates nothing: the pointer array the driver wants is
-// built on the C stack and the driver copies the values before returning.
-func launchArgs(s uintptr, fn kfunc, grid, block dim3, smem uint32, args *[maxArgs]uint64, n int) error {
+// of args; with maps non-nil the last argument is maps' first 128 bytes
+// per tensor map instead (job.withTensorMaps). It allocates nothing: the
+// pointer array the driver wants is built on the C stack and the driver
+// copies the values before returning.
+func launchArgs(s uintptr, fn kfunc, grid, block dim3, smem uint32, args *[maxArgs]uint64, n int, maps *tensorMaps) error {
+	var last unsafe.Pointer
+	if maps != nil {
+		last = unsafe.Pointer(&maps[0])
+	}
 	r := C.spill_launch(C.uintptr_t(fn), C.uint(grid.x), C.uint(max(grid.y, 1)), C.uint(max(grid.z, 1)),
 		C.uint(block.x), C.uint(max(block.y, 1)), C.uint(max(block.z, 1)), C.uint(smem), C.uintptr_t(s),
-		(*C.uint64_t)(unsafe.Pointer(&args[0])), C.int(n))
+		(*C.uint64_t)(unsafe.Pointer(&args[0])), C.int(n), last)
 	if r != 0 {
 		return driverError(r)
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -186,5 +187,91 @@ func TestInflightBound(t *testing.T) {
 		if v := math.Float32frombits(binary.LittleEndian.Uint32(got[4*i:])); v != fills-1 {
 			t.Errorf("element %d = %g after the fills, want %d", i, v, fills-1)
 		}
+	}
+}
+
+// TestEncodedMaps holds the queue's memo of tensor maps (encodedMaps) to
+// what the driver encodes afresh: the same description gives the same
+// remembered maps, a different one other maps, a bad one an error that
+// names the map, and the memo never grows past maxEncodedMaps.
+func TestEncodedMaps(t *testing.T) {
+	be, err := Open(kernels.Config{MemoryLimit: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := be.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}()
+	buf, err := be.Alloc(4<<20, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := be.devPtr(kernels.View(buf, 0, kernels.BF16, 2<<20), "TestEncodedMaps", "x")
+	job2 := func(rows int) job {
+		return launchJob(0, dim3{x: 1}, dim3{x: 1}, aI32(7)).withTensorMaps(tensorMapOf{x, 384, 1024, 2, rows},
+			tensorMapOf{x + 4096, 128, 1024, 2, 64})
+	}
+	if v := buildCUDAVersion(); v < 12000 {
+		t.Skipf("built against CUDA %d: no tensor maps", v)
+	}
+	q := be.defq
+	done := make(chan struct{})
+	// On the queue's goroutine, where the context is current: errors are
+	// reported with Errorf and the closure returns (no Fatal off the test's
+	// goroutine).
+	q.enqueue(func(q *queue) error {
+		defer close(done)
+		j := job2(64)
+		if j.n != 2 || j.maps != 2 || j.args[0] != 7 {
+			t.Errorf("withTensorMaps: n %d, maps %d, args[0] %d; want 2, 2, 7", j.n, j.maps, j.args[0])
+		}
+		m1, err := q.encodedMaps(&j)
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		var fresh tensorMaps
+		if err := j.encodeMaps(&fresh); err != nil {
+			t.Error(err)
+			return nil
+		}
+		if *m1 != fresh {
+			t.Error("remembered maps differ from the maps encoded afresh")
+		}
+		again := job2(64)
+		if m2, err := q.encodedMaps(&again); err != nil || m2 != m1 {
+			t.Errorf("same description: maps at %p (%v), want the remembered %p", m2, err, m1)
+		}
+		other := job2(128)
+		m3, err := q.encodedMaps(&other)
+		if err != nil || m3 == m1 || *m3 == *m1 {
+			t.Errorf("boxes of 128 rows: maps at %p equal to the 64-row ones at %p (%v)", m3, m1, err)
+		}
+		one := launchJob(0, dim3{x: 1}, dim3{x: 1}).withTensorMaps(tensorMapOf{x, 384, 1024, 2, 64})
+		if m4, err := q.encodedMaps(&one); err != nil || m4 == m1 || [16]uint64(m4[:16]) != [16]uint64(m1[:16]) {
+			t.Errorf("the first map alone: %p (%v), want its own maps with m1's first 128 bytes", m4, err)
+		}
+		bad := launchJob(0, dim3{x: 1}, dim3{x: 1}).withTensorMaps(tensorMapOf{x + 2, 384, 1024, 2, 64})
+		if _, err := q.encodedMaps(&bad); err == nil || !strings.Contains(err.Error(), "tensor map 0") {
+			t.Errorf("a map of an address not 16-byte aligned: %v, want an error naming tensor map 0", err)
+		}
+		for i := range maxEncodedMaps + 10 {
+			j := launchJob(0, dim3{x: 1}, dim3{x: 1}).withTensorMaps(tensorMapOf{x, 64, 1 + i, 1, 64})
+			if _, err := q.encodedMaps(&j); err != nil {
+				t.Error(err)
+				return nil
+			}
+			if len(q.tmaps) > maxEncodedMaps {
+				t.Errorf("%d maps remembered, at most %d", len(q.tmaps), maxEncodedMaps)
+				return nil
+			}
+		}
+		return nil
+	})
+	<-done
+	if err := q.Synchronize(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

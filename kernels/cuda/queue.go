@@ -51,6 +51,7 @@ type queue struct {
 	scratchN int64
 	attn     cu.DevicePtr // attention workspace (attention.go)
 	attnN    int64
+	tmaps    map[[2]tensorMapOf]*tensorMaps // encoded maps by description (encodedMaps)
 
 	// The in-flight bound: an event recorded after every inflightEvery
 	// jobs into a ring of inflightMarks; before a slot's event is recorded
@@ -106,6 +107,7 @@ type job struct {
 	grid, block dim3
 	smem        uint32 // dynamic shared memory per block, bytes (withShared)
 	maps        uint8  // tensor maps in the last argument, encoded when the job runs (withTensorMaps)
+	tm          [2]tensorMapOf
 	args        [maxArgs]uint64
 	host        unsafe.Pointer
 	gemm        gemmCall
@@ -133,45 +135,70 @@ func (j job) withShared(n int) job {
 
 // tensorMapOf describes the tensor map of a bf16 array at x: w columns, t
 // rows, b batches, copied in boxes of 64 columns by rows rows (tensorMap3).
+// A map is a function of these alone, so equal descriptions encode equal
+// maps (queue.tmaps).
 type tensorMapOf struct {
 	x             cu.DevicePtr
 	w, t, b, rows int
 }
 
+// tensorMaps holds up to two encoded tensor maps, 128 bytes each, one
+// after the other: a kernel's f9_tmap or f9_tmap2 argument.
+type tensorMaps [32]uint64
+
 // withTensorMaps appends to the launch one argument of len(ms) tensor maps
-// (1 or 2: a kernel's f9_tmap, or f9_tmap2 of two), 128 bytes each, passed
-// by value: it fills 16 slots per map from the next one (the driver reads
-// the parameter's size from its first). The maps are encoded when the job
-// runs, on the queue's goroutine, where the context is current, as the
-// driver's encoder needs (from any other goroutine it reports
-// CUDA_ERROR_INVALID_CONTEXT); until then each map's slots hold x, w, t,
-// b and rows.
+// (1 or 2: a kernel's f9_tmap, or f9_tmap2 of two), passed by value. The
+// job holds their descriptions, not the 128 bytes of each: the queue's
+// goroutine encodes them when the job runs, where the context is current,
+// as the driver's encoder needs (from any other goroutine it reports
+// CUDA_ERROR_INVALID_CONTEXT), and keeps what it encoded for the next job
+// that names the same arrays (queue.encodedMaps), so a training step
+// encodes its maps once, not at every launch.
 func (j job) withTensorMaps(ms ...tensorMapOf) job {
-	if len(ms) == 0 || len(ms) > 2 || int(j.n)+16*len(ms) > maxArgs {
-		panic(fmt.Sprintf("kernels/cuda: %d kernel arguments and %d tensor maps, at most %d slots", j.n, len(ms), maxArgs))
+	if len(ms) == 0 || len(ms) > len(j.tm) || int(j.n) >= maxArgs {
+		panic(fmt.Sprintf("kernels/cuda: %d kernel arguments and %d tensor maps, at most %d arguments and %d maps",
+			j.n, len(ms), maxArgs, len(j.tm)))
 	}
-	for k, m := range ms {
-		a := j.args[int(j.n)+16*k:]
-		a[0], a[1], a[2], a[3], a[4] = uint64(m.x), uint64(m.w), uint64(m.t), uint64(m.b), uint64(m.rows)
-	}
+	j.tm = [2]tensorMapOf{}
+	copy(j.tm[:], ms)
+	j.args[j.n] = 0
 	j.n++
 	j.maps = uint8(len(ms))
 	return j
 }
 
-// encodeMaps encodes the tensor maps of a withTensorMaps job in place.
-func (j *job) encodeMaps() error {
-	for k := range int(j.maps) {
-		i := int(j.n) - 1 + 16*k
-		a := j.args[i : i+5]
-		x, w, t, b, rows := cu.DevicePtr(a[0]), int(a[1]), int(a[2]), int(a[3]), int(a[4])
-		if err := tensorMap3((*[16]uint64)(j.args[i:i+16]), x, w, t, b, rows); err != nil {
-			return fmt.Errorf("tensor map %d (%d columns, %d rows, %d batches, boxes of %d rows): %w", k, w, t, b, rows,
-				err)
+// encodeMaps encodes into out the tensor maps of a withTensorMaps job.
+func (j *job) encodeMaps(out *tensorMaps) error {
+	for k, m := range j.tm[:j.maps] {
+		if err := tensorMap3((*[16]uint64)(out[16*k:16*k+16]), m.x, m.w, m.t, m.b, m.rows); err != nil {
+			return fmt.Errorf("tensor map %d (%d columns, %d rows, %d batches, boxes of %d rows): %w", k, m.w, m.t, m.b,
+				m.rows, err)
 		}
 	}
-	j.maps = 0
 	return nil
+}
+
+// maxEncodedMaps bounds queue.tmaps: past it the goroutine forgets what it
+// encoded and starts again (a step's attention layers name a few maps
+// each; more means arrays that move, such as activations swapped in and
+// out at new addresses).
+const maxEncodedMaps = 1024
+
+// encodedMaps returns the tensor maps of job j, encoded on a first use and
+// remembered after that. On the queue's goroutine only.
+func (q *queue) encodedMaps(j *job) (*tensorMaps, error) {
+	if m, ok := q.tmaps[j.tm]; ok { // a zero second entry: one map
+		return m, nil
+	}
+	m := new(tensorMaps)
+	if err := j.encodeMaps(m); err != nil {
+		return nil, err
+	}
+	if q.tmaps == nil || len(q.tmaps) >= maxEncodedMaps {
+		q.tmaps = make(map[[2]tensorMapOf]*tensorMaps)
+	}
+	q.tmaps[j.tm] = m
+	return m, nil
 }
 
 // withScratch marks the arguments at the indices as offsets into a scratch
@@ -361,13 +388,15 @@ func (q *queue) exec(j *job) error {
 		if j.grid.x == 0 {
 			return nil
 		}
+		var maps *tensorMaps
 		if j.maps != 0 {
-			if err := j.encodeMaps(); err != nil {
+			var err error
+			if maps, err = q.encodedMaps(j); err != nil {
 				return err
 			}
 		}
 		hostStats.launches.Add(1)
-		return launchArgs(q.cs, j.fn, j.grid, j.block, j.smem, a, int(j.n))
+		return launchArgs(q.cs, j.fn, j.grid, j.block, j.smem, a, int(j.n), maps)
 	case jobMemset8:
 		return cu.MemsetD8Async(cu.DevicePtr(a[0]), byte(a[1]), int64(a[2]), q.stream)
 	case jobMemset16:
@@ -587,11 +616,13 @@ func (j *job) launchOn(s cu.Stream) error {
 		return nil
 	}
 	if j.maps != 0 {
-		if err := j.encodeMaps(); err != nil {
+		var maps tensorMaps
+		if err := j.encodeMaps(&maps); err != nil {
 			return err
 		}
+		return launchArgs(streamHandle(s), j.fn, j.grid, j.block, j.smem, &j.args, int(j.n), &maps)
 	}
-	return launchArgs(streamHandle(s), j.fn, j.grid, j.block, j.smem, &j.args, int(j.n))
+	return launchArgs(streamHandle(s), j.fn, j.grid, j.block, j.smem, &j.args, int(j.n), nil)
 }
 
 // Kernel arguments, each in 8 bytes: the driver reads the parameter's own
@@ -610,5 +641,5 @@ func (q *queue) launchNow(fn kfunc, grid, block dim3, args ...uint64) error {
 		return nil
 	}
 	hostStats.launches.Add(1)
-	return launchArgs(q.cs, j.fn, j.grid, j.block, j.smem, &j.args, int(j.n))
+	return launchArgs(q.cs, j.fn, j.grid, j.block, j.smem, &j.args, int(j.n), nil)
 }
