@@ -13,7 +13,9 @@ import (
 	"github.com/spill-ml/spill/kernels"
 )
 
-func openCUDA(t *testing.T, limit int64) *Backend {
+// openCUDA opens a CUDA backend with a budget of limit bytes, closed (its
+// error reported) when the test or benchmark ends.
+func openCUDA(t testing.TB, limit int64) *Backend {
 	t.Helper()
 	b, err := Open(kernels.Config{MemoryLimit: limit})
 	if err != nil {

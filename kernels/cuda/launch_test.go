@@ -24,15 +24,7 @@ type opCase struct {
 // backward pass, the loss and the optimizer step make, at a small shape
 // (bf16, B 2, T 128, C 256, 4 heads of 64), on operands allocated once.
 func stepOps(tb testing.TB) (*Backend, []opCase) {
-	be, err := Open(kernels.Config{MemoryLimit: 1 << 30})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		if err := be.Close(); err != nil {
-			tb.Errorf("Close: %v", err)
-		}
-	})
+	be := openCUDA(tb, 1<<30)
 	q := be.DefaultQueue()
 	const B, T, C, NH, V = 2, 128, 256, 4, 512
 	BT := B * T
@@ -154,15 +146,7 @@ func BenchmarkStepOps(b *testing.B) {
 // (queue.marks): HostWait has to grow. The last fill's value must be the
 // one read back, first and last element: the waits keep the order.
 func TestInflightBound(t *testing.T) {
-	be, err := Open(kernels.Config{MemoryLimit: 1 << 30})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := be.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	}()
+	be := openCUDA(t, 1<<30)
 	const n = 64 << 20 // float32 elements
 	buf, err := be.Alloc(4*n, "test")
 	if err != nil {
@@ -195,15 +179,7 @@ func TestInflightBound(t *testing.T) {
 // remembered maps, a different one other maps, a bad one an error that
 // names the map, and the memo never grows past maxEncodedMaps.
 func TestEncodedMaps(t *testing.T) {
-	be, err := Open(kernels.Config{MemoryLimit: 1 << 30})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := be.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	}()
+	be := openCUDA(t, 1<<30)
 	buf, err := be.Alloc(4<<20, "test")
 	if err != nil {
 		t.Fatal(err)

@@ -288,15 +288,7 @@ func TestAttentionFlash(t *testing.T) {
 // TestAttentionWorkspace checks that the cuBLAS path charges its workspace
 // to the budget under the tag "attention".
 func TestAttentionWorkspace(t *testing.T) {
-	be, err := Open(kernels.Config{MemoryLimit: 256 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := be.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	}()
+	be := openCUDA(t, 256<<20)
 	B, T, C, NH := 2, 64, 128, 4
 	alloc := func(dt kernels.DType, n int) kernels.Tensor {
 		buf, err := be.Alloc(int64(n*dt.Size()), "test")
