@@ -6,10 +6,11 @@
 # each variant in SPILL_NCU_VARIANTS ("name|ENV=VAL|kernel regex;...", "-"
 # for no environment; SPILL_NCU_SKIP launches of those kernels skipped
 # first, past Open's self-checks) and F.scaled_dot_product_attention
-# (cuDNN) likewise, with the
+# (cuDNN) likewise (SPILL_NCU_TORCH_RE, _SKIP, _COUNT pick its kernels), with the
 # sections that say what bounds a kernel: speed of light, compute
 # workload (pipe utilisation), warp state (stall reasons), launch and
-# occupancy, shared-memory bank conflicts. Output under $OUT: ptxas*.log,
+# occupancy, shared-memory bank conflicts (SPILL_NCU_SECTIONS replaces them,
+# e.g. with InstructionStats and --metrics sass__inst_executed_per_opcode). Output under $OUT: ptxas*.log,
 # ncu_<name>.txt, one per variant, and ncu_torch.txt.
 #
 #   device run, carry [".gpu"]: bash tools/cuda/ncu_attn.sh
@@ -29,7 +30,7 @@ wait
 grep -ciE "warning" "$out/ptxas_sm90.log" | sed 's/^/ptxas_sm90 warnings: /'
 [ -n "$ncu" ] || { echo "ncu_attn.sh: no ncu on this machine" >&2; exit 2; }
 "$ncu" --version | tail -n1
-sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis_Tables --section SchedulerStats"
+sections=${SPILL_NCU_SECTIONS:-"--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis_Tables --section SchedulerStats"}
 IFS=';' read -ra vs <<<"${SPILL_NCU_VARIANTS:-default|-|flash_fwd2k32_bf16_hs128|flash_bwd_kv_sm_bf16_hs128|flash_bwd_q_sm_bf16_hs128;sm90p|SPILL_FLASH_FWD=sm90p|flash_fwd3_sm90_bf16_hs128}"
 for v in "${vs[@]}"; do
   IFS='|' read -r name envs re <<<"$v"
@@ -56,6 +57,6 @@ with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
 torch.cuda.synchronize()
 EOF
 t0=$SECONDS
-timeout "${SPILL_NCU_LIMIT:-150}" "$ncu" $sections --launch-skip 8 --launch-count 8 python3 /tmp/ncu_sdpa.py "$shape" >"$out/ncu_torch.txt" 2>&1
+timeout "${SPILL_NCU_LIMIT:-150}" "$ncu" $sections ${SPILL_NCU_TORCH_RE:+-k "regex:$SPILL_NCU_TORCH_RE"} --launch-skip "${SPILL_NCU_TORCH_SKIP:-8}" --launch-count "${SPILL_NCU_TORCH_COUNT:-8}" python3 /tmp/ncu_sdpa.py "$shape" >"$out/ncu_torch.txt" 2>&1
 echo "== torch: exit $? after $((SECONDS - t0))s"
 grep -E '^  [a-zA-Z_0-9:<>]+.*\(|Duration|Registers Per|Block Size|Dynamic Shared|Grid Size' "$out/ncu_torch.txt" | head -n 80
