@@ -387,7 +387,8 @@ func (b *Backend) variantErr(v flashBwdVariant) error {
 }
 
 // 1/flashFusedMaxScratch is the fraction of the memory budget the fused
-// backward's scratch (D and the float32 dQ, B·NH·T·(hs+1)·4 bytes) may
+// backward's scratch (D and the float32 dQ, B·NH·T·(hs+1)·4 bytes, the
+// rows of dQ rounded up to 64 per head with bulk dQ) may
 // take; above it the call takes the split kernels, which need only D. The
 // scratch area is grow-only and charged to the budget ("scratch") beside
 // the layers' memory the trainer plans, so it is kept small (the tests of
@@ -410,7 +411,11 @@ type flashBwd struct {
 	fusedSmem, fusedRows, fusedThreads int
 	fusedSM90                          string
 	fusedWS                            bool // the fused kernel takes the tensor maps of qkv and dout
-	v                                  flashBwdVariant
+	// fusedTiles, when not 0, is the fused kernel's warpgroups: its dQ
+	// accumulator holds 64-query tiles in their accumulators' order, which
+	// f.dq (flash_bwd_dqf) reads back; 0: dq(B, NH, T, hs), f.dq flash_bwd_dq.
+	fusedTiles int
+	v          flashBwdVariant
 }
 
 // fusedErr is the self-check result that gates f's fused kernel.
@@ -549,11 +554,21 @@ func (b *Backend) flashBwdByHead(hs int, mode string) (f flashBwd, ok bool) {
 
 // prepJob is the launch of flash_bwd_prep: D = rowsum(dO∘O) into the
 // float32 array at D (argument 0) and, unless dq is 0, zeros into the
-// float32 (B, NH, T, hs) array at dq (argument 7).
-func prepJob(prep kfunc, D, dout, out, dq cu.DevicePtr, B, T, NH, hs int) job {
+// first dqRows rows of hs floats at dq (argument 7).
+func prepJob(prep kfunc, D, dout, out, dq cu.DevicePtr, dqRows int64, B, T, NH, hs int) job {
 	warps := B * T * NH
 	return launchJob(prep, dim3{x: min((warps+7)/8, 132*16)}, dim3{x: 256}, aPtr(D), aPtr(dout), aPtr(out),
-		aI32(B*T), aI32(T), aI32(NH*hs), aI32(NH), aPtr(dq))
+		aI32(B*T), aI32(T), aI32(NH*hs), aI32(NH), aPtr(dq), aI64(dqRows))
+}
+
+// fusedDQRows is the number of rows of hs float32 values in f's dQ
+// accumulator: B·NH·T, or with the tiled order of the Hopper kernels with
+// bulk dQ (f.fusedTiles) B·NH·ceil(T/64)·64.
+func fusedDQRows(f flashBwd, B, T, NH int) int64 {
+	if f.fusedTiles != 0 {
+		T = (T + flashRows - 1) / flashRows * flashRows
+	}
+	return int64(B) * int64(NH) * int64(T)
 }
 
 // flashBwdJobs are the three launches of the split backward pass: D =
@@ -588,7 +603,7 @@ func flashBwdSplitJobs(prep kfunc, v flashBwdVariant, dqkv, dout, qkv, out, lse,
 		kj = withBwdMaps(kj, qkv, dout, B, T, NH, NKV, hs)
 	}
 	return [3]job{
-		prepJob(prep, D, dout, out, 0, B, T, NH, hs),
+		prepJob(prep, D, dout, out, 0, 0, B, T, NH, hs),
 		kj,
 		launchJob(v.q, dim3{x: nx, y: B * NH}, dim3{x: v.threads}, aPtr(dqkv), aPtr(dout), aPtr(qkv), aPtr(lse), aPtr(D),
 			aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))).withShared(v.smemQ),
@@ -616,18 +631,23 @@ func flashBwdFusedJobs(f flashBwd, dqkv, dout, qkv, out, lse, D, dq cu.DevicePtr
 	}
 	nx := (T + rows - 1) / rows
 	scale, rscale := aF32(flashScale(hs)), aF32(float32(1/math.Sqrt(float64(hs))))
-	n2 := int64(B) * int64(NH) * int64(T) * int64(hs) / 2
+	dqRows := fusedDQRows(f, B, T, NH)
 	fj := launchJob(f.fused, dim3{x: nx, y: B * NKV}, dim3{x: threads}, aPtr(dqkv), aPtr(dq), aPtr(dout), aPtr(qkv),
 		aPtr(lse), aPtr(D), aI32(T), aI32(NH), aI32(NKV), scale, rscale, aI32(setFlag(set))).withShared(f.fusedSmem)
 	if f.fusedWS {
 		fj = withBwdMaps(fj, qkv, dout, B, T, NH, NKV, hs)
 	}
-	return [3]job{
-		prepJob(f.prep, D, dout, out, dq, B, T, NH, hs),
-		fj,
-		launchJob(f.dq, dim3{x: int(min((n2+255)/256, 132*16))}, dim3{x: 256}, aPtr(dqkv), aPtr(dq), aI64(n2), aI32(T),
-			aI32(NH), aI32(NKV), aI32(hs), rscale, aI32(setFlag(set))),
+	var dj job
+	if f.fusedTiles != 0 { // flash_bwd_dqf, a 64-query tile a block
+		tiles := dqRows / flashRows
+		dj = launchJob(f.dq, dim3{x: int(min(tiles, 132*8))}, dim3{x: 256}, aPtr(dqkv), aPtr(dq), aI64(tiles),
+			aI32(T), aI32(NH), aI32(NKV), aI32(hs), aI32(f.fusedTiles), rscale, aI32(setFlag(set)))
+	} else { // flash_bwd_dq, a float pair a thread
+		n2 := dqRows * int64(hs) / 2
+		dj = launchJob(f.dq, dim3{x: int(min((n2+255)/256, 132*16))}, dim3{x: 256}, aPtr(dqkv), aPtr(dq), aI64(n2),
+			aI32(T), aI32(NH), aI32(NKV), aI32(hs), rscale, aI32(setFlag(set)))
 	}
+	return [3]job{prepJob(f.prep, D, dout, out, dq, dqRows, B, T, NH, hs), fj, dj}
 }
 
 // putFlashBwd enqueues the backward pass: the fused kernels when f has
@@ -637,7 +657,7 @@ func flashBwdFusedJobs(f flashBwd, dqkv, dout, qkv, out, lse, D, dq cu.DevicePtr
 // at the start of the scratch area, the fused path's dQ accumulator after it.
 func (q *queue) putFlashBwd(f flashBwd, force bool, dqkv, dout, qkv, out, lse cu.DevicePtr, B, T, NH, NKV, hs int, set bool) {
 	nD := align256(int64(B) * int64(NH) * int64(T) * 4)
-	need := nD + int64(B)*int64(NH)*int64(T)*int64(hs)*4
+	need := nD + fusedDQRows(f, B, T, NH)*int64(hs)*4
 	if f.fused != 0 && (force || q.b.fusedErr(f) == nil) && need <= q.b.limit/flashFusedMaxScratch {
 		flashBwdFusedLaunches.Add(1)
 		js := flashBwdFusedJobs(f, dqkv, dout, qkv, out, lse, 0, cu.DevicePtr(nD), B, T, NH, NKV, hs, set)

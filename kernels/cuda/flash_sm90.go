@@ -577,7 +577,9 @@ func (b *Backend) checkSM90BwdMode(mode string) error {
 // the atomic adds; SPILL_FLASH_BWD=sm90f2b that version with the block's
 // dQ of each tile stored as a float32 shared tile and added to the
 // accumulator by one bulk reduction (cp.reduce.async.bulk, the copy
-// engine) instead of per-thread atomics. On the H100, beside the split
+// engine) instead of per-thread atomics (the tile stored in the order of
+// the accumulators, a float4 a thread, and dq in 64-query tiles of that
+// order, which flash_bwd_dqf writes into dqkv). On the H100, beside the split
 // Hopper kernels (tools/bench/results/attn_fused2_h100.json, T 1k-8k),
 // sm90f ran at 0.76-0.77x their speed (hs 64) and 0.74-0.80x (hs 128),
 // sm90f2 at 0.81-0.95x and 0.88-1.08x, sm90f2b at 0.85-1.02x and
@@ -609,8 +611,9 @@ var errNoTensorMaps = errors.New("built against CUDA headers older than 12.0: no
 // sm90Fused sets f's fused kernel to the fused Hopper backward of head
 // size hs under mode (sm90f: one warpgroup and 64 keys per block, sm90f2:
 // two and 128, sm90f2b and sm90f1b: sm90f2 and sm90f with dQ by bulk
-// reduction) with
-// flash_bwd_dq, its shared memory and block, and reports true; false, f
+// reduction, sm90f1w and sm90f2w: those warp-specialised) with
+// flash_bwd_dq (with bulk dQ flash_bwd_dqf, the accumulator in tiles:
+// f.fusedTiles), its shared memory and block, and reports true; false, f
 // unchanged, when hs is neither 64 nor 128 or the kernels are not loaded.
 // Self-check results aside.
 func (b *Backend) sm90Fused(f *flashBwd, hs int, mode string) bool {
@@ -622,11 +625,15 @@ func (b *Backend) sm90Fused(f *flashBwd, hs int, mode string) bool {
 		return false
 	}
 	fused, ok1 := b.fns[flashFusedName(hs, mode)]
-	dq, ok2 := b.fns["flash_bwd_dq"]
+	dqName, tiles := "flash_bwd_dq", 0
+	if m.bulk {
+		dqName, tiles = "flash_bwd_dqf", m.wg
+	}
+	dq, ok2 := b.fns[dqName]
 	if !ok1 || !ok2 {
 		return false
 	}
-	f.fused, f.dq, f.fusedSM90, f.fusedWS = fused, dq, mode, m.ws
+	f.fused, f.dq, f.fusedSM90, f.fusedWS, f.fusedTiles = fused, dq, mode, m.ws, tiles
 	f.fusedRows, f.fusedThreads, f.fusedSmem = m.shape(hs)
 	return true
 }
@@ -656,7 +663,7 @@ func (b *Backend) checkFlashBwdFusedMode(mode string) error {
 			if b.flashSM90Err != nil {
 				return b.flashSM90Err // the module did not load
 			}
-			return fmt.Errorf("kernel %s or flash_bwd_dq missing from the embedded PTX", name)
+			return fmt.Errorf("kernel %s or its dQ kernel (flash_bwd_dq, flash_bwd_dqf) missing from the embedded PTX", name)
 		}
 		if f.fusedWS && buildCUDAVersion() < 12000 {
 			return errNoTensorMaps

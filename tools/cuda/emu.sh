@@ -91,6 +91,9 @@ bwd_ws_mutants=(
   "producer warpgroup backward: dO copied through qkv's map|s/tm + 1, h \* HS/tm, h * HS/"
   "producer warpgroup backward: a query slot released before its tile's products are done|s/if (lane == 0) f9_mbar_arrive(\&qempty\[buf\]);/;/;s/f9_mbar_wait(\&qfull\[buf\], (it >> 1) \& 1);  \/\/ tile it is in/&\nif (lane == 0) f9_mbar_arrive(\&qempty[buf]);/"
   "producer warpgroup backward: the warpgroups' barrier without the fence of their dQ stores|/^ *f9_fence_proxy();$/{N;s/^ *f9_fence_proxy();\n\( *csync();  \/\/ every product\)/\1/}"
+  "dQ tiles into dqkv (flash_bwd_dqf): a row's second half from its first|s/v\[2\] \* scale, v\[3\] \* scale/v[0] * scale, v[1] * scale/"
+  "dQ tiles into dqkv (flash_bwd_dqf): every tile read from the first|s/dq + tile \* per \* 4/dq/"
+  "dQ tiles into dqkv (flash_bwd_dqf): column groups of the second warpgroup from the first's|s/w \* F9_THREADS + warp \* 32/warp * 32/"
 )
 if [ "${1:-}" = bwdv ]; then
   src=$root/kernels/cuda/kernels/flashattn.cu
@@ -191,7 +194,8 @@ mutants=(
   "fused backward, two warpgroups: dQ reads one warpgroup's dS twice|s/f9_ndesc(st + (kk >> 2) \* (F9_BK \* F9_BK \* 2), kk \& 3)/f9_ndesc(st, kk \& 3)/"
   "fused backward, bulk dQ: no wait for the reduction's reads|s/if (tid == 0) f9_bulk_wait_read();/;/"
   "fused backward, bulk dQ: no barrier before the last reduction|s/csync();  \/\/ Dq holds the last tile's//"
-  "fused backward, bulk dQ: stores not rotated back|s/const int col = 8 \* (j ^ (g \& 3));/const int col = 8 * j;/"
+  "fused backward, bulk dQ: a thread's floats stored in its neighbour's place|s/f9_dqf_at<NT>(tid, j)/f9_dqf_at<NT>(tid ^ 1, j)/"
+  "fused backward, bulk dQ: every block's tiles reduced into the first blocks' ones|s/qt = k0 \/ F9_BK + it % nt/qt = it % nt/"
   "fused backward, bulk dQ: the reduction one tile late|s/if (tid == 0 \&\& it > 0) dq_reduce(it - 1);/if (tid == 0 \&\& it > 1) dq_reduce(it - 2);/"
 )
 mutants+=("${ws_mutants[@]}" "${bwd_ws_mutants[@]}")

@@ -1552,10 +1552,11 @@ extern "C" __global__ void flash_bwd_dq(void* dqkv, const float* dq, long long n
 // flash_bwd_prep: D[(b·NH + h)·T + t] = Σ_d dout·out over head h of token
 // (b, t), in float32; one warp per (token, head), grid-stride. dout and out
 // bf16 (B,T,C), 4-byte aligned; hs even. Unless dq is null it also zeroes
-// row (b·NH + h)·T + t of dq(B, NH, T, hs), float32, 8-byte aligned: the
-// accumulator of flash_bwd_fused.
+// the first nzr rows of hs floats of dq, float32, 8-byte aligned: the
+// accumulator of the fused backward (B·NH·T rows for flash_bwd_fused's
+// dq(B, NH, T, hs), B·NH·ceil(T/64)·64 for the Hopper ones' tiles).
 extern "C" __global__ void flash_bwd_prep(float* D, const void* dout, const void* out, int BT, int T, int C, int NH,
-                                          float* dq) {
+                                          float* dq, long long nzr) {
     const int hs = C / NH, lane = threadIdx.x & 31;
     const int nw = BT * NH, stride = gridDim.x * (blockDim.x >> 5);  // BT·NH < 2^31 (checked by the host)
     for (int w = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < nw; w += stride) {
@@ -1571,9 +1572,10 @@ extern "C" __global__ void flash_bwd_prep(float* D, const void* dout, const void
         acc = warp_sum(acc);
         const int b = tok / T, t = tok - b * T;
         if (lane == 0) D[((i64)b * NH + h) * T + t] = acc;
-        if (dq != nullptr) {
-            float* r = dq + (((i64)b * NH + h) * T + t) * hs;
-            for (int d = 2 * lane; d < hs; d += 64) *reinterpret_cast<float2*>(r + d) = make_float2(0.f, 0.f);
-        }
+    }
+    if (dq == nullptr) return;
+    for (i64 w = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < nzr; w += stride) {
+        float* r = dq + w * hs;
+        for (int d = 2 * lane; d < hs; d += 64) *reinterpret_cast<float2*>(r + d) = make_float2(0.f, 0.f);
     }
 }

@@ -185,11 +185,17 @@ __device__ __forceinline__ void f9_sts32(uint16_t* p, uint32_t v) { *reinterpret
 __device__ __forceinline__ void f9_red2(float* p, float a, float b) {
     atomicAdd(reinterpret_cast<float2*>(p), make_float2(a, b));
 }
-// f9_sts64f stores (a, b) as the float32 pair at the shared address p
-// (8-byte aligned): a generic-proxy write, which the bulk copy engine may
-// read only after fence.proxy.async and a barrier.
-__device__ __forceinline__ void f9_sts64f(float* p, float a, float b) {
-    *reinterpret_cast<float2*>(p) = make_float2(a, b);
+// f9_sts128f stores (a, b, c, d) as the four float32 values at the shared
+// address p (16-byte aligned): a generic-proxy write, which the bulk copy
+// engine may read only after fence.proxy.async and a barrier.
+__device__ __forceinline__ void f9_sts128f(float* p, float a, float b, float c, float d) {
+    *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
+}
+// f9_ldg128f loads the four float32 values at the global address p
+// (16-byte aligned) into v as one vector load.
+__device__ __forceinline__ void f9_ldg128f(const float* p, float* v) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
 }
 // f9_bulk_red adds the float32 values of bytes bytes (a multiple of 16) at
 // shared address s to those at the global address p (both 16-byte aligned)
@@ -1072,12 +1078,15 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
 // warpgroup w computing head dims w·HS/2.. of it (N = HS/2), so that each
 // element of dq takes one atomic add per 128 keys, not per 64. With BULK
 // (DQ only) the block's dQ(tile) goes instead as float32 into the shared
-// 64 x HS tile Dq (row-major, as dq's rows of the tile lie in global
-// memory; each thread's eight-column groups stored in an order rotated by
-// its row, g % 4, so that a warp's stores take two wavefronts, not eight),
-// and thread 0 adds the whole tile to dq with one bulk reduction
-// (f9_bulk_red) after the next tile's first barrier; it waits for the
-// reduction's reads before the barrier that precedes the next stores.
+// 64 x HS tile Dq in the order of the warpgroups' accumulators
+// (f9_dqf_at: each thread's four floats of column group j at float4 j·NT +
+// thread, so that a warp's stores are 512 contiguous bytes, four
+// wavefronts, with no register shuffled), dq holding every 64-query tile
+// of each head in that order too (ceil(T/64) tiles a head; flash_bwd_dqf
+// reads it back), and thread 0 adds the whole tile to dq with one bulk
+// reduction (f9_bulk_red) after the next tile's first barrier; it waits
+// for the reduction's reads before the barrier that precedes the next
+// stores. The rows of a last tile past T add zeros (their P and dS are 0).
 //
 // With WS (warp specialised, not with PIPE) the block has one more
 // warpgroup, after the WG others, which gives its registers to them
@@ -1096,6 +1105,17 @@ __device__ __forceinline__ void flash_fwd_sm90p(uint16_t* __restrict__ out, floa
 // tiles complete a barrier of their own once. The warpgroups meet no
 // barrier in the loop without DQ; with DQ their block barriers (St and Dq
 // whole) are f9_bar over the warpgroups only.
+// f9_dqf_at is the float offset, in a 64 x HS tile of dQ stored in the
+// order of the fused backward's accumulators (BULK), of the four floats of
+// thread tid's (of NT, its warpgroups') column group j: that thread's
+// dqa[4j..4j+3], rows 16·warp + g and + 8, columns wg·HS/WG + 8j + 2c and
+// + 1 (the D fragment of the PTX ISA facts above). A warp's four floats
+// of one j lie in 512 contiguous bytes. flash_bwd_dqf reads the order back.
+template <int NT>
+__device__ __forceinline__ int f9_dqf_at(int tid, int j) {
+    return (j * NT + tid) * 4;
+}
+
 template <int HS, bool DQ = false, int WG = 1, bool BULK = false>
 constexpr int f9_bwd_smem() {
     // WG K and V tiles, two Q and two dO tiles, + WG St with DQ, + Dq with
@@ -1158,9 +1178,9 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             Db[buf * F9_BK + tid] = q < T ? Dd[r] : 0.f;
         }
     };
-    auto dq_reduce = [&](int it) {  // thread 0: dq's rows of tile it += Dq
-        const int h = kv * rep + it / nt, q0 = k0 + (it % nt) * F9_BK;
-        f9_bulk_red(dq + (((i64)b * NH + h) * T + q0) * HS, f9_smem(Dq), min(F9_BK, T - q0) * HS * 4);
+    auto dq_reduce = [&](int it) {  // thread 0: dq's tile it += Dq, in f9_dqf_at's order
+        const int h = kv * rep + it / nt, qt = k0 / F9_BK + it % nt, ntq = (T + F9_BK - 1) / F9_BK;
+        f9_bulk_red(dq + (((i64)b * NH + h) * ntq + qt) * (F9_BK * HS), f9_smem(Dq), F9_BK * HS * 4);
         f9_bulk_commit();
     };
     // csync: the warpgroups' block barrier (with WS, f9_bar over them only).
@@ -1416,36 +1436,9 @@ __device__ __forceinline__ void flash_bwd_kv_sm90(uint16_t* __restrict__ dqkv, c
             if (lane == 0) f9_mbar_arrive(&qempty[buf]);
         if constexpr (BULK) {
             f9_regs<NQ>(dqa);
-            // Eight-column group j of rows r and r + 8 (dqa[4j..4j+3]) at
-            // store slot j ^ (g % 4): the groups permuted in registers by
-            // two conditional swaps (by g's bits 0 and 1), the stores' rows
-            // of one bank group then two per slot.
-            static_assert(NQ / 4 >= 4, "the rotation needs four column groups");
-            const bool x1 = g & 1, x2 = g & 2;
-#pragma unroll
-            for (int j = 0; j < NQ / 4; j += 2)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float u = dqa[4 * j + e], v = dqa[4 * j + 4 + e];
-                    dqa[4 * j + e] = x1 ? v : u;
-                    dqa[4 * j + 4 + e] = x1 ? u : v;
-                }
 #pragma unroll
             for (int j = 0; j < NQ / 4; j++)
-                if ((j & 2) == 0)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const float u = dqa[4 * j + e], v = dqa[4 * j + 8 + e];
-                        dqa[4 * j + e] = x2 ? v : u;
-                        dqa[4 * j + 8 + e] = x2 ? u : v;
-                    }
-            float* r0 = Dq + (warp * 16 + g) * HS + wg * DN + 2 * c;
-#pragma unroll
-            for (int j = 0; j < NQ / 4; j++) {
-                const int col = 8 * (j ^ (g & 3));
-                f9_sts64f(r0 + col, dqa[4 * j], dqa[4 * j + 1]);
-                f9_sts64f(r0 + 8 * HS + col, dqa[4 * j + 2], dqa[4 * j + 3]);
-            }
+                f9_sts128f(Dq + f9_dqf_at<NT>(tid, j), dqa[4 * j], dqa[4 * j + 1], dqa[4 * j + 2], dqa[4 * j + 3]);
         } else if constexpr (DQ) {
             f9_regs<NQ>(dqa);
             const int h = kv * rep + it / nt, qr0 = q0 + warp * 16 + g, qr1 = qr0 + 8;
@@ -1643,6 +1636,41 @@ __device__ __forceinline__ void flash_bwd_q_sm90(uint16_t* __restrict__ dqkv, co
     }
 }
 
+// f9_dqf_tiles: dqkv's query columns = (set ? 0 : dqkv) + scale·dq, one
+// rounding to bf16, rows past T skipped, for the fused kernels with bulk
+// dQ, whose float32 dq holds, per (batch, head), ceil(T/64) tiles of 64 x
+// hs in their wg warpgroups' accumulators' order (f9_dqf_at). Block blk of
+// nblk takes tiles blk, blk + nblk, .. of ntiles; its thread tid of nthr
+// the tile's float4s tid, tid + nthr, .. counted in the order of the row
+// they go to, not of dq: consecutive ones hold consecutive column pairs
+// (c, then the column group j) of one accumulator row pair, so that a
+// warp writes whole rows of hs/wg columns and reads runs of four float4s
+// (64 bytes). hs/wg 32, 64 or 128; dq 16-byte and dqkv 4-byte aligned.
+__device__ __forceinline__ void f9_dqf_tiles(uint16_t* __restrict__ dqkv, const float* __restrict__ dq, i64 ntiles,
+                                             int T, int NH, int NKV, int hs, int wg, float scale, bool set, int blk,
+                                             int nblk, int tid, int nthr) {
+    const int per = 16 * hs, nt = F9_THREADS * wg, dn = hs / wg, ntq = (T + F9_BK - 1) / F9_BK;
+    int lj = 0;  // log2 of the column groups of a row: dn / 8
+    while ((8 << lj) < dn) lj++;
+    const i64 W = (i64)(NH + 2 * NKV) * hs;
+    for (i64 tile = blk; tile < ntiles; tile += nblk) {  // (b·NH + h)·ntq + the tile of T
+        const i64 bh = tile / ntq;
+        const int t0 = (int)(tile - bh * ntq) * F9_BK, h = (int)(bh % NH);
+        const float* src = dq + tile * per * 4;
+        uint16_t* d = dqkv + (bh / NH) * T * W + (i64)h * hs;
+        for (int u = tid; u < per; u += nthr) {
+            const int c = u & 3, j = (u >> 2) & ((1 << lj) - 1), r = u >> (2 + lj);
+            const int g = r & 7, warp = (r >> 3) & 3, w = r >> 5;
+            float v[4];
+            f9_ldg128f(src + 4 * (j * nt + w * F9_THREADS + warp * 32 + g * 4 + c), v);
+            const int t = t0 + warp * 16 + g;
+            uint16_t* o = d + w * dn + 8 * j + 2 * c;
+            if (t < T) fa_acc2(o + (i64)t * W, v[0] * scale, v[1] * scale, set);
+            if (t + 8 < T) fa_acc2(o + (i64)(t + 8) * W, v[2] * scale, v[3] * scale, set);
+        }
+    }
+}
+
 // ---- Entry points ----
 
 // flash_fwd_sm90_bf16_hs64 and _hs128: flash_fwd_bf16_hs64 and _hs128 of
@@ -1807,7 +1835,8 @@ F9_BWD(flash_bwd_q_sm90, flash_bwd_q_sm90p_bf16_hs128, 128, true, 2)
 // memory (flash_sm90.go computes the same). flash_bwd_fused1b_sm90_*: dQ
 // by one bulk reduction per tile (BULK, as flash_bwd_fused2b_sm90_*),
 // f9_bwd_smem<HS, true, 1, true>() bytes (74 and 138 KB), dq 16-byte
-// aligned; at head size 64 held to 168 registers, so that three blocks
+// aligned and in tiles of f9_dqf_at's order (B·NH·ceil(T/64) of 64 x hs:
+// flash_bwd_dqf writes it into dqkv); at head size 64 held to 168 registers, so that three blocks
 // share an SM (as the split flash_bwd_kv_sm90_bf16_hs64 does).
 #define F9_BWDF(NAME, HS, BULK, MINB) \
     extern "C" __global__ void __launch_bounds__(F9_THREADS, MINB) \
@@ -1827,7 +1856,7 @@ F9_BWDF(flash_bwd_fused1b_sm90_bf16_hs128, 128, true, 1)
 // f9_bwd_smem<HS, true, 2>() bytes of dynamic shared memory (82 and 146
 // KB; flash_sm90.go computes the same). flash_bwd_fused2b_sm90_*: dQ by
 // one bulk reduction per tile (BULK), f9_bwd_smem<HS, true, 2, true>()
-// bytes (98 and 178 KB), dq 16-byte aligned.
+// bytes (98 and 178 KB), dq as flash_bwd_fused1b's.
 #define F9_BWDF2(NAME, HS, BULK) \
     extern "C" __global__ void __launch_bounds__(2 * F9_THREADS, 1) \
         NAME(void* dqkv, float* dq, const void* dout, const void* qkv, const float* lse, const float* D, int T, int NH, \
@@ -1840,6 +1869,16 @@ F9_BWDF2(flash_bwd_fused2_sm90_bf16_hs64, 64, false)
 F9_BWDF2(flash_bwd_fused2_sm90_bf16_hs128, 128, false)
 F9_BWDF2(flash_bwd_fused2b_sm90_bf16_hs64, 64, true)
 F9_BWDF2(flash_bwd_fused2b_sm90_bf16_hs128, 128, true)
+
+// flash_bwd_dqf: flash_bwd_dq of flashattn.cu for the fused kernels with
+// bulk dQ (BULK: flash_bwd_fused1b, 2b, 1w, 2w): f9_dqf_tiles over
+// ntiles = B·NH·ceil(T/64) tiles, a block of any size per tile at a
+// time (grid-stride).
+extern "C" __global__ void flash_bwd_dqf(void* dqkv, const float* dq, long long ntiles, int T, int NH, int NKV, int hs,
+                                         int wg, float scale, int set) {
+    f9_dqf_tiles((uint16_t*)dqkv, dq, ntiles, T, NH, NKV, hs, wg, scale, set != 0, blockIdx.x, gridDim.x, threadIdx.x,
+                 blockDim.x);
+}
 
 // flash_bwd_fused1w_sm90_* and flash_bwd_fused2w_sm90_*: flash_bwd_fused1b
 // and flash_bwd_fused2b warp-specialised (WS): a producer warpgroup after

@@ -386,15 +386,20 @@ static void f9_red2(float* p, float a, float b) {
   std::atomic_ref<float>(p[0]).fetch_add(a);
   std::atomic_ref<float>(p[1]).fetch_add(b);
 }
-// f9_sts64f: a float32 pair stored into the shared window, as f9_sts32.
-static void f9_sts64f(float* p, float a, float b) {
-  if ((uintptr_t)p % 8) die("st.shared.v2.f32: address not 8-byte aligned");
+// f9_sts128f: four float32 values stored into the shared window, as f9_sts32.
+static void f9_sts128f(float* p, float a, float b, float c, float d) {
+  if ((uintptr_t)p % 16) die("st.shared.v4.f32: address not 16-byte aligned");
   const uint32_t o = f9_smem(p);
-  f9_smem((uint8_t*)p + 7);
+  f9_smem((uint8_t*)p + 15);
   if (pendingReads[o / 16].load() > 0) die("st.shared into shared memory that a wgmma or bulk reduction in flight still reads");
-  p[0] = a; p[1] = b;
+  p[0] = a; p[1] = b; p[2] = c; p[3] = d;
   chunkSync[o / 16] = nsync;
   lastUnfencedSync[threadIdx.x] = nsync;
+}
+// f9_ldg128f: four float32 values read from global memory.
+static void f9_ldg128f(const float* p, float* v) {
+  if ((uintptr_t)p % 16) die("ld.global.v4.f32: address not 16-byte aligned");
+  memcpy(v, p, 16);
 }
 // The bulk reductions: queued per thread, performed at the wait.
 struct Bulk { float* dst; uint32_t src; int bytes, group, sync; };
@@ -623,13 +628,23 @@ template <int HS, bool PIPE, bool FUSED = false, int WG = 1, bool BULK = false, 
   const f9_tmap tm[2] = {{qkv.data(), {(i64)W, T, B}, {(i64)W, (i64)T * (i64)W}, {64, 64}},
                          {dout.data(), {(i64)C, T, B}, {(i64)C, (i64)T * (i64)C}, {64, 64}}};
   if constexpr (FUSED) {
-    std::vector<float> dq((size_t)B * NH * T * HS, 0.f);
+    // With BULK dq holds ceil(T/64) tiles of 64 x HS per head, each in
+    // the accumulators' order (f9_dqf_at), which flash_bwd_dqf's own code
+    // (f9_dqf_tiles) writes into dqkv; without, dq(B, NH, T, HS).
+    const int ntq = (T + 63) / 64;
+    std::vector<float> dq((size_t)B * NH * (BULK ? ntq * 64 : T) * HS, 0.f);
     gridDim = {(T + 64 * WG - 1) / (64 * WG), B * NKV};
     const size_t smem = WS ? (size_t)f9_bwdws_smem<HS, true, WG, BULK>() : (size_t)f9_bwd_smem<HS, true, WG, BULK>();
     run_grid(WG, smem, [&] { flash_bwd_kv_sm90<HS, false, true, WG, BULK, WS>(dqkv.data(), dout.data(), qkv.data(), lse.data(), D.data(), T, NH, NKV, sl2, scale, set, (uint16_t*)smemBase, dq.data(), tm); }, WS ? 128 : 0);
-    for (int b = 0; b < B; b++) for (int t = 0; t < T; t++) for (int h = 0; h < NH; h++) for (int d = 0; d < HS; d += 2) {
-      const float* q = &dq[(((size_t)b * NH + h) * T + t) * HS + d];
-      fa_acc2(&dqkv[((size_t)b * T + t) * W + (size_t)h * HS + d], scale * q[0], scale * q[1], set);
+    if constexpr (BULK) {
+      // flash_bwd_dqf's own code, 3 blocks of 96 threads (any count will do).
+      for (int blk = 0; blk < 3; blk++) for (int t = 0; t < 96; t++)
+        f9_dqf_tiles(dqkv.data(), dq.data(), (i64)B * NH * ntq, T, NH, NKV, HS, WG, scale, set, blk, 3, t, 96);
+    } else {
+      for (int b = 0; b < B; b++) for (int t = 0; t < T; t++) for (int h = 0; h < NH; h++) for (int d = 0; d < HS; d += 2) {
+        const size_t i = (((size_t)b * NH + h) * T + t) * HS + d;
+        fa_acc2(&dqkv[((size_t)b * T + t) * W + (size_t)h * HS + d], scale * dq[i], scale * dq[i + 1], set);
+      }
     }
   } else {
     const size_t smem = f9_bwd_smem<HS>();
