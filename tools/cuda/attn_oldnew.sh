@@ -18,7 +18,7 @@
 #      default hs 64 and 128 at T 1k-8k; SPILL_ATTN_ENV, say
 #      SPILL_FLASH_BWD=sm90f2w, set for both) and
 #      F.scaled_dot_product_attention's fastest backend (kernels_ref.py);
-#   5. with SPILL_NCU_DUR=HS:T, each backward kernel's duration under ncu
+#   5. with SPILL_NCU_DUR=HS:T, each attention kernel's duration under ncu
 #      for each binary; with SPILL_NCU_VARIANTS set, tools/cuda/ncu_attn.sh
 #      on the new tree.
 #
@@ -145,9 +145,9 @@ for r in json.load(open(sys.argv[1]))["attention"]:
           "fwd+bwd vs torch: old %.3f mid %.3f new %.3f" % (r.get("torch_over_old_fwd_bwd", 0),
           r.get("torch_over_mid_fwd_bwd", 0), r.get("torch_over_new_fwd_bwd", 0)))
 ' "$out/attn_oldnew.json" || status=1
-# SPILL_NCU_DUR=HS:T: the duration of each backward kernel (ncu's
-# gpu__time_duration of every flash_bwd* launch) of both binaries in a
-# sweep of that shape; the last three launches of each kernel are printed
+# SPILL_NCU_DUR=HS:T: the duration of each attention kernel (ncu's
+# gpu__time_duration of every flash_* launch, forward and backward) of
+# each binary in a sweep of that shape; the last three launches of each kernel are printed
 # (the self-checks at Open come first).
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -n1)
 if [ -n "${SPILL_NCU_DUR:-}" ] && [ -n "$ncu" ]; then
